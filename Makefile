@@ -1,0 +1,44 @@
+# BIE top-level entry points. `make run` and `make test` work on a fresh Debian machine.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+PROMPT ?= The capital of France is
+
+.PHONY: all deps models build run test test-asan bench clean format
+
+all: build
+
+deps:
+	scripts/install_deps.sh
+
+models:
+	scripts/fetch_models.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build models
+	$(BUILD)/bie run -m default -p "$(PROMPT)" -n 64
+
+test: deps models
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DBIE_WERROR=ON $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# Sanitizer build (ASan + UBSan) running the whole unit suite, corruption tests included.
+test-asan: deps models
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBIE_SANITIZE=ON -DBIE_WERROR=ON -DBIE_BUILD_BENCH=OFF
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	$(BUILD)/bie_kernel_bench
+
+format:
+	clang-format -i $$(git ls-files '*.cpp' '*.h')
+
+clean:
+	rm -rf $(BUILD) build-asan

@@ -1,0 +1,6 @@
+#include <cstdio>
+
+int main() {
+  std::puts("bie: under construction");
+  return 0;
+}
