@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PROMPT ?= The capital of France is
 
-.PHONY: all deps models build run test test-asan bench clean format
+.PHONY: all deps models build run test test-asan bench clean format fuzz
 
 all: build
 
@@ -42,3 +42,11 @@ format:
 
 clean:
 	rm -rf $(BUILD) build-asan
+
+# Coverage-guided fuzzing of the GGUF reader (clang + libFuzzer + ASan/UBSan), FUZZ_SECONDS long.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	mkdir -p build-fuzz/corpus
+	clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -Iinclude \
+	  fuzz/gguf_fuzzer.cpp src/gguf/gguf_file.cpp src/gguf/ggml_type_info.cpp -lfmt -o build-fuzz/gguf_fuzzer
+	build-fuzz/gguf_fuzzer -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build-fuzz/corpus
