@@ -1,6 +1,21 @@
+// bie: run, info, plan (and later bench, quality).
 #include <cstdio>
 
-int main() {
-  std::puts("bie: under construction");
-  return 0;
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"bie — Benni Inference Engine"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "bie 0.1.0");
+  int rc = bie::cli::kExitOk;
+  bie::cli::add_run_command(app, &rc);
+  bie::cli::add_info_command(app, &rc);
+  bie::cli::add_plan_command(app, &rc);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : bie::cli::kExitBadInput;
+  }
+  return rc;
 }
