@@ -1,0 +1,59 @@
+// Sampler: turns a row of logits into a token id. Greedy when temperature <= 0; otherwise the
+// llama.cpp default chain: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
+// One Sampler per sequence (it owns that sequence's RNG); not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "bie/common/result.h"
+
+namespace bie {
+
+struct SamplingParams {
+  float temperature = 0.8f;        // <= 0: greedy
+  int32_t top_k = 40;              // <= 0: off
+  float top_p = 0.95f;             // >= 1: off
+  float min_p = 0.05f;             // <= 0: off
+  float repetition_penalty = 1.0f; // 1: off (llama.cpp's repeat_penalty)
+  float presence_penalty = 0.0f;   // OpenAI-style, subtracted once if the token appeared
+  float frequency_penalty = 0.0f;  // subtracted per occurrence
+  int32_t penalty_last_n = 64;     // how many recent tokens the penalties look at; -1 = all
+  uint64_t seed = 0xB1E5EED;       // same seed, same output
+
+  // Error naming the first out-of-range field, e.g. "top_p must be in (0, 1], got 1.5".
+  [[nodiscard]] Status validate() const;
+};
+
+class Sampler {
+ public:
+  Sampler(const SamplingParams& params, int32_t n_vocab);
+
+  // Picks the next token. `logits` (n_vocab) is modified in place (penalties, temperature).
+  // `history`: the tokens seen so far in this sequence (prompt + generated), oldest first.
+  [[nodiscard]] int32_t sample(float* logits, std::span<const int32_t> history);
+
+  [[nodiscard]] const SamplingParams& params() const { return params_; }
+
+ private:
+  void apply_penalties(float* logits, std::span<const int32_t> history);
+
+  struct Candidate {
+    int32_t id;
+    float logit;
+  };
+
+  SamplingParams params_;
+  int32_t n_vocab_;
+  std::mt19937_64 rng_;
+  std::vector<Candidate> candidates_;  // reused between calls
+  std::vector<int32_t> counts_;        // reused: occurrences per token id in the window
+};
+
+// Index of the largest logit (first one on ties, as llama.cpp's greedy sampler).
+[[nodiscard]] int32_t argmax(const float* logits, int32_t n);
+
+}  // namespace bie

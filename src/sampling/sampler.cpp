@@ -1,0 +1,128 @@
+#include "bie/sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace bie {
+
+Status SamplingParams::validate() const {
+  if (!std::isfinite(temperature) || temperature < 0.0f) {
+    return Error{fmt::format("temperature must be >= 0, got {}", temperature)};
+  }
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return Error{fmt::format("top_p must be in (0, 1], got {}", top_p)};
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return Error{fmt::format("min_p must be in [0, 1], got {}", min_p)};
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) {
+    return Error{fmt::format("repetition_penalty must be > 0, got {}", repetition_penalty)};
+  }
+  if (!std::isfinite(presence_penalty) || std::fabs(presence_penalty) > 2.0f) {
+    return Error{fmt::format("presence_penalty must be in [-2, 2], got {}", presence_penalty)};
+  }
+  if (!std::isfinite(frequency_penalty) || std::fabs(frequency_penalty) > 2.0f) {
+    return Error{fmt::format("frequency_penalty must be in [-2, 2], got {}", frequency_penalty)};
+  }
+  if (penalty_last_n < -1) return Error{fmt::format("penalty_last_n must be >= -1, got {}", penalty_last_n)};
+  return {};
+}
+
+int32_t argmax(const float* logits, int32_t n) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < n; ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return best;
+}
+
+Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
+    : params_(params), n_vocab_(n_vocab), rng_(params.seed) {}
+
+void Sampler::apply_penalties(float* logits, std::span<const int32_t> history) {
+  const bool any = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                   params_.frequency_penalty != 0.0f;
+  if (!any || history.empty() || params_.penalty_last_n == 0) return;
+  size_t window = history.size();
+  if (params_.penalty_last_n > 0) window = std::min(window, static_cast<size_t>(params_.penalty_last_n));
+  const auto recent = history.subspan(history.size() - window);
+  counts_.assign(static_cast<size_t>(n_vocab_), 0);
+  for (int32_t t : recent) {
+    if (t >= 0 && t < n_vocab_) counts_[static_cast<size_t>(t)]++;
+  }
+  for (int32_t t : recent) {
+    if (t < 0 || t >= n_vocab_) continue;
+    int32_t& c = counts_[static_cast<size_t>(t)];
+    if (c == 0) continue;  // already applied for this id
+    float& l = logits[t];
+    // llama.cpp: divide positive logits, multiply negative ones, so the penalty always lowers.
+    l = l > 0.0f ? l / params_.repetition_penalty : l * params_.repetition_penalty;
+    l -= static_cast<float>(c) * params_.frequency_penalty + params_.presence_penalty;
+    c = 0;
+  }
+}
+
+int32_t Sampler::sample(float* logits, std::span<const int32_t> history) {
+  apply_penalties(logits, history);
+  if (params_.temperature <= 0.0f) return argmax(logits, n_vocab_);
+
+  candidates_.resize(static_cast<size_t>(n_vocab_));
+  for (int32_t i = 0; i < n_vocab_; ++i) candidates_[static_cast<size_t>(i)] = {i, logits[i]};
+  auto by_logit = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
+
+  size_t n = candidates_.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
+    n = static_cast<size_t>(params_.top_k);
+    std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<ptrdiff_t>(n),
+                      candidates_.end(), by_logit);
+  } else {
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+  }
+  candidates_.resize(n);
+
+  // Softmax over the survivors (before temperature, as llama.cpp's top-p and min-p see it).
+  auto probabilities = [&](float temp) {
+    std::vector<double> p(candidates_.size());
+    const double max_l = candidates_.front().logit;
+    double sum = 0.0;
+    for (size_t i = 0; i < candidates_.size(); ++i) {
+      p[i] = std::exp((candidates_[i].logit - max_l) / temp);
+      sum += p[i];
+    }
+    for (double& x : p) x /= sum;
+    return p;
+  };
+
+  if (params_.top_p < 1.0f) {
+    const auto p = probabilities(1.0f);
+    double cum = 0.0;
+    size_t keep = p.size();
+    for (size_t i = 0; i < p.size(); ++i) {
+      cum += p[i];
+      if (cum >= params_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    candidates_.resize(keep);
+  }
+  if (params_.min_p > 0.0f) {
+    // Keep tokens whose probability is at least min_p times the top one: logit >= max + ln(min_p).
+    const float threshold = candidates_.front().logit + std::log(params_.min_p);
+    size_t keep = 1;
+    while (keep < candidates_.size() && candidates_[keep].logit >= threshold) ++keep;
+    candidates_.resize(keep);
+  }
+
+  const auto p = probabilities(params_.temperature);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const double r = uniform(rng_);
+  double cum = 0.0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    cum += p[i];
+    if (r < cum) return candidates_[i].id;
+  }
+  return candidates_.back().id;
+}
+
+}  // namespace bie
