@@ -1,0 +1,54 @@
+// Single-sequence generation on the contiguous cache: prompt prefill in chunks (matrix-matrix),
+// then one token per step. The foundation's path for `bie run` and golden tests; the
+// continuous-batching scheduler builds on the same Model/KvCache interfaces. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bie/backend/thread_pool.h"
+#include "bie/common/result.h"
+#include "bie/kv/kv_cache.h"
+#include "bie/model/model.h"
+#include "bie/sampling/sampler.h"
+
+namespace bie {
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int32_t max_tokens = 128;
+  std::vector<int32_t> stop_tokens;  // end-of-generation ids (EOS, EOT); not emitted
+  int32_t prefill_chunk = 512;       // tokens per prefill forward
+};
+
+struct GenerationStats {
+  int64_t n_prompt = 0;
+  int64_t n_generated = 0;
+  double prompt_seconds = 0.0;  // prefill, including the first token's logits
+  double decode_seconds = 0.0;  // every later forward + sampling
+  std::string finish_reason;    // "stop", "length", "context" or "cancelled"
+
+  [[nodiscard]] double prompt_tps() const { return prompt_seconds > 0 ? n_prompt / prompt_seconds : 0.0; }
+  [[nodiscard]] double decode_tps() const {
+    // The first token comes out of the prefill; decode speed counts the forwards after it.
+    return decode_seconds > 0 && n_generated > 1 ? (n_generated - 1) / decode_seconds : 0.0;
+  }
+};
+
+// Called with each generated token; return false to stop.
+using TokenCallback = std::function<bool(int32_t token)>;
+
+// Runs the prompt through `model` (appending to `kv`, which should be empty or hold a prefix of
+// it — no reuse is attempted here) and samples up to max_tokens tokens.
+[[nodiscard]] Result<GenerationStats> generate(Model& model, KvCache& kv, ThreadPool& pool,
+                                               const GenerateRequest& req, const TokenCallback& on_token);
+
+// Runs `prompt` and returns the logits after it (n_vocab floats). Helper for golden tests.
+[[nodiscard]] Result<std::vector<float>> prompt_logits(Model& model, KvCache& kv, ThreadPool& pool,
+                                                       const std::vector<int32_t>& prompt,
+                                                       int32_t prefill_chunk = 512);
+
+}  // namespace bie

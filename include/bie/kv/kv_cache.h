@@ -1,0 +1,54 @@
+// KvCache: the interface between the model's forward pass and KV storage. The model computes
+// roped K/V rows and asks the cache to store them and to run causal attention over what it
+// holds; how K/V are laid out, quantised or paged is the cache's business (the paged,
+// mixed-precision cache replaces the contiguous one without touching model code).
+// One sequence per cache object for now. Not thread-safe: called from the engine thread, which
+// may fan work out over the ThreadPool it passes in.
+#pragma once
+
+#include <cstdint>
+
+#include "bie/backend/thread_pool.h"
+#include "bie/common/result.h"
+
+namespace bie {
+
+struct KvGeometry {
+  int n_layer = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+
+  [[nodiscard]] int kv_dim() const { return n_head_kv * head_dim; }
+};
+
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+
+  [[nodiscard]] virtual const KvGeometry& geometry() const = 0;
+  // Tokens whose K/V are stored (the next token goes at this position).
+  [[nodiscard]] virtual int64_t n_tokens() const = 0;
+  // Most tokens this cache can ever hold.
+  [[nodiscard]] virtual int64_t capacity() const = 0;
+
+  // Ask-then-act: can_append(n) says whether n more positions fit; append(n) makes positions
+  // [n_tokens, n_tokens + n) writable and advances n_tokens. A failed append changes nothing.
+  [[nodiscard]] virtual bool can_append(int64_t n) const = 0;
+  [[nodiscard]] virtual Status append(int64_t n) = 0;
+
+  // Stores K/V rows for positions [pos0, pos0 + n) of layer il.
+  // k, v: [n, n_head_kv * head_dim] fp32, K already roped.
+  // note: call only for positions made writable by append().
+  virtual void store(int il, int64_t pos0, int64_t n, const float* k, const float* v) = 0;
+
+  // Causal attention of n query tokens at positions [pos0, pos0 + n) over positions
+  // [0, pos0 + i] each: out[i, h, :] = sum_j softmax_j(scale * q[i, h] . k[j, h/g]) v[j, h/g].
+  // q, out: [n, n_head * head_dim]; n_head must be a multiple of n_head_kv (GQA group size g).
+  virtual void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
+                      float* out, ThreadPool& pool) = 0;
+
+  // Drops every position >= n (rollback, or reuse of a common prefix).
+  virtual void truncate(int64_t n) = 0;
+};
+
+}  // namespace bie

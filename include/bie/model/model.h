@@ -1,0 +1,85 @@
+// Model: a loaded architecture — hyper-parameters read from GGUF metadata and weights bound as
+// views into the mmapped file (checked by name, shape and type once, at load). forward() runs a
+// batch of consecutive tokens of one sequence through the network, reading and writing K/V
+// through the KvCache interface. Weights are immutable after load; forward() is not re-entrant
+// (it uses the model's activation workspace) and is called from the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "bie/backend/thread_pool.h"
+#include "bie/common/result.h"
+#include "bie/gguf/gguf_file.h"
+#include "bie/kv/kv_cache.h"
+
+namespace bie {
+
+enum class RopeLayout {
+  kNorm,  // rotate adjacent pairs (x[2i], x[2i+1]) — llama, mistral (GGUF Q/K are pre-permuted)
+  kNeox,  // rotate halves (x[i], x[i + n_rot/2]) — qwen2
+};
+
+struct ModelHParams {
+  std::string arch;        // general.architecture
+  std::string name;        // general.name
+  int32_t n_vocab = 0;
+  int32_t n_ctx_train = 0;
+  int32_t n_embd = 0;
+  int32_t n_layer = 0;
+  int32_t n_head = 0;
+  int32_t n_head_kv = 0;
+  int32_t head_dim = 0;    // n_embd / n_head unless attention.key_length says otherwise
+  int32_t n_ff = 0;
+  float rms_eps = 1e-5f;
+  float rope_freq_base = 10000.0f;
+  float rope_freq_scale = 1.0f;  // 1 / linear scaling factor
+  int32_t n_rot = 0;             // rotated dims per head (rope.dimension_count)
+  RopeLayout rope_layout = RopeLayout::kNorm;
+  bool tied_output = false;      // no output.weight: logits use token_embd
+  bool qkv_bias = false;
+
+  [[nodiscard]] KvGeometry kv_geometry() const { return {n_layer, n_head_kv, head_dim}; }
+};
+
+struct ForwardOptions {
+  bool logits_all = false;  // logits for every token of the batch, not only the last
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  [[nodiscard]] const ModelHParams& hparams() const { return hp_; }
+  [[nodiscard]] const gguf::GgufFile& file() const { return *file_; }
+  // Bytes of weight tensors (as stored in the file).
+  [[nodiscard]] uint64_t weight_bytes() const { return weight_bytes_; }
+
+  // Runs tokens at positions [kv.n_tokens(), kv.n_tokens() + tokens.size()) after appending them
+  // to the cache. Writes logits: [tokens.size(), n_vocab] if opts.logits_all, else [1, n_vocab]
+  // for the last token. On error nothing is appended.
+  [[nodiscard]] virtual Status forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
+                                       std::vector<float>& logits, ForwardOptions opts = {}) = 0;
+
+ protected:
+  std::unique_ptr<gguf::GgufFile> file_;
+  ModelHParams hp_;
+  uint64_t weight_bytes_ = 0;
+};
+
+struct LoadOptions {
+  // Upper bound on tokens per forward() call; sizes the activation workspace (prefill chunk).
+  int32_t max_batch_tokens = 512;
+};
+
+// Opens a GGUF file and binds the weights of its architecture. Errors name the file and what is
+// wrong: unknown architecture, missing tensor, wrong shape, tensor type BIE cannot compute with.
+[[nodiscard]] Result<std::unique_ptr<Model>> load_model(const std::string& path, LoadOptions opts = {});
+
+// Architectures load_model() accepts.
+[[nodiscard]] std::vector<std::string> supported_architectures();
+
+}  // namespace bie

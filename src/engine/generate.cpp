@@ -1,0 +1,82 @@
+#include "bie/engine/generate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <span>
+
+namespace bie {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Status prefill(Model& model, KvCache& kv, ThreadPool& pool, const std::vector<int32_t>& prompt,
+               int32_t chunk, std::vector<float>& logits) {
+  if (prompt.empty()) return Error{"the prompt is empty (it must contain at least one token)"};
+  if (chunk <= 0) return Error{"prefill chunk must be > 0"};
+  if (!kv.can_append(static_cast<int64_t>(prompt.size()))) {
+    return Error{fmt::format("prompt of {} tokens does not fit in the context of {} tokens",
+                             prompt.size(), kv.capacity() - kv.n_tokens())};
+  }
+  const std::span<const int32_t> all(prompt);
+  for (size_t off = 0; off < prompt.size(); off += static_cast<size_t>(chunk)) {
+    const size_t len = std::min(prompt.size() - off, static_cast<size_t>(chunk));
+    if (Status s = model.forward(all.subspan(off, len), kv, pool, logits); !s) return s;
+  }
+  return {};
+}
+}  // namespace
+
+Result<std::vector<float>> prompt_logits(Model& model, KvCache& kv, ThreadPool& pool,
+                                         const std::vector<int32_t>& prompt, int32_t prefill_chunk) {
+  std::vector<float> logits;
+  if (Status s = prefill(model, kv, pool, prompt, prefill_chunk, logits); !s) return Error{s.error()};
+  return logits;
+}
+
+Result<GenerationStats> generate(Model& model, KvCache& kv, ThreadPool& pool,
+                                 const GenerateRequest& req, const TokenCallback& on_token) {
+  if (Status s = req.sampling.validate(); !s) return Error{s.error()};
+  if (req.max_tokens < 0) return Error{"max_tokens must be >= 0"};
+  GenerationStats stats;
+  stats.n_prompt = static_cast<int64_t>(req.prompt.size());
+  std::vector<float> logits;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (Status s = prefill(model, kv, pool, req.prompt, req.prefill_chunk, logits); !s) {
+    return Error{s.error()};
+  }
+  stats.prompt_seconds = seconds_since(t0);
+
+  Sampler sampler(req.sampling, model.hparams().n_vocab);
+  std::vector<int32_t> history = req.prompt;
+  history.reserve(history.size() + static_cast<size_t>(req.max_tokens));
+  stats.finish_reason = "length";
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int32_t i = 0; i < req.max_tokens; ++i) {
+    const int32_t tok = sampler.sample(logits.data(), history);
+    if (std::find(req.stop_tokens.begin(), req.stop_tokens.end(), tok) != req.stop_tokens.end()) {
+      stats.finish_reason = "stop";
+      break;
+    }
+    history.push_back(tok);
+    ++stats.n_generated;
+    if (!on_token(tok)) {
+      stats.finish_reason = "cancelled";
+      break;
+    }
+    if (i + 1 == req.max_tokens) break;
+    if (!kv.can_append(1)) {
+      stats.finish_reason = "context";
+      break;
+    }
+    const int32_t one[1] = {tok};
+    if (Status s = model.forward(one, kv, pool, logits); !s) return Error{s.error()};
+  }
+  stats.decode_seconds = seconds_since(t1);
+  return stats;
+}
+
+}  // namespace bie

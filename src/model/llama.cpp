@@ -1,0 +1,275 @@
+// The llama family: llama, mistral, qwen2 (QKV bias, NEOX rope) and SmolLM2 (a llama).
+// Per layer: x += Wo·attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)); x += Wdown·(silu(Wgate·n(x)) * Wup·n(x)).
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "bie/backend/matmul.h"
+#include "bie/backend/ops.h"
+#include "bie/quant/traits.h"
+#include "model/architectures.h"
+#include "model/model_loader.h"
+
+namespace bie {
+
+namespace {
+
+using model_loader::Binder;
+using model_loader::LoadError;
+
+class LlamaModel final : public Model {
+ public:
+  LlamaModel(std::unique_ptr<gguf::GgufFile> file, const LoadOptions& opts) {
+    file_ = std::move(file);
+    max_batch_ = opts.max_batch_tokens;
+    Binder b(*file_);
+    read_hparams(b);
+    bind_weights(b);
+    weight_bytes_ = b.bound_bytes();
+    allocate_workspace();
+  }
+
+  Status forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
+                 std::vector<float>& logits, ForwardOptions opts) override;
+
+ private:
+  struct Layer {
+    const float* attn_norm;  // [n_embd]
+    WeightView wq;           // [n_embd -> n_head * head_dim]
+    WeightView wk;           // [n_embd -> n_head_kv * head_dim]
+    WeightView wv;           // [n_embd -> n_head_kv * head_dim]
+    WeightView wo;           // [n_head * head_dim -> n_embd]
+    const float* bq = nullptr;  // [n_head * head_dim] (qwen2)
+    const float* bk = nullptr;  // [n_head_kv * head_dim]
+    const float* bv = nullptr;  // [n_head_kv * head_dim]
+    const float* ffn_norm;   // [n_embd]
+    WeightView w_gate;       // [n_embd -> n_ff]
+    WeightView w_up;         // [n_embd -> n_ff]
+    WeightView w_down;       // [n_ff -> n_embd]
+  };
+
+  void read_hparams(Binder& b);
+  void bind_weights(Binder& b);
+  void allocate_workspace();
+
+  // Runs fn(token_index) for every token of the batch, over the pool when the batch is large.
+  template <class Fn>
+  void for_each_token(ThreadPool& pool, int64_t n, Fn&& fn) {
+    if (n < 4) {
+      for (int64_t i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) fn(i);
+    });
+  }
+
+  int32_t max_batch_ = 512;
+  WeightView tok_embd_;          // [n_embd, n_vocab] rows are token embeddings
+  const float* output_norm_ = nullptr;  // [n_embd]
+  WeightView output_;            // [n_embd -> n_vocab] (token_embd when tied)
+  const float* rope_freqs_ = nullptr;   // [n_rot / 2] optional
+  std::vector<Layer> layers_;
+  ops::RopeParams rope_;
+
+  // Activation workspace, sized for max_batch_ tokens.
+  std::vector<float> x_;     // [max_batch, n_embd] residual stream
+  std::vector<float> xn_;    // [max_batch, n_embd] normalised input of a sub-layer
+  std::vector<float> q_;     // [max_batch, n_head * head_dim]
+  std::vector<float> k_;     // [max_batch, n_head_kv * head_dim]
+  std::vector<float> v_;     // [max_batch, n_head_kv * head_dim]
+  std::vector<float> attn_;  // [max_batch, n_head * head_dim]
+  std::vector<float> proj_;  // [max_batch, n_embd] output of Wo / Wdown
+  std::vector<float> gate_;  // [max_batch, n_ff]
+  std::vector<float> up_;    // [max_batch, n_ff]
+  std::vector<float> cs_;    // [max_batch, n_rot] rope (cos, sin) per token
+  MatmulScratch mm_;
+};
+
+void LlamaModel::read_hparams(Binder& b) {
+  ModelHParams& hp = hp_;
+  hp.arch = file_->architecture();
+  const std::string a = hp.arch + ".";
+  if (auto name = file_->get_string("general.name")) hp.name = std::string(*name);
+  hp.n_layer = b.require_int(a + "block_count");
+  hp.n_embd = b.require_int(a + "embedding_length");
+  hp.n_ff = b.require_int(a + "feed_forward_length");
+  hp.n_head = b.require_int(a + "attention.head_count");
+  hp.n_head_kv = b.optional_int(a + "attention.head_count_kv").value_or(hp.n_head);
+  hp.n_ctx_train = b.optional_int(a + "context_length").value_or(2048);
+  if (hp.n_head_kv > hp.n_head || hp.n_head % hp.n_head_kv != 0) {
+    throw LoadError{fmt::format("head_count {} is not a multiple of head_count_kv {}", hp.n_head,
+                                hp.n_head_kv)};
+  }
+  hp.head_dim = b.optional_int(a + "attention.key_length").value_or(hp.n_embd / hp.n_head);
+  if (hp.head_dim % 2 != 0 || hp.head_dim > 512) {
+    throw LoadError{fmt::format("head dimension {} is unsupported (must be even, <= 512)", hp.head_dim)};
+  }
+  if (auto vl = b.optional_int(a + "attention.value_length"); vl && *vl != hp.head_dim) {
+    throw LoadError{"key_length != value_length is not supported for this architecture"};
+  }
+  hp.rms_eps = b.optional_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5f);
+  hp.rope_freq_base = b.optional_float(a + "rope.freq_base").value_or(10000.0f);
+  hp.n_rot = b.optional_int(a + "rope.dimension_count").value_or(hp.head_dim);
+  if (hp.n_rot > hp.head_dim || hp.n_rot % 2 != 0) {
+    throw LoadError{fmt::format("rope.dimension_count {} is invalid for head dim {}", hp.n_rot, hp.head_dim)};
+  }
+  if (auto st = file_->get_string(a + "rope.scaling.type")) {
+    if (*st == "linear") {
+      const float factor = b.optional_float(a + "rope.scaling.factor").value_or(1.0f);
+      if (!(factor > 0.0f)) throw LoadError{"rope.scaling.factor must be > 0"};
+      hp.rope_freq_scale = 1.0f / factor;
+    } else if (*st != "none") {
+      throw LoadError{fmt::format("rope scaling type '{}' is not supported yet (supported: none, linear)",
+                                  std::string(*st))};
+    }
+  }
+  hp.rope_layout = hp.arch == "qwen2" ? RopeLayout::kNeox : RopeLayout::kNorm;
+  const gguf::TensorInfo* emb = file_->find_tensor("token_embd.weight");
+  if (emb == nullptr) throw LoadError{"missing tensor 'token_embd.weight'"};
+  hp.n_vocab = static_cast<int32_t>(emb->ne[1]);
+  hp.tied_output = file_->find_tensor("output.weight") == nullptr;
+  hp.qkv_bias = file_->find_tensor("blk.0.attn_q.bias") != nullptr;
+
+  rope_.n_rot = hp.n_rot;
+  rope_.freq_base = hp.rope_freq_base;
+  rope_.freq_scale = hp.rope_freq_scale;
+  rope_.neox = hp.rope_layout == RopeLayout::kNeox;
+}
+
+void LlamaModel::bind_weights(Binder& b) {
+  const ModelHParams& hp = hp_;
+  const int64_t q_dim = static_cast<int64_t>(hp.n_head) * hp.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(hp.n_head_kv) * hp.head_dim;
+  tok_embd_ = b.matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
+  output_norm_ = b.vector_f32("output_norm.weight", hp.n_embd);
+  output_ = hp.tied_output ? tok_embd_ : b.matrix("output.weight", hp.n_embd, hp.n_vocab);
+  if (b.has("rope_freqs.weight")) {
+    rope_freqs_ = b.vector_f32("rope_freqs.weight", hp.n_rot / 2);
+    rope_.freq_factors = rope_freqs_;
+  }
+  layers_.resize(static_cast<size_t>(hp.n_layer));
+  for (int il = 0; il < hp.n_layer; ++il) {
+    Layer& l = layers_[static_cast<size_t>(il)];
+    const std::string p = fmt::format("blk.{}.", il);
+    l.attn_norm = b.vector_f32(p + "attn_norm.weight", hp.n_embd);
+    l.wq = b.matrix(p + "attn_q.weight", hp.n_embd, q_dim);
+    l.wk = b.matrix(p + "attn_k.weight", hp.n_embd, kv_dim);
+    l.wv = b.matrix(p + "attn_v.weight", hp.n_embd, kv_dim);
+    l.wo = b.matrix(p + "attn_output.weight", q_dim, hp.n_embd);
+    if (hp.qkv_bias) {
+      l.bq = b.vector_f32(p + "attn_q.bias", q_dim);
+      l.bk = b.vector_f32(p + "attn_k.bias", kv_dim);
+      l.bv = b.vector_f32(p + "attn_v.bias", kv_dim);
+    }
+    l.ffn_norm = b.vector_f32(p + "ffn_norm.weight", hp.n_embd);
+    l.w_gate = b.matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff);
+    l.w_up = b.matrix(p + "ffn_up.weight", hp.n_embd, hp.n_ff);
+    l.w_down = b.matrix(p + "ffn_down.weight", hp.n_ff, hp.n_embd);
+  }
+}
+
+void LlamaModel::allocate_workspace() {
+  const ModelHParams& hp = hp_;
+  const auto n = static_cast<size_t>(max_batch_);
+  const size_t q_dim = static_cast<size_t>(hp.n_head) * static_cast<size_t>(hp.head_dim);
+  const size_t kv_dim = static_cast<size_t>(hp.n_head_kv) * static_cast<size_t>(hp.head_dim);
+  x_.resize(n * static_cast<size_t>(hp.n_embd));
+  xn_.resize(n * static_cast<size_t>(hp.n_embd));
+  proj_.resize(n * static_cast<size_t>(hp.n_embd));
+  q_.resize(n * q_dim);
+  attn_.resize(n * q_dim);
+  k_.resize(n * kv_dim);
+  v_.resize(n * kv_dim);
+  gate_.resize(n * static_cast<size_t>(hp.n_ff));
+  up_.resize(n * static_cast<size_t>(hp.n_ff));
+  cs_.resize(n * static_cast<size_t>(hp.n_rot));
+}
+
+Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
+                           std::vector<float>& logits, ForwardOptions opts) {
+  const ModelHParams& hp = hp_;
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return Error{"forward() called with no tokens"};
+  if (n > max_batch_) {
+    return Error{fmt::format("batch of {} tokens exceeds the workspace of {}", n, max_batch_)};
+  }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= hp.n_vocab) {
+      return Error{fmt::format("token id {} is outside the vocabulary [0, {})", t, hp.n_vocab)};
+    }
+  }
+  const int64_t pos0 = kv.n_tokens();
+  if (Status s = kv.append(n); !s) return s;
+
+  const int64_t n_embd = hp.n_embd;
+  const int64_t q_dim = static_cast<int64_t>(hp.n_head) * hp.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(hp.n_head_kv) * hp.head_dim;
+  const int64_t n_ff = hp.n_ff;
+  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+
+  const quant::TypeTraits* emb_tr = quant::traits(tok_embd_.type);
+  for_each_token(pool, n, [&](int64_t i) {
+    const auto* row = static_cast<const uint8_t*>(tok_embd_.data) +
+                      static_cast<size_t>(tokens[static_cast<size_t>(i)]) * tok_embd_.row_bytes;
+    emb_tr->to_float(row, x_.data() + i * n_embd, n_embd);
+    ops::rope_cache(rope_, pos0 + i, cs_.data() + i * hp.n_rot);
+  });
+
+  for (int il = 0; il < hp.n_layer; ++il) {
+    const Layer& l = layers_[static_cast<size_t>(il)];
+    for_each_token(pool, n, [&](int64_t i) {
+      ops::rms_norm(x_.data() + i * n_embd, l.attn_norm, xn_.data() + i * n_embd, n_embd, hp.rms_eps);
+    });
+    matmul(l.wq, xn_.data(), n, q_.data(), pool, mm_);
+    matmul(l.wk, xn_.data(), n, k_.data(), pool, mm_);
+    matmul(l.wv, xn_.data(), n, v_.data(), pool, mm_);
+    for_each_token(pool, n, [&](int64_t i) {
+      float* q = q_.data() + i * q_dim;
+      float* k = k_.data() + i * kv_dim;
+      if (l.bq != nullptr) {
+        ops::add_inplace(q, l.bq, q_dim);
+        ops::add_inplace(k, l.bk, kv_dim);
+        ops::add_inplace(v_.data() + i * kv_dim, l.bv, kv_dim);
+      }
+      const float* cs = cs_.data() + i * hp.n_rot;
+      ops::rope_apply(rope_, cs, q, hp.n_head, hp.head_dim);
+      ops::rope_apply(rope_, cs, k, hp.n_head_kv, hp.head_dim);
+    });
+    kv.store(il, pos0, n, k_.data(), v_.data());
+    kv.attend(il, pos0, n, q_.data(), hp.n_head, attn_scale, attn_.data(), pool);
+    matmul(l.wo, attn_.data(), n, proj_.data(), pool, mm_);
+    for_each_token(pool, n, [&](int64_t i) {
+      float* x = x_.data() + i * n_embd;
+      ops::add_inplace(x, proj_.data() + i * n_embd, n_embd);
+      ops::rms_norm(x, l.ffn_norm, xn_.data() + i * n_embd, n_embd, hp.rms_eps);
+    });
+    matmul(l.w_gate, xn_.data(), n, gate_.data(), pool, mm_);
+    matmul(l.w_up, xn_.data(), n, up_.data(), pool, mm_);
+    for_each_token(pool, n, [&](int64_t i) {
+      ops::silu_mul_inplace(gate_.data() + i * n_ff, up_.data() + i * n_ff, n_ff);
+    });
+    matmul(l.w_down, gate_.data(), n, proj_.data(), pool, mm_);
+    for_each_token(pool, n, [&](int64_t i) {
+      ops::add_inplace(x_.data() + i * n_embd, proj_.data() + i * n_embd, n_embd);
+    });
+  }
+
+  const int64_t first = opts.logits_all ? 0 : n - 1;
+  const int64_t n_out = n - first;
+  for_each_token(pool, n_out, [&](int64_t i) {
+    ops::rms_norm(x_.data() + (first + i) * n_embd, output_norm_, xn_.data() + i * n_embd, n_embd,
+                  hp.rms_eps);
+  });
+  logits.resize(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab));
+  matmul(output_, xn_.data(), n_out, logits.data(), pool, mm_);
+  return {};
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama_model(std::unique_ptr<gguf::GgufFile> file, const LoadOptions& opts) {
+  return std::make_unique<LlamaModel>(std::move(file), opts);
+}
+
+}  // namespace bie

@@ -1,0 +1,51 @@
+#include "bie/model/model.h"
+
+#include <fmt/format.h>
+
+#include "model/architectures.h"
+#include "model/model_loader.h"
+
+namespace bie {
+
+namespace {
+
+struct ArchEntry {
+  const char* name;
+  std::unique_ptr<Model> (*make)(std::unique_ptr<gguf::GgufFile>, const LoadOptions&);
+};
+
+constexpr ArchEntry kArchitectures[] = {
+    {"llama", make_llama_model},
+    {"mistral", make_llama_model},
+    {"qwen2", make_llama_model},
+};
+
+}  // namespace
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> out;
+  for (const auto& a : kArchitectures) out.emplace_back(a.name);
+  return out;
+}
+
+Result<std::unique_ptr<Model>> load_model(const std::string& path, LoadOptions opts) {
+  if (opts.max_batch_tokens <= 0) return Error{"max_batch_tokens must be > 0"};
+  auto file = gguf::GgufFile::open(path);
+  if (!file.ok()) return Error{file.error()};
+  const std::string arch = (*file)->architecture();
+  if (arch.empty()) return Error{fmt::format("'{}': no general.architecture in the file", path)};
+  for (const auto& a : kArchitectures) {
+    if (arch != a.name) continue;
+    try {
+      return a.make(std::move(file).value(), opts);
+    } catch (const model_loader::LoadError& e) {
+      return Error{fmt::format("'{}' ({}): {}", path, arch, e.message)};
+    } catch (const std::bad_alloc&) {
+      return Error{fmt::format("'{}': out of memory while loading", path)};
+    }
+  }
+  return Error{fmt::format("'{}': unsupported architecture '{}' (supported: {})", path, arch,
+                           fmt::join(supported_architectures(), ", "))};
+}
+
+}  // namespace bie
