@@ -15,5 +15,6 @@ constexpr int kExitBadInput = 2;  // bad flags or input the user can fix
 void add_run_command(CLI::App& root, int* rc);
 void add_info_command(CLI::App& root, int* rc);
 void add_plan_command(CLI::App& root, int* rc);
+void add_bench_command(CLI::App& root, int* rc);
 
 }  // namespace bie::cli

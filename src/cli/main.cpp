@@ -1,4 +1,4 @@
-// bie: run, info, plan (and later bench, quality).
+// bie: run, info, plan, bench.
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   bie::cli::add_run_command(app, &rc);
   bie::cli::add_info_command(app, &rc);
   bie::cli::add_plan_command(app, &rc);
+  bie::cli::add_bench_command(app, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
