@@ -30,16 +30,19 @@ constexpr int kFloatTokens = 3;
 
 inline void transpose8(const __m256i in[8], __m256i out[8]) {
   __m256i t[8], u[8];
+#pragma GCC unroll 16
   for (int i = 0; i < 4; ++i) {
     t[2 * i] = _mm256_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
     t[2 * i + 1] = _mm256_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
   }
+#pragma GCC unroll 16
   for (int i = 0; i < 2; ++i) {
     u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
     u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
     u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
     u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
   }
+#pragma GCC unroll 16
   for (int i = 0; i < 4; ++i) {
     out[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
     out[4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
@@ -199,23 +202,29 @@ void kernel_b32(const uint8_t* panel, int64_t nb, const uint8_t* acts, size_t ac
   using Tr = B32Traits<K>;
   const __m256i ones = _mm256_set1_epi16(1);
   const ActB32* a[T];
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t)
     a[t] = reinterpret_cast<const ActB32*>(acts + static_cast<size_t>(t) * act_row_bytes);
   __m256 acc[T];
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = panel + b * kPanelB32;
     __m256i i32[T], i16[T];
+#pragma GCC unroll 16
     for (int t = 0; t < T; ++t) i32[t] = i16[t] = _mm256_setzero_si256();
+#pragma GCC unroll 16
     for (int c = 0; c < 8; ++c) {
       const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32 * c));
       if constexpr (Tr::kSigned) {
         const __m256i aw = _mm256_sign_epi8(wv, wv);
+#pragma GCC unroll 16
         for (int t = 0; t < T; ++t) {
           const __m256i av = _mm256_sign_epi8(bcast32(a[t][b].qs + 4 * c), wv);
           i32[t] = _mm256_add_epi32(i32[t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, av), ones));
         }
       } else {
+#pragma GCC unroll 16
         for (int t = 0; t < T; ++t) {
           i16[t] = _mm256_add_epi16(i16[t], _mm256_maddubs_epi16(wv, bcast32(a[t][b].qs + 4 * c)));
           if ((c + 1) % Tr::kAccSteps == 0) {
@@ -226,6 +235,7 @@ void kernel_b32(const uint8_t* panel, int64_t nb, const uint8_t* acts, size_t ac
       }
     }
     const __m256 dv = _mm256_load_ps(reinterpret_cast<const float*>(p + 256));
+#pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       __m256i iv = i32[t];
       if constexpr (Tr::kOffset != 0)
@@ -238,6 +248,7 @@ void kernel_b32(const uint8_t* panel, int64_t nb, const uint8_t* acts, size_t ac
       }
     }
   }
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t) store_rows(y + t * n_out, acc[t], n_valid);
 }
 
@@ -305,34 +316,45 @@ void kernel_k(const uint8_t* panel, int64_t nb, const uint8_t* acts, size_t act_
               int64_t n_out, int n_valid) {
   constexpr int kSteps = k_acc_steps<U>();
   const BlockQ8_K* a[T];
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t)
     a[t] = reinterpret_cast<const BlockQ8_K*>(acts + static_cast<size_t>(t) * act_row_bytes);
   __m256 acc[T];
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = panel + b * kPanelK;
     __m256i isum[T];
+#pragma GCC unroll 16
     for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 16
     for (int g = 0; g < 16; ++g) {
       const __m256i scv = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 2048 + 32 * g));
+#pragma GCC unroll 16
       for (int c0 = 4 * g; c0 < 4 * g + 4; c0 += kSteps) {
         __m256i i16[T];
+#pragma GCC unroll 16
         for (int t = 0; t < T; ++t) i16[t] = _mm256_setzero_si256();
+#pragma GCC unroll 16
         for (int c = c0; c < c0 + kSteps; ++c) {
           const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32 * c));
+#pragma GCC unroll 16
           for (int t = 0; t < T; ++t) {
             i16[t] =
                 _mm256_add_epi16(i16[t], _mm256_maddubs_epi16(wv, bcast32(a[t][b].qs + 4 * c)));
           }
         }
+#pragma GCC unroll 16
         for (int t = 0; t < T; ++t)
           isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(i16[t], scv));
       }
     }
     const __m256 dv = _mm256_load_ps(reinterpret_cast<const float*>(p + 2816));
     const __m256 dminv = _mm256_load_ps(reinterpret_cast<const float*>(p + 2848));
+#pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       __m256i msum = _mm256_setzero_si256();
+#pragma GCC unroll 16
       for (int h = 0; h < 8; ++h) {
         const __m256i mv = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 2560 + 32 * h));
         msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mv, bcast32(a[t][b].bsums + 2 * h)));
@@ -347,6 +369,7 @@ void kernel_k(const uint8_t* panel, int64_t nb, const uint8_t* acts, size_t act_
       }
     }
   }
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t) store_rows(y + t * n_out, acc[t], n_valid);
 }
 
@@ -359,21 +382,29 @@ template <int T>
 void kernel_float(const float* panel, int64_t n_in, const uint8_t* acts, size_t act_row_bytes,
                   float* y, int64_t n_out, int n_valid) {
   const float* a[T];
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t)
     a[t] = reinterpret_cast<const float*>(acts + static_cast<size_t>(t) * act_row_bytes);
   __m256 acc[kFloatRows][T];
+#pragma GCC unroll 16
   for (auto& row : acc) {
+#pragma GCC unroll 16
     for (auto& v : row) v = _mm256_setzero_ps();
   }
   for (int64_t k = 0; k < n_in; k += 8) {
     __m256 wv[kFloatRows];
+#pragma GCC unroll 16
     for (int r = 0; r < kFloatRows; ++r) wv[r] = _mm256_load_ps(panel + r * n_in + k);
+#pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       const __m256 av = _mm256_loadu_ps(a[t] + k);
+#pragma GCC unroll 16
       for (int r = 0; r < kFloatRows; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], av, acc[r][t]);
     }
   }
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
+#pragma GCC unroll 16
     for (int r = 0; r < n_valid; ++r) y[t * n_out + r] = hsum_ps(acc[r][t]);
   }
 }
