@@ -212,70 +212,85 @@ void from_float_q8(const float* x, void* dst, int64_t n) {
   }
 }
 
-float vec_dot_q4_0(int64_t n, const void* vx, const void* vy) {
-  const auto* x = static_cast<const BlockQ4_0*>(vx);
-  const auto* y = static_cast<const BlockQ8_0*>(vy);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kQK32; ++i) {
-    const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
-    const __m256i qx = _mm256_sub_epi8(nibbles32(x[i].qs), _mm256_set1_epi8(8));
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qx, qy)), acc);
+// Two blocks per iteration with independent accumulators: a single FMA chain (4-cycle latency
+// per block) was the limit, not the arithmetic.
+template <typename BX, typename BY, typename F>
+inline float dot_blocks(int64_t nb, const BX* x, const BY* y, F&& block_dot) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    acc0 = block_dot(x[i], y[i], acc0);
+    acc1 = block_dot(x[i + 1], y[i + 1], acc1);
   }
-  return hsum_ps(acc);
+  if (i < nb) acc0 = block_dot(x[i], y[i], acc0);
+  return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+template <typename BX, typename BY>
+inline float min_terms(int64_t nb, const BX* x, const BY* y) {
+  float s0 = 0, s1 = 0;
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    s0 += h2f(x[i].m) * h2f(y[i].s);
+    s1 += h2f(x[i + 1].m) * h2f(y[i + 1].s);
+  }
+  if (i < nb) s0 += h2f(x[i].m) * h2f(y[i].s);
+  return s0 + s1;
+}
+
+inline __m256i load_qs(const int8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+float vec_dot_q4_0(int64_t n, const void* vx, const void* vy) {
+  return dot_blocks(n / kQK32, static_cast<const BlockQ4_0*>(vx), static_cast<const BlockQ8_0*>(vy),
+                    [](const BlockQ4_0& x, const BlockQ8_0& y, __m256 acc) {
+                      const __m256 d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+                      const __m256i qx = _mm256_sub_epi8(nibbles32(x.qs), _mm256_set1_epi8(8));
+                      return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qx, load_qs(y.qs))), acc);
+                    });
 }
 
 float vec_dot_q4_1(int64_t n, const void* vx, const void* vy) {
   const auto* x = static_cast<const BlockQ4_1*>(vx);
   const auto* y = static_cast<const BlockQ8_1*>(vy);
-  __m256 acc = _mm256_setzero_ps();
-  float summs = 0;
-  for (int64_t i = 0; i < n / kQK32; ++i) {
-    summs += h2f(x[i].m) * h2f(y[i].s);
-    const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_u8i8(nibbles32(x[i].qs), qy)), acc);
-  }
-  return hsum_ps(acc) + summs;
+  const float main =
+      dot_blocks(n / kQK32, x, y, [](const BlockQ4_1& bx, const BlockQ8_1& by, __m256 acc) {
+        const __m256 d = _mm256_set1_ps(h2f(bx.d) * h2f(by.d));
+        return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_u8i8(nibbles32(bx.qs), load_qs(by.qs))),
+                               acc);
+      });
+  return main + min_terms(n / kQK32, x, y);
 }
 
 float vec_dot_q5_0(int64_t n, const void* vx, const void* vy) {
-  const auto* x = static_cast<const BlockQ5_0*>(vx);
-  const auto* y = static_cast<const BlockQ8_0*>(vy);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kQK32; ++i) {
-    const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q5_0_values(x[i]), qy)), acc);
-  }
-  return hsum_ps(acc);
+  return dot_blocks(n / kQK32, static_cast<const BlockQ5_0*>(vx), static_cast<const BlockQ8_0*>(vy),
+                    [](const BlockQ5_0& x, const BlockQ8_0& y, __m256 acc) {
+                      const __m256 d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+                      return _mm256_fmadd_ps(
+                          d, _mm256_cvtepi32_ps(dot_i8(q5_0_values(x), load_qs(y.qs))), acc);
+                    });
 }
 
 float vec_dot_q5_1(int64_t n, const void* vx, const void* vy) {
   const auto* x = static_cast<const BlockQ5_1*>(vx);
   const auto* y = static_cast<const BlockQ8_1*>(vy);
-  __m256 acc = _mm256_setzero_ps();
-  float summs = 0;
-  for (int64_t i = 0; i < n / kQK32; ++i) {
-    summs += h2f(x[i].m) * h2f(y[i].s);
-    const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_u8i8(q5_1_values(x[i]), qy)), acc);
-  }
-  return hsum_ps(acc) + summs;
+  const float main =
+      dot_blocks(n / kQK32, x, y, [](const BlockQ5_1& bx, const BlockQ8_1& by, __m256 acc) {
+        const __m256 d = _mm256_set1_ps(h2f(bx.d) * h2f(by.d));
+        return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_u8i8(q5_1_values(bx), load_qs(by.qs))),
+                               acc);
+      });
+  return main + min_terms(n / kQK32, x, y);
 }
 
 float vec_dot_q8_0(int64_t n, const void* vx, const void* vy) {
-  const auto* x = static_cast<const BlockQ8_0*>(vx);
-  const auto* y = static_cast<const BlockQ8_0*>(vy);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kQK32; ++i) {
-    const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qx, qy)), acc);
-  }
-  return hsum_ps(acc);
+  return dot_blocks(n / kQK32, static_cast<const BlockQ8_0*>(vx), static_cast<const BlockQ8_0*>(vy),
+                    [](const BlockQ8_0& x, const BlockQ8_0& y, __m256 acc) {
+                      const __m256 d = _mm256_set1_ps(h2f(x.d) * h2f(y.d));
+                      return _mm256_fmadd_ps(
+                          d, _mm256_cvtepi32_ps(dot_i8(load_qs(x.qs), load_qs(y.qs))), acc);
+                    });
 }
 
 // ---- K-quants ------------------------------------------------------------------------------
@@ -287,13 +302,16 @@ void to_float_k(const void* src, float* y, int64_t n) {
   KRegs r;
   for (int64_t i = 0; i < n / kQKK; ++i, y += kQKK) {
     U::run(b[i], r);
+#pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
       const __m128i halves[2] = {_mm256_castsi256_si128(r.q[c]),
                                  _mm256_extracti128_si256(r.q[c], 1)};
+#pragma GCC unroll 8
       for (int h = 0; h < 2; ++h) {
         const int g = 2 * c + h;
         const __m256 dl = _mm256_set1_ps(r.d * static_cast<float>(r.sc[g]));
         const __m256 ml = _mm256_set1_ps(r.dmin * static_cast<float>(r.m[g]));
+#pragma GCC unroll 8
         for (int k = 0; k < 2; ++k) {
           __m256i qi = _mm256_cvtepu8_epi32(k == 0 ? halves[h] : _mm_srli_si128(halves[h], 8));
           float* out = y + 32 * c + 16 * h + 8 * k;
@@ -323,6 +341,7 @@ float vec_dot_k(int64_t n, const void* vx, const void* vy) {
     U::run(x[i], r);
     const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(r.sc));
     __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
       const __m256i scv =
           _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(c)), spread);

@@ -104,10 +104,11 @@ struct UnpackQ2K {
       r.q[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m3);
       r.q[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), m3);
     }
-    for (int g = 0; g < 16; ++g) {
-      r.sc[g] = b.scales[g] & 0xF;
-      r.m[g] = b.scales[g] >> 4;
-    }
+    const __m256i s16 =
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(r.sc),
+                       _mm256_and_si256(s16, _mm256_set1_epi16(0xF)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(r.m), _mm256_srli_epi16(s16, 4));
     r.d = h2f(b.d);
     r.dmin = h2f(b.dmin);
   }
@@ -140,14 +141,24 @@ struct UnpackQ3K {
   }
 };
 
+// Q4_K/Q5_K: the 12 packed bytes -> 8 scales and 8 mins (bytes 0..7 / 8..15 of u), with four
+// 32-bit operations, then widened to one int16 per group of 16.
 template <typename Block>
 inline void k4_scales(const Block& b, KRegs& r) {
-  for (int g = 0; g < 8; ++g) {
-    uint8_t sc, m;
-    k4_scale_min(g, b.scales, sc, m);
-    r.sc[2 * g] = r.sc[2 * g + 1] = sc;
-    r.m[2 * g] = r.m[2 * g + 1] = m;
-  }
+  uint32_t u[4];
+  std::memcpy(u, b.scales, 12);
+  constexpr uint32_t kLow6 = 0x3F3F3F3F, kLow4 = 0x0F0F0F0F, kLow2 = 0x03030303;
+  u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
+  const uint32_t mins_lo = u[1] & kLow6;
+  u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
+  u[2] = mins_lo;
+  u[0] &= kLow6;
+  const __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u)));
+  const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + 2)));
+  _mm_store_si128(reinterpret_cast<__m128i*>(r.sc), _mm_unpacklo_epi16(v, v));
+  _mm_store_si128(reinterpret_cast<__m128i*>(r.sc + 8), _mm_unpackhi_epi16(v, v));
+  _mm_store_si128(reinterpret_cast<__m128i*>(r.m), _mm_unpacklo_epi16(w, w));
+  _mm_store_si128(reinterpret_cast<__m128i*>(r.m + 8), _mm_unpackhi_epi16(w, w));
   r.d = h2f(b.d);
   r.dmin = h2f(b.dmin);
 }
@@ -208,10 +219,10 @@ struct UnpackQ6K {
       r.q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
     }
-    for (int g = 0; g < 16; ++g) {
-      r.sc[g] = b.scales[g];
-      r.m[g] = static_cast<int16_t>(32 * b.scales[g]);
-    }
+    const __m256i sc =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(r.sc), sc);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(r.m), _mm256_slli_epi16(sc, 5));
     r.d = r.dmin = h2f(b.d);
   }
 };
