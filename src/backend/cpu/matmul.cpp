@@ -1,24 +1,162 @@
 #include "bie/backend/matmul.h"
 
+#include <algorithm>
+#include <cassert>
+#include <cstdlib>
+#include <new>
+
+#include "backend/cpu/matmul_kernels.h"
+#include "bie/backend/cpu_features.h"
 #include "bie/quant/traits.h"
 
 namespace bie {
 
-void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
-            MatmulScratch& scratch) {
-  const quant::TypeTraits* tr = quant::traits(w.type);
-  const quant::TypeTraits* at = quant::traits(tr->vec_dot_type);
-  const size_t arow = quant::row_size(tr->vec_dot_type, w.n_in);
-  scratch.act.resize(arow * static_cast<size_t>(n_tokens));
-  for (int64_t t = 0; t < n_tokens; ++t) at->from_float(x + t * w.n_in, scratch.act.data() + t * arow, w.n_in);
-  pool.parallel_for(w.n_out, [&](int64_t b, int64_t e, int) {
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      for (int64_t r = b; r < e; ++r) {
-        y[t * w.n_out + r] = tr->vec_dot(w.n_in, static_cast<const uint8_t*>(w.data) + r * w.row_bytes,
-                                         scratch.act.data() + t * arow);
+namespace {
+
+constexpr size_t kAlign = 64;
+// Below this many tokens the tiles' repacking costs more than it saves: dot row by row.
+constexpr int64_t kMinTileTokens = 2;
+// Rows per inner chunk of the row-by-row path (their weights stay in L1 across the tokens).
+constexpr int64_t kRowChunk = 16;
+
+struct RowDotJob {
+  const WeightView* w;
+  const quant::TypeTraits* tr;
+  const uint8_t* acts;
+  size_t act_row_bytes;
+  int64_t n_tokens;
+  float* y;
+};
+
+void row_dot_range(const RowDotJob& job, int64_t r0, int64_t r1) {
+  const WeightView& w = *job.w;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t c0 = r0; c0 < r1; c0 += kRowChunk) {
+    const int64_t c1 = std::min(r1, c0 + kRowChunk);
+    for (int64_t t = 0; t < job.n_tokens; ++t) {
+      const uint8_t* a = job.acts + static_cast<size_t>(t) * job.act_row_bytes;
+      float* yt = job.y + t * w.n_out;
+      for (int64_t r = c0; r < c1; ++r) {
+        yt[r] = job.tr->vec_dot(w.n_in, base + static_cast<size_t>(r) * w.row_bytes, a);
       }
     }
-  }, 16);
+  }
+}
+
+// Even split of [0, n) in units of `unit` among n_threads; returns this thread's [begin, end).
+std::pair<int64_t, int64_t> split(int64_t n, int64_t unit, int ith, int nth) {
+  const int64_t units = (n + unit - 1) / unit;
+  const int64_t b = units * ith / nth * unit;
+  const int64_t e = std::min(n, units * (ith + 1) / nth * unit);
+  return {std::min(b, n), e};
+}
+
+}  // namespace
+
+void MatmulScratch::Buffer::Free::operator()(void* p) const {
+  ::operator delete(p, std::align_val_t(kAlign));
+}
+
+void* MatmulScratch::Buffer::ensure(size_t bytes) {
+  if (bytes > size || !data) {
+    const size_t n = std::max<size_t>((bytes + kAlign - 1) / kAlign * kAlign, kAlign);
+    data.reset(static_cast<uint8_t*>(::operator new(n, std::align_val_t(kAlign))));
+    size = n;
+  }
+  return data.get();
+}
+
+void* MatmulScratch::activations(size_t bytes) {
+  return activations_.ensure(bytes);
+}
+
+void* MatmulScratch::panel(int thread, size_t bytes) {
+  if (static_cast<size_t>(thread) >= panels_.size())
+    panels_.resize(static_cast<size_t>(thread) + 1);
+  return panels_[static_cast<size_t>(thread)].ensure(bytes);
+}
+
+void MatmulScratch::reserve(size_t activation_bytes, int n_threads, size_t panel_bytes) {
+  (void)activations(activation_bytes);
+  if (panel_bytes > 0) {
+    for (int i = 0; i < n_threads; ++i) (void)panel(i, panel_bytes);
+  }
+}
+
+void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+            MatmulScratch& scratch) {
+  if (n_tokens <= 0 || w.n_out <= 0) return;
+  const quant::TypeTraits* tr = quant::traits(w.type);
+  assert(tr != nullptr && tr->vec_dot != nullptr);
+  assert(w.n_in % tr->block_size == 0);
+  assert(w.row_bytes >= quant::row_size(w.type, w.n_in));
+  const int nth = pool.size();
+
+  if (has_avx2() && n_tokens >= kMinTileTokens) {
+    const cpu::TilePlan plan = cpu::avx2_tile_plan(w.type, w.n_in);
+    if (plan.supported) {
+      scratch.reserve(plan.act_row_bytes * static_cast<size_t>(n_tokens), nth, plan.panel_bytes);
+      auto* acts = static_cast<uint8_t*>(scratch.activations(0));
+      struct Job {
+        const WeightView* w;
+        const float* x;
+        int64_t n_tokens;
+        float* y;
+        MatmulScratch* scratch;
+        cpu::TilePlan plan;
+        uint8_t* acts;
+      } job{&w, x, n_tokens, y, &scratch, plan, acts};
+      const Job* jp = &job;
+      pool.run_on_all([jp](int ith, int nt) {
+        const auto [t0, t1] = split(jp->n_tokens, 1, ith, nt);
+        if (t0 < t1) cpu::avx2_prepare_acts(jp->w->type, jp->w->n_in, jp->x, t0, t1, jp->acts);
+      });
+      pool.run_on_all([jp](int ith, int nt) {
+        const auto [r0, r1] = split(jp->w->n_out, jp->plan.rows_per_panel, ith, nt);
+        if (r0 >= r1) return;
+        auto* panel = static_cast<uint8_t*>(jp->scratch->panel(ith, 0));
+        cpu::avx2_tile_rows(*jp->w, jp->acts, jp->plan.act_row_bytes, jp->n_tokens, r0, r1, jp->y,
+                            panel);
+      });
+      return;
+    }
+  }
+
+  // Row-by-row path: activations in vec_dot_type, one vec_dot per (row, token).
+  const quant::TypeTraits* at = quant::traits(tr->vec_dot_type);
+  const size_t act_row_bytes = quant::row_size(tr->vec_dot_type, w.n_in);
+  const uint8_t* acts = reinterpret_cast<const uint8_t*>(x);
+  if (tr->vec_dot_type != quant::GgmlType::F32) {
+    auto* buf =
+        static_cast<uint8_t*>(scratch.activations(act_row_bytes * static_cast<size_t>(n_tokens)));
+    if (n_tokens == 1) {
+      at->from_float(x, buf, w.n_in);  // a single row: not worth waking the pool
+    } else {
+      struct QJob {
+        const quant::TypeTraits* at;
+        const float* x;
+        int64_t n_in;
+        int64_t n_tokens;
+        size_t row_bytes;
+        uint8_t* buf;
+      } qjob{at, x, w.n_in, n_tokens, act_row_bytes, buf};
+      const QJob* qp = &qjob;
+      pool.run_on_all([qp](int ith, int nt) {
+        const auto [t0, t1] = split(qp->n_tokens, 1, ith, nt);
+        for (int64_t t = t0; t < t1; ++t) {
+          qp->at->from_float(qp->x + t * qp->n_in, qp->buf + static_cast<size_t>(t) * qp->row_bytes,
+                             qp->n_in);
+        }
+      });
+    }
+    acts = buf;
+  }
+  const RowDotJob job{&w, tr, acts, act_row_bytes, n_tokens, y};
+  const RowDotJob* jp = &job;
+  pool.run_on_all([jp](int ith, int nt) {
+    const auto [r0, r1] = split(jp->w->n_out, kRowChunk, ith, nt);
+    if (r0 < r1) row_dot_range(*jp, r0, r1);
+  });
 }
 
 }  // namespace bie

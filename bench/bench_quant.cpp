@@ -1,0 +1,109 @@
+// Kernel benchmarks: vec_dot per type and ISA, and matmul at SmolLM2-135M shapes.
+//   build/bie_kernel_bench --benchmark_filter=VecDot
+//   build/bie_kernel_bench --benchmark_filter=Matmul --benchmark_repetitions=3
+// VecDot reports weight bytes/s; Matmul reports weight bytes/s (the decode bound) and GFLOP/s
+// (2 * n_in * n_out * n_tokens per call).
+#include <benchmark/benchmark.h>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "bie/backend/matmul.h"
+#include "bie/quant/traits.h"
+
+namespace {
+
+using bie::quant::GgmlType;
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<uint8_t> quantize(GgmlType type, const std::vector<float>& x, int64_t n_per_row) {
+  const auto* t = bie::quant::traits(type);
+  const int64_t rows = static_cast<int64_t>(x.size()) / n_per_row;
+  const size_t rb = bie::quant::row_size(type, n_per_row);
+  std::vector<uint8_t> q(rb * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    t->from_float(x.data() + r * n_per_row, q.data() + rb * static_cast<size_t>(r), n_per_row);
+  return q;
+}
+
+void BM_VecDot(benchmark::State& state) {
+  const auto type = static_cast<GgmlType>(state.range(0));
+  const bool avx2 = state.range(1) != 0;
+  const bie::quant::TypeTraits* t =
+      avx2 ? bie::quant::traits_avx2(type) : bie::quant::traits_scalar(type);
+  if (t == nullptr) {
+    state.SkipWithError("ISA not available");
+    return;
+  }
+  const int64_t n = 4096;
+  const auto w = quantize(type, random_floats(n, 1), n);
+  const auto x = quantize(t->vec_dot_type, random_floats(n, 2), n);
+  for (auto _ : state) benchmark::DoNotOptimize(t->vec_dot(n, w.data(), x.data()));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(w.size()));
+  state.SetLabel(std::string(bie::quant::type_name(type)) + (avx2 ? " avx2" : " scalar"));
+}
+
+void VecDotArgs(benchmark::internal::Benchmark* b) {
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+                     GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
+                     GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    for (int isa : {0, 1}) b->Args({static_cast<int>(t), isa});
+  }
+}
+BENCHMARK(BM_VecDot)->Apply(VecDotArgs);
+
+bie::ThreadPool& pool(int n) {
+  static std::map<int, std::unique_ptr<bie::ThreadPool>> pools;
+  auto& p = pools[n];
+  if (!p) p = std::make_unique<bie::ThreadPool>(n);
+  return *p;
+}
+
+void BM_Matmul(benchmark::State& state) {
+  const auto type = static_cast<GgmlType>(state.range(0));
+  const int64_t n_in = state.range(1), n_out = state.range(2), n_tokens = state.range(3);
+  const int threads = static_cast<int>(state.range(4));
+  const auto w = quantize(type, random_floats(static_cast<size_t>(n_in * n_out), 3), n_in);
+  const auto x = random_floats(static_cast<size_t>(n_in * n_tokens), 4);
+  std::vector<float> y(static_cast<size_t>(n_out * n_tokens));
+  const bie::WeightView view{type, n_in, n_out, w.data(), bie::quant::row_size(type, n_in)};
+  bie::MatmulScratch scratch;
+  bie::ThreadPool& p = pool(threads);
+  bie::matmul(view, x.data(), n_tokens, y.data(), p, scratch);  // warm the scratch
+  for (auto _ : state) {
+    bie::matmul(view, x.data(), n_tokens, y.data(), p, scratch);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(w.size()));
+  state.counters["GFLOPs"] = benchmark::Counter(2.0 * static_cast<double>(n_in * n_out * n_tokens) *
+                                                    1e-9 * static_cast<double>(state.iterations()),
+                                                benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(bie::quant::type_name(type)));
+}
+
+void MatmulArgs(benchmark::internal::Benchmark* b) {
+  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K,
+                     GgmlType::F16}) {
+    for (auto [n_in, n_out] : {std::pair<int, int>{576, 1536}, {1536, 576}, {576, 49152}}) {
+      for (int n_tokens : {1, 128}) {
+        for (int threads : {1, 2}) b->Args({static_cast<int>(t), n_in, n_out, n_tokens, threads});
+      }
+    }
+  }
+}
+BENCHMARK(BM_Matmul)->Apply(MatmulArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,167 @@
+// matmul against (1) a naive fp64 reference over dequantised weights and fp32 activations, with
+// a bound derived from the activation format's rounding, and (2) the row-by-row vec_dot path,
+// which the tiled path must reproduce up to float summation order.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "bie/backend/cpu_features.h"
+#include "bie/backend/matmul.h"
+#include "bie/quant/traits.h"
+
+namespace bie {
+namespace {
+
+using quant::GgmlType;
+using G = GgmlType;
+
+// Float summation-order differences between paths: a few ulps of the sum of |products|.
+constexpr double kSumOrderRelTol = 1e-5;
+// Q8_0/Q8_1/Q8_K: each activation moves by at most half a step (amax/254) plus the fp16
+// rounding of d (127 * d * 2^-11 ~ amax/2048): bound amax/254 + amax/1024 per value.
+constexpr double kQ8StepFrac = 1.0 / 254 + 1.0 / 1024;
+// Q8_1's s = fp16(d * sum) carries d's and s's fp16 rounding into the min term: 2 * 2^-11 of
+// |sum of the block's activations|, taken as 2^-9 for headroom.
+constexpr double kQ8_1SumFrac = 1.0 / 512;
+
+struct Matrix {
+  GgmlType type;
+  int64_t n_in, n_out;
+  std::vector<uint8_t> data;
+  std::vector<float> deq;  // dequantised, [n_out, n_in]
+  size_t row_bytes;
+  WeightView view() const { return {type, n_in, n_out, data.data(), row_bytes}; }
+};
+
+Matrix make_matrix(GgmlType type, int64_t n_in, int64_t n_out, uint32_t seed, size_t pad = 0) {
+  const quant::TypeTraits* t = quant::traits_scalar(type);
+  Matrix m{type, n_in, n_out, {}, {}, quant::row_size(type, n_in) + pad};
+  m.data.assign(m.row_bytes * static_cast<size_t>(n_out), 0xAB);
+  m.deq.resize(static_cast<size_t>(n_in * n_out));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(n_in));
+  for (int64_t r = 0; r < n_out; ++r) {
+    for (auto& v : row)
+      v = dist(rng) + (r % 3 == 0 ? 0.5f : 0.0f);  // some rows off-centre (min terms)
+    t->from_float(row.data(), m.data.data() + m.row_bytes * static_cast<size_t>(r), n_in);
+    t->to_float(m.data.data() + m.row_bytes * static_cast<size_t>(r), m.deq.data() + r * n_in,
+                n_in);
+  }
+  return m;
+}
+
+std::vector<float> make_acts(int64_t n_in, int64_t n_tokens, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> x(static_cast<size_t>(n_in * n_tokens));
+  for (auto& v : x) v = dist(rng);
+  return x;
+}
+
+// Bound on |matmul - exact| for output (t, r).
+double error_bound(const Matrix& m, const float* x, int64_t r) {
+  const GgmlType vdt = quant::traits_scalar(m.type)->vec_dot_type;
+  const float* w = m.deq.data() + r * m.n_in;
+  double bound = 0, abs_sum = 0;
+  for (int64_t b0 = 0; b0 < m.n_in; b0 += 32) {
+    double amax = 0, wmax = 0, xsum = 0, wabs = 0;
+    const int64_t kb = vdt == G::Q8_K ? (b0 / 256) * 256 : b0;  // Q8_K scales per 256
+    const int64_t ke = vdt == G::Q8_K ? kb + 256 : b0 + 32;
+    for (int64_t k = kb; k < ke; ++k) amax = std::max(amax, std::fabs(static_cast<double>(x[k])));
+    for (int64_t k = b0; k < b0 + 32; ++k) {
+      wmax = std::max(wmax, std::fabs(static_cast<double>(w[k])));
+      xsum += std::fabs(static_cast<double>(x[k]));
+      wabs += std::fabs(static_cast<double>(w[k]));
+      abs_sum += std::fabs(static_cast<double>(w[k]) * x[k]);
+      if (vdt == G::F16) bound += std::fabs(static_cast<double>(w[k]) * x[k]) * 0x1p-11;
+      if (vdt == G::BF16) bound += std::fabs(static_cast<double>(w[k]) * x[k]) * 0x1p-8;
+    }
+    if (vdt == G::Q8_0 || vdt == G::Q8_1 || vdt == G::Q8_K) bound += wabs * amax * kQ8StepFrac;
+    if (vdt == G::Q8_1) bound += wmax * xsum * kQ8_1SumFrac;
+  }
+  return bound + kSumOrderRelTol * abs_sum + 1e-6;
+}
+
+const G kTypes[] = {G::F32,  G::F16,  G::BF16, G::Q4_0, G::Q4_1, G::Q5_0, G::Q5_1,
+                    G::Q8_0, G::Q2_K, G::Q3_K, G::Q4_K, G::Q5_K, G::Q6_K};
+
+TEST(Matmul, MatchesFp64ReferenceAllTypesShapesThreads) {
+  ThreadPool pool1(1), pool2(2);
+  MatmulScratch scratch;
+  for (G type : kTypes) {
+    for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{256, 37}, {512, 64}, {768, 9}}) {
+      const Matrix m = make_matrix(type, n_in, n_out, static_cast<uint32_t>(n_out + n_in),
+                                   /*pad=*/n_out == 9 ? 16 : 0);
+      for (int64_t n_tokens : {1, 3, 17, 64}) {
+        const auto x = make_acts(n_in, n_tokens, static_cast<uint32_t>(n_tokens));
+        for (ThreadPool* pool : {&pool1, &pool2}) {
+          std::vector<float> y(static_cast<size_t>(n_tokens * n_out), NAN);
+          matmul(m.view(), x.data(), n_tokens, y.data(), *pool, scratch);
+          for (int64_t t = 0; t < n_tokens; ++t) {
+            for (int64_t r = 0; r < n_out; ++r) {
+              double ref = 0;
+              for (int64_t k = 0; k < n_in; ++k)
+                ref += static_cast<double>(m.deq[r * n_in + k]) * x[t * n_in + k];
+              const double got = y[t * n_out + r];
+              ASSERT_NEAR(got, ref, error_bound(m, x.data() + t * n_in, r))
+                  << quant::type_name(type) << " n_in=" << n_in << " n_out=" << n_out
+                  << " tokens=" << n_tokens << " threads=" << pool->size() << " t=" << t
+                  << " r=" << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The tiled prefill path reproduces vec_dot on the same quantised activations.
+TEST(Matmul, TiledPathMatchesVecDot) {
+  ThreadPool pool(2);
+  MatmulScratch scratch;
+  const int64_t n_in = 512, n_out = 45, n_tokens = 13;
+  for (G type : kTypes) {
+    const quant::TypeTraits* tr = quant::traits(type);
+    const quant::TypeTraits* at = quant::traits(tr->vec_dot_type);
+    const Matrix m = make_matrix(type, n_in, n_out, 5);
+    const auto x = make_acts(n_in, n_tokens, 6);
+    std::vector<float> y(static_cast<size_t>(n_tokens * n_out));
+    matmul(m.view(), x.data(), n_tokens, y.data(), pool, scratch);
+    std::vector<uint8_t> xq(quant::row_size(tr->vec_dot_type, n_in));
+    std::vector<float> xd(static_cast<size_t>(n_in));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      at->from_float(x.data() + t * n_in, xq.data(), n_in);
+      at->to_float(xq.data(), xd.data(), n_in);
+      for (int64_t r = 0; r < n_out; ++r) {
+        double abs_sum = 0;
+        for (int64_t k = 0; k < n_in; ++k)
+          abs_sum += std::fabs(static_cast<double>(m.deq[r * n_in + k]) * xd[k]);
+        const float want =
+            tr->vec_dot(n_in, m.data.data() + m.row_bytes * static_cast<size_t>(r), xq.data());
+        ASSERT_NEAR(y[t * n_out + r], want, kSumOrderRelTol * abs_sum + 1e-6)
+            << quant::type_name(type) << " t=" << t << " r=" << r;
+      }
+    }
+  }
+}
+
+TEST(Matmul, ScratchIsReusedOnceWarm) {
+  ThreadPool pool(2);
+  MatmulScratch scratch;
+  const Matrix m = make_matrix(G::Q4_K, 512, 24, 1);
+  const auto x = make_acts(512, 8, 2);
+  std::vector<float> y(8 * 24);
+  matmul(m.view(), x.data(), 8, y.data(), pool, scratch);
+  const void* acts = scratch.activations(0);
+  const void* panel = scratch.panel(1, 0);
+  matmul(m.view(), x.data(), 8, y.data(), pool, scratch);
+  matmul(m.view(), x.data(), 1, y.data(), pool, scratch);
+  EXPECT_EQ(scratch.activations(0), acts);
+  EXPECT_EQ(scratch.panel(1, 0), panel);
+}
+
+}  // namespace
+}  // namespace bie
