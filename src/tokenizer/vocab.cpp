@@ -208,10 +208,13 @@ Result<Vocab> Vocab::from_data(VocabData data) {
   }
 
   v.types_ = d.types.empty() ? std::vector<TokenType>(n, TokenType::kNormal) : d.types;
-  v.index_.reserve(n);
+  size_t cap = 16;
+  while (cap < 2 * n) cap *= 2;
+  v.table_.assign(cap, Slot{});
+  v.mask_ = cap - 1;
   for (size_t i = 0; i < n; ++i) {
     if (d.tokens[i].empty()) d.tokens[i] = fmt::format("[EMPTY_{}]", i);  // as llama.cpp does
-    v.index_.insert_or_assign(d.tokens[i], static_cast<TokenId>(i));
+    v.index_insert(static_cast<TokenId>(i));
   }
 
   // End-of-generation tokens are recognised by text and forced to control type.
@@ -263,9 +266,38 @@ bool Vocab::is_eog(TokenId id) const {
   return std::binary_search(eog_.begin(), eog_.end(), id);
 }
 
+uint64_t Vocab::hash_text(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then a murmur finaliser to spread low bits
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
+void Vocab::index_insert(TokenId id) {
+  const std::string& text = d_.tokens[id];
+  const uint64_t h = hash_text(text);
+  for (uint64_t i = h & mask_;; i = (i + 1) & mask_) {
+    Slot& s = table_[i];
+    if (s.id == kNoToken) {
+      s = {static_cast<uint32_t>(h), id};
+      return;
+    }
+    if (s.hash == static_cast<uint32_t>(h) && d_.tokens[s.id] == text) {
+      s.id = id;  // a later duplicate wins, as in llama.cpp's token_to_id
+      return;
+    }
+  }
+}
+
 TokenId Vocab::find(std::string_view text) const {
-  const auto it = index_.find(text);
-  return it == index_.end() ? kNoToken : it->second;
+  const uint64_t h = hash_text(text);
+  for (uint64_t i = h & mask_;; i = (i + 1) & mask_) {
+    const Slot& s = table_[i];
+    if (s.id == kNoToken) return kNoToken;
+    if (s.hash == static_cast<uint32_t>(h) && d_.tokens[s.id] == text) return s.id;
+  }
 }
 
 TokenId Vocab::byte_token(uint8_t b) const {
