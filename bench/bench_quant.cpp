@@ -106,4 +106,3 @@ BENCHMARK(BM_Matmul)->Apply(MatmulArgs)->UseRealTime()->Unit(benchmark::kMicrose
 
 }  // namespace
 
-BENCHMARK_MAIN();
