@@ -325,7 +325,7 @@ Result<ModelGeometry> geometry_from_gguf(const gguf::GgufFile& f) {
 
 Result<ModelGeometry> geometry_from_gguf_path(const std::string& path) {
   auto file = gguf::GgufFile::open(path);
-  if (!file) return Error{fmt::format("{}: {}", path, file.error())};
+  if (!file) return Error{file.error()};  // the reader's message names the file
   auto g = geometry_from_gguf(*file.value());
   if (!g) return Error{fmt::format("{}: {}", path, g.error())};
   return g;
