@@ -122,7 +122,7 @@ std::string render_plan_text(const Plan& p) {
   line(fmt::format("Weights   {} GiB resident, {} GiB read per token ({})", gib(b.weights_bytes),
                    gib(p.weights.active_bytes), p.weights.label));
   if (!g.weight_types.empty() && p.weights.exact) line("          " + g.weight_types);
-  line(fmt::format("Device    {}: {}, {:.2f} GiB, {:g} GB/s  [{}]", p.device.name,
+  line(fmt::format("Device    {}: {}, {:.2f} GiB, {:.4g} GB/s  [{}]", p.device.name,
                    p.device.description, p.device.memory_gib, p.device.bandwidth_gbs,
                    p.device.source));
   line("");
@@ -179,7 +179,7 @@ std::string render_plan_text(const Plan& p) {
                     p.max_num_seqs == 1 ? "" : "s"));
   }
   if (p.device.bandwidth_gbs > 0) {
-    line(fmt::format("          decode bound at {:g} GB/s, tok/s by depth: {}",
+    line(fmt::format("          decode bound at {:.4g} GB/s, tok/s by depth: {}",
                      p.device.bandwidth_gbs, speed_text(r)));
     if (p.max_num_seqs > 1) {
       line(fmt::format("          all {} sequences together at {}: {:.1f} tok/s", p.max_num_seqs,
@@ -187,7 +187,7 @@ std::string render_plan_text(const Plan& p) {
     }
     if (!r.fits) {
       line(fmt::format(
-          "          if the overflow were read over PCIe ({:g} GB/s) at {}: {:.1f} tok/s "
+          "          if the overflow were read over PCIe ({:.4g} GB/s) at {}: {:.1f} tok/s "
           "instead of {:.1f}",
           p.pcie_gbs, depth_label(p.max_model_len), r.spill_tok_s, r.speed.back().tok_s));
     }
@@ -312,7 +312,7 @@ std::string render_plan_json(const Plan& p) {
 
 std::string render_plan_svg(const Plan& p) {
   constexpr double kW = 980, kH = 560;
-  constexpr double kLeft = 70, kRight = 280, kTop = 50, kBottom = 55;
+  constexpr double kLeft = 70, kRight = 330, kTop = 50, kBottom = 55;
   constexpr double kPlotW = kW - kLeft - kRight, kPlotH = kH - kTop - kBottom;
   constexpr std::array<std::string_view, 10> kColors = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
                                                         "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -327,7 +327,8 @@ std::string render_plan_svg(const Plan& p) {
   for (const KvOption& o : p.options) {
     if (o.max_context > 0) far = std::max(far, std::min(2.0 * L, 1.05 * o.max_context));
   }
-  const double xmax = nice_ceil(far);
+  // Ticks in k = 1024 tokens.
+  const double xmax = far >= 1024 ? nice_ceil(far / 1024) * 1024 : nice_ceil(far);
   const double ymax = nice_ceil(std::max(usable * 1.3, fixed * 1.2));
   const auto X = [&](double n) { return kLeft + n / xmax * kPlotW; };
   const auto Y = [&](double g) { return kTop + kPlotH - std::min(g, ymax * 1.02) / ymax * kPlotH; };
@@ -409,6 +410,11 @@ std::string render_plan_svg(const Plan& p) {
        "\n";
 
   // One curve per KV format, with its crossing of the usable line.
+  s +=
+      fmt::format(
+          R"svg(<text x="{:.1f}" y="{}" font-weight="bold">KV format: largest context that fits</text>)svg",
+          kW - kRight + 15, kTop + 4) +
+      "\n";
   constexpr int kSamples = 160;
   for (size_t i = 0; i < p.options.size(); ++i) {
     const KvOption& o = p.options[i];
@@ -434,11 +440,11 @@ std::string render_plan_svg(const Plan& p) {
               color) +
           "\n";
     }
-    const double ly = kTop + 10 + 18.0 * static_cast<double>(i);
+    const double ly = kTop + 28 + 18.0 * static_cast<double>(i);
     s += fmt::format(
         R"svg(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="{}" stroke-width="3"/>)svg",
         kW - kRight + 15, ly, kW - kRight + 35, ly, color);
-    s += fmt::format(R"svg(<text x="{:.1f}" y="{:.1f}">{}: fits {} tok</text>)svg",
+    s += fmt::format(R"svg(<text x="{:.1f}" y="{:.1f}" font-size="11">{}: {}</text>)svg",
                      kW - kRight + 40, ly + 4, xml_escape(o.label), context_text(o.max_context)) +
          "\n";
   }
