@@ -255,6 +255,12 @@ TEST(GeometryConfig, FieldsDefaultsAndErrors) {
                        "vocab_size":9,"intermediate_size":1})",
                    "t")
                    .ok());
+  auto zero_dim = geometry_from_hf_config(
+      R"({"hidden_size":4,"num_attention_heads":8,"num_hidden_layers":2,"vocab_size":9,
+          "intermediate_size":1})",
+      "t");
+  ASSERT_FALSE(zero_dim.ok());  // head_dim = 4 / 8 = 0
+  EXPECT_NE(zero_dim.error().find("head_dim"), std::string::npos) << zero_dim.error();
   EXPECT_FALSE(geometry_from_hf_config_file("/nonexistent/config.json").ok());
 }
 

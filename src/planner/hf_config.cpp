@@ -28,14 +28,15 @@ Result<int64_t> get_int(const json& j, std::initializer_list<const char*> keys,
                         std::optional<int64_t> fallback, int64_t lo = 0, int64_t hi = kMaxWidth) {
   const json* v = find_any(j, keys);
   const char* name = *keys.begin();
+  int64_t x = 0;
   if (!v) {
-    if (fallback) return *fallback;
-    return Error{fmt::format("config.json: missing \"{}\"", name)};
-  }
-  if (!v->is_number_integer()) {
+    if (!fallback) return Error{fmt::format("config.json: missing \"{}\"", name)};
+    x = *fallback;  // derived defaults are range-checked too (e.g. head_dim = hidden / heads)
+  } else if (!v->is_number_integer()) {
     return Error{fmt::format("config.json: \"{}\" must be an integer", name)};
+  } else {
+    x = v->get<int64_t>();
   }
-  const int64_t x = v->get<int64_t>();
   if (x < lo || x > hi) {
     return Error{fmt::format("config.json: \"{}\" = {} is out of range [{}, {}]", name, x, lo, hi)};
   }

@@ -137,7 +137,8 @@ Result<Plan> make_plan(const PlanRequest& req) {
   Plan plan;
   plan.model = g;
   plan.device = req.device;
-  plan.max_model_len = req.max_model_len > 0 ? req.max_model_len : g.n_ctx_train;
+  plan.max_model_len =
+      req.max_model_len > 0 ? req.max_model_len : std::min(g.n_ctx_train, kMaxPlanContext);
   plan.max_num_seqs = req.max_num_seqs;
   plan.chunked_prefill_size = req.chunked_prefill_size;
   plan.speculative_draft_tokens = req.speculative_draft_tokens;
