@@ -105,6 +105,33 @@ TEST(CliPlan, RealSmolLM2) {
   EXPECT_TRUE(j["weights"]["exact"].get<bool>());
 }
 
+std::string write_temp(const std::string& name, const std::string& text);
+
+TEST(CliPlan, CpuDeviceMeasuresBandwidth) {
+  const CliResult r =
+      run_bie("plan --preset smollm2-135m --weights Q4_1 --device cpu --json --no-compare");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["device"]["name"], "cpu");
+  EXPECT_GT(j["device"]["bandwidth_gbs"].get<double>(), 0.1);
+  EXPECT_GT(j["options"][0]["speed"][0]["tok_s"].get<double>(), 0.0);
+}
+
+TEST(CliPlan, ConfigJsonFile) {
+  const std::string cfg = write_temp(
+      "ok_config.json",
+      R"({"model_type":"llama","hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,
+          "num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,
+          "max_position_embeddings":8192})");
+  const CliResult r = run_bie("plan --config " + cfg +
+                              " --weights Q4_K_M --device rtx-4090 --max-num-seqs 4 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["options"][0]["bytes_per_token"], 131072);
+  EXPECT_EQ(j["options"][0]["kv_bytes"], 4ull << 30);  // 4 x 8192 tokens x 128 KiB
+  EXPECT_TRUE(j["fits"].get<bool>());
+}
+
 TEST(CliPlan, Lists) {
   const CliResult r = run_bie("plan --list-devices --list-presets --list-weights");
   ASSERT_EQ(r.rc, 0) << r.err;
