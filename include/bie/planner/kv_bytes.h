@@ -1,0 +1,120 @@
+// KV byte accounting: the single source of truth for how many bytes a model's KV cache needs in a
+// given storage layout. The KV cache sizes its pools with these functions, and `bie plan` reports
+// them, so the two cannot disagree. Every function is pure and thread-safe. docs/planner.md gives
+// the layouts and the block rules these functions assume.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "bie/common/result.h"
+#include "bie/planner/kv_format.h"
+#include "bie/planner/model_geometry.h"
+
+namespace bie::planner {
+
+// How a sequence's KV is stored: the body formats for K and V, paged blocks of `block_size`
+// tokens, and (for BIE's quantised formats) the first `sink_tokens` and last `window_tokens`
+// tokens kept in FP16.
+struct KvLayout {
+  KvFormat k = kKvF16;
+  KvFormat v = kKvF16;
+  int block_size = 16;
+  int sink_tokens = 8;
+  int window_tokens = 128;
+
+  // Whether sink/window blocks are FP16 while the rest is in k/v (see uses_fp16_sink_window).
+  [[nodiscard]] bool mixed() const { return uses_fp16_sink_window(k) || uses_fp16_sink_window(v); }
+};
+
+// Checks every layer's head widths against the formats and the layout's sizes.
+[[nodiscard]] Status check_kv_layout(const ModelGeometry& g, const KvLayout& layout);
+
+// ---- flat formulas (../shared/BRIEF.md §1, §4) ---------------------------------------------
+
+// Bytes one token adds to the cache of every layer, counting every layer as global:
+//   sum over layers of n_head_kv * (bytes_per_head_token(k, d_k) + bytes_per_head_token(v, d_v)).
+// For Llama-3-8B in f16: 2 * 32 * 8 * 128 * 2 = 131072 B. The contiguous f16 cache sizes itself
+// as kv_bytes_per_token(g, kKvF16, kKvF16) * n_ctx * n_seq (see contiguous_kv_bytes).
+// note: call only if check_kv_format holds for every layer's head widths.
+[[nodiscard]] uint64_t kv_bytes_per_token(const ModelGeometry& g, KvFormat k, KvFormat v);
+
+// Bytes of a contiguous (unpaged, unwindowed) cache of n_ctx tokens for each of n_seq sequences:
+// kv_bytes_per_token(g, k, v) * n_ctx * n_seq. What the foundation's simple KV cache allocates.
+[[nodiscard]] uint64_t contiguous_kv_bytes(const ModelGeometry& g, KvFormat k, KvFormat v,
+                                           int64_t n_ctx, int64_t n_seq);
+
+// Bytes of n_tokens of one sequence without paging or FP16 sinks, but honouring sliding windows
+// (a local layer stores min(n, window) tokens) and MLA: the formulas of BRIEF §4.
+[[nodiscard]] uint64_t kv_bytes_unpaged(const ModelGeometry& g, KvFormat k, KvFormat v,
+                                        int64_t n_tokens);
+
+// ---- paged accounting ----------------------------------------------------------------------
+
+// Layers with the same KV shape and window share a block pool; a block of a group holds
+// `block_size` tokens of one sequence for every layer of the group. A model without sliding
+// windows has exactly one group (all layers), as DESIGN.md's "block = B tokens, all layers".
+struct KvLayerGroup {
+  LayerKv shape;  // n_head_kv, head widths, window (0 = global)
+  int64_t n_layers = 0;
+};
+[[nodiscard]] std::vector<KvLayerGroup> kv_layer_groups(const ModelGeometry& g);
+
+// Bytes of one block of one group: block_size * n_layers * n_head_kv * (bytes(k) + bytes(v)).
+[[nodiscard]] uint64_t kv_group_block_bytes(const KvLayerGroup& grp, KvFormat k, KvFormat v,
+                                            int block_size);
+
+// Bytes of one block across all layers (the common case of a model without sliding windows).
+// block_bytes(g, f16, f16, 16) for Llama-3-8B = 16 * 131072 = 2 MiB.
+[[nodiscard]] uint64_t block_bytes(const ModelGeometry& g, KvFormat k, KvFormat v, int block_size);
+
+// Blocks one sequence of n_tokens holds in one group, split by storage. Block b covers tokens
+// [b*B, (b+1)*B). A local layer (window W > 0) keeps only blocks holding one of the last W tokens.
+// In a mixed layout a kept block is FP16 if it holds a sink token (global layers only) or one of
+// the last window_tokens tokens; every other kept block is in the body format. In an unmixed
+// layout every kept block counts as body.
+struct KvBlockCount {
+  int64_t fp16 = 0;
+  int64_t body = 0;
+  friend bool operator==(const KvBlockCount&, const KvBlockCount&) = default;
+};
+[[nodiscard]] KvBlockCount kv_block_count(const KvLayout& layout, int64_t n_tokens, int64_t window);
+
+// Exact bytes one sequence of n_tokens occupies in a paged cache with this layout.
+[[nodiscard]] uint64_t kv_sequence_bytes(const ModelGeometry& g, const KvLayout& layout,
+                                         int64_t n_tokens);
+
+// What the FP16 sinks and window cost one long sequence beyond storing those tokens in the body
+// format: kv_sequence_bytes(n) minus the same blocks all in the body format, for n large enough
+// that sinks and window are disjoint (0 for an unmixed layout).
+[[nodiscard]] uint64_t kv_fp16_overhead_bytes(const ModelGeometry& g, const KvLayout& layout);
+
+// Largest n <= limit with n_seqs * kv_sequence_bytes(n) <= budget_bytes (0 if not even one token).
+[[nodiscard]] int64_t kv_max_tokens(const ModelGeometry& g, const KvLayout& layout,
+                                    uint64_t budget_bytes, int64_t n_seqs, int64_t limit);
+
+// Pool sizes for one group.
+struct KvGroupPool {
+  KvLayerGroup group;
+  int64_t fp16_blocks = 0;
+  int64_t body_blocks = 0;
+  uint64_t fp16_block_bytes = 0;
+  uint64_t body_block_bytes = 0;
+  [[nodiscard]] uint64_t bytes() const {
+    return static_cast<uint64_t>(fp16_blocks) * fp16_block_bytes +
+           static_cast<uint64_t>(body_blocks) * body_block_bytes;
+  }
+};
+struct KvPoolPlan {
+  std::vector<KvGroupPool> groups;
+  [[nodiscard]] uint64_t total_bytes() const;
+};
+
+// Pools that let max_num_seqs sequences each grow to max_model_len tokens at the same time:
+// per group, max_num_seqs times the most FP16 blocks and the most body blocks one sequence
+// holds at any length up to max_model_len. This is the engine's allocation; a test asserts that
+// what the KV cache allocates for a configuration equals total_bytes().
+[[nodiscard]] KvPoolPlan kv_pool_plan(const ModelGeometry& g, const KvLayout& layout,
+                                      int64_t max_model_len, int64_t max_num_seqs);
+
+}  // namespace bie::planner
