@@ -15,11 +15,6 @@ ContiguousKvCache::ContiguousKvCache(const KvGeometry& geometry, int64_t max_tok
   v_.assign(n, 0);
 }
 
-uint64_t ContiguousKvCache::bytes_for(const KvGeometry& g, int64_t max_tokens) {
-  return 2ull * static_cast<uint64_t>(g.n_layer) * static_cast<uint64_t>(g.kv_dim()) *
-         static_cast<uint64_t>(max_tokens) * sizeof(uint16_t);
-}
-
 bool ContiguousKvCache::can_append(int64_t n) const { return n >= 0 && n_tokens_ + n <= max_tokens_; }
 
 Status ContiguousKvCache::append(int64_t n) {

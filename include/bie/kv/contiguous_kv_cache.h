@@ -14,9 +14,6 @@ class ContiguousKvCache final : public KvCache {
  public:
   ContiguousKvCache(const KvGeometry& geometry, int64_t max_tokens);
 
-  // Bytes this cache allocates for a geometry and capacity (2 * L * kv_dim * tokens * 2 B).
-  [[nodiscard]] static uint64_t bytes_for(const KvGeometry& geometry, int64_t max_tokens);
-
   [[nodiscard]] const KvGeometry& geometry() const override { return geo_; }
   [[nodiscard]] int64_t n_tokens() const override { return n_tokens_; }
   [[nodiscard]] int64_t capacity() const override { return max_tokens_; }
@@ -27,6 +24,8 @@ class ContiguousKvCache final : public KvCache {
               ThreadPool& pool) override;
   void truncate(int64_t n) override;
 
+  // What the cache holds in memory; equals planner::contiguous_kv_bytes(f16, f16, max_tokens, 1)
+  // (tests/test_kv_accounting.cpp holds the two together).
   [[nodiscard]] uint64_t allocated_bytes() const { return (k_.size() + v_.size()) * sizeof(uint16_t); }
 
  private:
