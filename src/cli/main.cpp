@@ -15,8 +15,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : bie::cli::kExitBadInput;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fprintf(stderr, "bie: %s (see --help)\n", e.what());  // one line, exit code 2
+    return bie::cli::kExitBadInput;
   }
   return rc;
 }
