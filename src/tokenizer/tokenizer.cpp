@@ -49,28 +49,19 @@ std::string byte_level_decode(const std::string& text) {
 // Piece of a token with specials rendered (llama.cpp's token_to_piece with special = true).
 std::string render_piece(const Vocab& v, TokenId id) {
   const std::string& text = v.text(id);
-  switch (v.type(id)) {
-    case TokenType::kControl:
-    case TokenType::kUnknown:
-    case TokenType::kUserDefined:
-      return text;
-    case TokenType::kNormal:
-      if (v.kind() == VocabKind::kBpe) return byte_level_decode(text);
-      {
-        std::string s = text;
-        replace_all(s, kSpmSpace, " ");
-        return s;
-      }
-    case TokenType::kByte:
-      if (v.kind() == VocabKind::kSpm && text.size() == 6 && text.starts_with("<0x")) {
-        return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
-      }
-      return {};
-    case TokenType::kUnused:
-    case TokenType::kUndefined:
-      return {};
+  const uint16_t attr = v.attr(id);
+  if (attr & (kAttrControl | kAttrUnknown | kAttrUserDefined)) return text;
+  if (attr & kAttrNormal) {
+    if (v.kind() == VocabKind::kBpe) return byte_level_decode(text);
+    std::string s = text;
+    replace_all(s, kSpmSpace, " ");
+    return s;
   }
-  return {};
+  if ((attr & kAttrByte) && v.kind() == VocabKind::kSpm && text.size() == 6 &&
+      text.starts_with("<0x")) {
+    return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+  }
+  return {};  // unused, undefined, and BPE byte tokens render as nothing
 }
 
 // llama.cpp's clean_up_tokenization_spaces passes, applied in place.
@@ -196,8 +187,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOption
 
 std::string_view Tokenizer::token_to_piece(TokenId id, bool render_special) const {
   if (!vocab_->valid(id)) return {};
-  const TokenType t = vocab_->type(id);
-  if (!render_special && (t == TokenType::kControl || t == TokenType::kUnknown)) return {};
+  if (!render_special && (vocab_->attr(id) & (kAttrControl | kAttrUnknown))) return {};
   return models_->pieces[static_cast<size_t>(id)];
 }
 
