@@ -78,6 +78,7 @@ TEST(TokenizerSmolLM2, Metadata) {
   EXPECT_EQ(t->bos(), 1);
   EXPECT_EQ(t->eos(), 2);
   EXPECT_EQ(v.ids().unk, 0);
+  EXPECT_EQ(t->nl(), 198);
   EXPECT_FALSE(v.data().add_bos);  // the file says false: no BOS even with add_special
   EXPECT_FALSE(v.data().clean_spaces);
   // llama.cpp takes the first end-of-turn text in its token_to_id iteration order.
@@ -225,6 +226,7 @@ TEST(TokenizerGemma3, Metadata) {
   EXPECT_EQ(v.n_tokens(), 262144);
   EXPECT_EQ(t->bos(), 2);
   EXPECT_EQ(t->eos(), 1);
+  EXPECT_EQ(t->nl(), 248);  // <0x0A>, not the user-defined "\n" (107)
   EXPECT_TRUE(v.data().add_bos);
   EXPECT_FALSE(v.data().add_eos);
   EXPECT_FALSE(v.data().add_space_prefix);

@@ -137,6 +137,17 @@ Result<Tokenizer> Tokenizer::from_vocab(Vocab vocab) {
   t.models_->special = std::make_unique<SpecialMatcher>(v);
   t.models_->pieces.reserve(static_cast<size_t>(v.n_tokens()));
   for (TokenId id = 0; id < v.n_tokens(); ++id) t.models_->pieces.push_back(render_piece(v, id));
+
+  // As llama.cpp: the SPM byte token for '\n', else the first id of encoding "\n"; pad if none.
+  if (v.kind() == VocabKind::kSpm) {
+    t.nl_ = v.byte_token('\n');
+  } else {
+    EncodeOptions o;
+    o.add_special = false;
+    const std::vector<TokenId> ids = t.encode("\n", o);
+    t.nl_ = ids.empty() ? kNoToken : ids.front();
+  }
+  if (t.nl_ == kNoToken) t.nl_ = v.ids().pad;
   return t;
 }
 
