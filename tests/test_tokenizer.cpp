@@ -184,7 +184,8 @@ TEST(TokenizerBpe, EndOfTurnTextsAreForcedToControl) {
   VocabData d = tiny_bpe_data();
   d.tokens[kX] = "<|im_end|>";
   const Tokenizer t = make(d);
-  EXPECT_EQ(t.vocab().type(kX), TokenType::kControl);
+  EXPECT_EQ(t.vocab().type(kX), TokenType::kNormal);  // as the file says
+  EXPECT_EQ(t.vocab().attr(kX), kAttrNormal | kAttrControl);
   EXPECT_EQ(t.vocab().ids().eot, kX);
   EXPECT_TRUE(t.is_eog(kX));
   EXPECT_TRUE(t.is_eog(kEot));  // eos

@@ -89,10 +89,14 @@ void check_model_header(const Golden& g) {
   EXPECT_EQ(m.at("eos_id").get<int>(), t.eos());
   EXPECT_EQ(m.at("add_bos_token").get<bool>(), t.vocab().data().add_bos);
   EXPECT_EQ(m.at("add_eos_token").get<bool>(), t.vocab().data().add_eos);
-  const json& eot = m.at("special_ids").at("eot");
-  if (!eot.is_null()) {
-    EXPECT_EQ(eot.get<int>(), t.vocab().ids().eot);
-  }
+  const json& sp = m.at("special_ids");
+  const auto id_or_none = [](const json& j) { return j.is_null() ? kNoToken : j.get<TokenId>(); };
+  EXPECT_EQ(id_or_none(sp.at("bos")), t.bos());
+  EXPECT_EQ(id_or_none(sp.at("eos")), t.eos());
+  EXPECT_EQ(id_or_none(sp.at("eot")), t.vocab().ids().eot);
+  EXPECT_EQ(id_or_none(sp.at("nl")), t.nl());
+  EXPECT_EQ(id_or_none(sp.at("pad")), t.vocab().ids().pad);
+  EXPECT_EQ(id_or_none(sp.at("sep")), t.vocab().ids().sep);
   Ids eog = m.at("eog_ids").get<Ids>();
   std::sort(eog.begin(), eog.end());
   EXPECT_EQ(eog, t.vocab().eog_ids());

@@ -78,10 +78,13 @@ TEST(TokenizerSmolLM2, Metadata) {
   EXPECT_EQ(t->bos(), 1);
   EXPECT_EQ(t->eos(), 2);
   EXPECT_EQ(v.ids().unk, 0);
+  EXPECT_EQ(t->nl(), 198);
   EXPECT_FALSE(v.data().add_bos);  // the file says false: no BOS even with add_special
   EXPECT_FALSE(v.data().clean_spaces);
-  EXPECT_TRUE(t->is_eog(0));  // <|endoftext|>
-  EXPECT_TRUE(t->is_eog(2));  // <|im_end|>
+  // llama.cpp takes the first end-of-turn text in its token_to_id iteration order.
+  EXPECT_EQ(v.ids().eot, 0);               // <|endoftext|>, not <|im_end|>
+  EXPECT_EQ(v.eog_ids(), (Ids{0, 2, 4}));  // + <reponame>, detected as FIM "repo"
+  EXPECT_EQ(v.ids().fim_rep, 4);
   EXPECT_EQ(v.special_tokens().size(), 17u);
 }
 
@@ -161,6 +164,60 @@ TEST(TokenizerSmolLM2, StreamingEmojiAndCjk) {
   check_stream(*t, text, {});
 }
 
+// SmolLM2's vocabulary under other pre-tokenizers. Expected ids are llama.cpp's (llama-cpp-python
+// 0.3.36) for the SmolLM2 file with only tokenizer.ggml.pre rewritten.
+Tokenizer smollm2_with_pre(const Tokenizer& base, std::string_view pre) {
+  VocabData d = base.vocab().data();
+  d.pre_name = std::string(pre);
+  d.pre = pre_type_from_name(pre).value();
+  d.ignore_merges = pre == "llama-bpe";
+  d.ids.eot = kNoToken;  // let detection run again, as at load
+  auto v = Vocab::from_data(std::move(d));
+  EXPECT_TRUE(v.ok());
+  auto t = Tokenizer::from_vocab(std::move(v.value()));
+  EXPECT_TRUE(t.ok());
+  return std::move(t.value());
+}
+
+TEST(TokenizerSmolLM2, OtherPreTokenizersMatchLlamaCpp) {
+  const Tokenizer* base = smollm2();
+  REQUIRE_MODEL(base, "SmolLM2");
+  const std::string newlines = "line1\nline2\r\nline3\n\nline5";
+  const std::string code =
+      "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n";
+  const std::string contractions = "it's don't they're we've I'm you'll he'd";
+  const std::string numbers = "-2.5e-10 +6.022e23";
+  EncodeOptions plain;
+  plain.add_special = false;
+
+  for (std::string_view pre : {"qwen2", "llama-bpe"}) {
+    const Tokenizer t = smollm2_with_pre(*base, pre);
+    EXPECT_EQ(t.encode(newlines, plain),
+              (Ids{1311, 33, 198, 1311, 34, 2738, 1311, 35, 1116, 1311, 37}))
+        << pre;
+    EXPECT_EQ(t.encode(code, plain),
+              (Ids{1604, 3987, 24,  94,   727,  198, 333, 585,  304,  2067, 216, 34,
+                   42,   198,  415, 1003, 304,  198, 333, 1003, 3987, 24,   94,  731,
+                   216,  33,   25,  1232, 3987, 24,  94,  731,  216,  34,   25,  198}))
+        << pre;
+    EXPECT_EQ(t.encode(numbers, plain),
+              (Ids{29, 34, 30, 37, 85, 29, 33, 32, 1232, 38, 30, 32, 34, 34, 85, 34, 35}))
+        << pre;
+  }
+  const Tokenizer def = smollm2_with_pre(*base, "default");
+  EXPECT_EQ(def.encode(newlines, plain),
+            (Ids{1311, 33, 198, 1311, 34, 201, 198, 1311, 35, 198, 198, 1311, 37}));
+  EXPECT_EQ(def.encode(code, plain),
+            (Ids{1604, 3987, 24,   94,  727,  472,  585, 304, 216, 44, 216, 34, 42,
+                 448,  1003, 304,  472, 1003, 3987, 24,  94,  216, 29, 216, 33, 25,
+                 216,  27,   3987, 24,  94,   216,  29,  216, 34,  25, 198}));
+  EXPECT_EQ(def.encode(contractions, plain),
+            (Ids{269, 23,  99, 1326, 23,  100, 502, 23,  257, 392, 23,
+                 307, 339, 23, 93,   346, 23,  764, 384, 23,  84}));
+  EXPECT_EQ(def.encode(numbers, plain),
+            (Ids{29, 34, 30, 37, 85, 29, 33, 32, 216, 27, 38, 30, 32, 34, 34, 85, 34, 35}));
+}
+
 TEST(TokenizerGemma3, Metadata) {
   const Tokenizer* t = gemma3();
   REQUIRE_MODEL(t, "Gemma 3");
@@ -169,11 +226,17 @@ TEST(TokenizerGemma3, Metadata) {
   EXPECT_EQ(v.n_tokens(), 262144);
   EXPECT_EQ(t->bos(), 2);
   EXPECT_EQ(t->eos(), 1);
+  EXPECT_EQ(t->nl(), 248);  // <0x0A>, not the user-defined "\n" (107)
   EXPECT_TRUE(v.data().add_bos);
   EXPECT_FALSE(v.data().add_eos);
   EXPECT_FALSE(v.data().add_space_prefix);
   EXPECT_EQ(v.ids().eot, 106);  // <end_of_turn>
-  EXPECT_TRUE(t->is_eog(106));
+  // "</s>" (user-defined in the file) is an end-of-generation text for llama.cpp, which makes
+  // it control: no longer carved out of plain text, and rendered empty.
+  EXPECT_EQ(v.eog_ids(), (Ids{1, 106, 212}));
+  EXPECT_EQ(v.attr(212), kAttrUserDefined | kAttrControl);
+  EXPECT_EQ(t->token_to_piece(212), "");
+  EXPECT_EQ(v.attr(6) & kAttrUnused, kAttrUnused);  // <unused0>
 }
 
 TEST(TokenizerGemma3, KnownTokenizations) {

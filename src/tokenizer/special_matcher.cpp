@@ -56,7 +56,7 @@ std::vector<Tokenizer::Fragment> SpecialMatcher::partition(std::string_view text
       if (node < 0) break;
       const int32_t rank = nodes_[node].rank;
       if (rank < 0) continue;
-      if (!parse_special && vocab_.type(special[rank]) != TokenType::kUserDefined) continue;
+      if (!parse_special && (vocab_.attr(special[rank]) & (kAttrControl | kAttrUnknown))) continue;
       occ.push_back({rank, static_cast<uint32_t>(pos)});
     }
   }

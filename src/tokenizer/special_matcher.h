@@ -19,8 +19,8 @@ class SpecialMatcher {
   // note: `vocab` must outlive the matcher.
   explicit SpecialMatcher(const Vocab& vocab);
 
-  // With parse_special false only user-defined tokens are carved out (llama.cpp skips control
-  // and unknown tokens then).
+  // With parse_special false, control and unknown tokens are skipped (llama.cpp); user-defined
+  // ones are still carved out.
   [[nodiscard]] std::vector<Tokenizer::Fragment> partition(std::string_view text,
                                                            bool parse_special) const;
 

@@ -49,28 +49,19 @@ std::string byte_level_decode(const std::string& text) {
 // Piece of a token with specials rendered (llama.cpp's token_to_piece with special = true).
 std::string render_piece(const Vocab& v, TokenId id) {
   const std::string& text = v.text(id);
-  switch (v.type(id)) {
-    case TokenType::kControl:
-    case TokenType::kUnknown:
-    case TokenType::kUserDefined:
-      return text;
-    case TokenType::kNormal:
-      if (v.kind() == VocabKind::kBpe) return byte_level_decode(text);
-      {
-        std::string s = text;
-        replace_all(s, kSpmSpace, " ");
-        return s;
-      }
-    case TokenType::kByte:
-      if (v.kind() == VocabKind::kSpm && text.size() == 6 && text.starts_with("<0x")) {
-        return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
-      }
-      return {};
-    case TokenType::kUnused:
-    case TokenType::kUndefined:
-      return {};
+  const uint16_t attr = v.attr(id);
+  if (attr & (kAttrControl | kAttrUnknown | kAttrUserDefined)) return text;
+  if (attr & kAttrNormal) {
+    if (v.kind() == VocabKind::kBpe) return byte_level_decode(text);
+    std::string s = text;
+    replace_all(s, kSpmSpace, " ");
+    return s;
   }
-  return {};
+  if ((attr & kAttrByte) && v.kind() == VocabKind::kSpm && text.size() == 6 &&
+      text.starts_with("<0x")) {
+    return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+  }
+  return {};  // unused, undefined, and BPE byte tokens render as nothing
 }
 
 // llama.cpp's clean_up_tokenization_spaces passes, applied in place.
@@ -146,6 +137,17 @@ Result<Tokenizer> Tokenizer::from_vocab(Vocab vocab) {
   t.models_->special = std::make_unique<SpecialMatcher>(v);
   t.models_->pieces.reserve(static_cast<size_t>(v.n_tokens()));
   for (TokenId id = 0; id < v.n_tokens(); ++id) t.models_->pieces.push_back(render_piece(v, id));
+
+  // As llama.cpp: the SPM byte token for '\n', else the first id of encoding "\n"; pad if none.
+  if (v.kind() == VocabKind::kSpm) {
+    t.nl_ = v.byte_token('\n');
+  } else {
+    EncodeOptions o;
+    o.add_special = false;
+    const std::vector<TokenId> ids = t.encode("\n", o);
+    t.nl_ = ids.empty() ? kNoToken : ids.front();
+  }
+  if (t.nl_ == kNoToken) t.nl_ = v.ids().pad;
   return t;
 }
 
@@ -196,8 +198,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOption
 
 std::string_view Tokenizer::token_to_piece(TokenId id, bool render_special) const {
   if (!vocab_->valid(id)) return {};
-  const TokenType t = vocab_->type(id);
-  if (!render_special && (t == TokenType::kControl || t == TokenType::kUnknown)) return {};
+  if (!render_special && (vocab_->attr(id) & (kAttrControl | kAttrUnknown))) return {};
   return models_->pieces[static_cast<size_t>(id)];
 }
 

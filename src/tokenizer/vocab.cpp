@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+#include <span>
+#include <unordered_map>
 
 #include "bie/gguf/gguf_file.h"
 
@@ -11,27 +14,68 @@ namespace bie::tokenizer {
 
 namespace {
 
-// Texts llama.cpp treats as end-of-generation (and forces to control type); llama_vocab::load.
-constexpr std::array<std::string_view, 10> kEotTexts = {
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
-    "_<EOT>",
-    "<\xef\xbd\x9c"
-    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
-    "<end_of_utterance>"};
-constexpr std::array<std::string_view, 9> kEogOnlyTexts = {
-    "<|return|>", "<|call|>", "<|eom_id|>",   "<|fim_pad|>", "<fim-pad>",
-    "<fim_pad>",  "<PAD>",    "<|fim_repo|>", "<|file_sep|>"};
-// FIM markers are forced to control type too (they are not end-of-generation).
-constexpr std::array<std::string_view, 15> kFimTexts = {
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\xe2\x96\x81<PRE>",
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\xe2\x96\x81<SUF>",
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\xe2\x96\x81<MID>"};
+// Texts llama.cpp (llama_vocab::impl::load, ggml-org/llama.cpp as vendored by llama-cpp-python
+// 0.3.36) recognises. The first token in token_to_id iteration order matching a list becomes that
+// id (when the file does not name it) and is forced to control type.
+constexpr std::string_view kEotTexts[] = {
+    "<|eot_id|>",      "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>", "<EOT>",      "_<EOT>",  "[EOT]",         "<end_of_utterance>"};
+constexpr std::string_view kEomTexts[] = {"<|eom_id|>"};
+constexpr std::string_view kFimPreTexts[] = {"<|fim_prefix|>", "<fim-prefix>",    "<fim_prefix>",
+                                             "<PRE>",          "<|code_prefix|>", "<|prefix|>"};
+constexpr std::string_view kFimSufTexts[] = {"<|fim_suffix|>", "<fim-suffix>",    "<fim_suffix>",
+                                             "<SUF>",          "<|code_suffix|>", "<|suffix|>"};
+constexpr std::string_view kFimMidTexts[] = {"<|fim_middle|>", "<fim-middle>",    "<fim_middle>",
+                                             "<MID>",          "<|code_middle|>", "<|middle|>"};
+constexpr std::string_view kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
+                                             "[PAD]"};
+constexpr std::string_view kFimRepTexts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
+                                             "<REPO>", "<reponame>"};
+constexpr std::string_view kFimSepTexts[] = {"<|file_sep|>"};
+// Every token with one of these texts ends generation (and is forced to control type).
+constexpr std::string_view kEogTexts[] = {"<|eot_id|>",
+                                          "<|im_end|>",
+                                          "<|end|>",
+                                          "<|return|>",
+                                          "<|call|>",
+                                          "<|flush|>",
+                                          "<|calls|>",
+                                          "<end_of_turn>",
+                                          "<|endoftext|>",
+                                          "</s>",
+                                          "<|eom_id|>",
+                                          "<EOT>",
+                                          "_<EOT>",
+                                          "[EOT]",
+                                          "[EOS]",
+                                          "<|end_of_text|>",
+                                          "<end_of_utterance>",
+                                          "<eos>",
+                                          "<turn|>",
+                                          "<|tool_response>"};
+// gpt-oss: always rendered, so set to user-defined.
+constexpr std::string_view kUserDefinedTexts[] = {"<|channel|>", "<|message|>", "<|start|>",
+                                                  "<|constrain|>"};
+
+uint16_t attr_of(TokenType t) {
+  switch (t) {
+    case TokenType::kUnknown:
+      return kAttrUnknown;
+    case TokenType::kUnused:
+      return kAttrUnused;
+    case TokenType::kNormal:
+      return kAttrNormal;
+    case TokenType::kControl:
+      return kAttrControl;
+    case TokenType::kUserDefined:
+      return kAttrUserDefined;
+    case TokenType::kByte:
+      return kAttrByte;
+    case TokenType::kUndefined:
+      break;
+  }
+  return kAttrUndefined;
+}
 
 struct PreName {
   std::string_view name;
@@ -183,6 +227,15 @@ Result<Vocab> Vocab::from_gguf(const gguf::GgufFile& f) {
   read_id("tokenizer.ggml.unknown_token_id", d.ids.unk);
   read_id("tokenizer.ggml.seperator_token_id", d.ids.sep);  // sic: the GGUF key is misspelled
   read_id("tokenizer.ggml.padding_token_id", d.ids.pad);
+  read_id("tokenizer.ggml.fim_pre_token_id", d.ids.fim_pre);
+  read_id("tokenizer.ggml.fim_suf_token_id", d.ids.fim_suf);
+  read_id("tokenizer.ggml.fim_mid_token_id", d.ids.fim_mid);
+  read_id("tokenizer.ggml.fim_pad_token_id", d.ids.fim_pad);
+  read_id("tokenizer.ggml.fim_rep_token_id", d.ids.fim_rep);
+  read_id("tokenizer.ggml.fim_sep_token_id", d.ids.fim_sep);
+  read_id("tokenizer.ggml.prefix_token_id", d.ids.fim_pre);  // deprecated spellings win, as in
+  read_id("tokenizer.ggml.suffix_token_id", d.ids.fim_suf);  // llama.cpp, which reads them last
+  read_id("tokenizer.ggml.middle_token_id", d.ids.fim_mid);
   if (const auto v = f.get_bool("tokenizer.ggml.add_bos_token")) d.add_bos = *v;
   if (const auto v = f.get_bool("tokenizer.ggml.add_eos_token")) d.add_eos = *v;
   if (const auto v = f.get_bool("tokenizer.ggml.add_space_prefix")) d.add_space_prefix = *v;
@@ -207,7 +260,8 @@ Result<Vocab> Vocab::from_data(VocabData data) {
     return Error{"tokenizer: add_bos/add_eos is set but the BOS/EOS id is missing"};
   }
 
-  v.types_ = d.types.empty() ? std::vector<TokenType>(n, TokenType::kNormal) : d.types;
+  v.attrs_.resize(n);
+  for (size_t i = 0; i < n; ++i) v.attrs_[i] = attr_of(v.type(static_cast<TokenId>(i)));
   size_t cap = 16;
   while (cap < 2 * n) cap *= 2;
   v.table_.assign(cap, Slot{});
@@ -217,34 +271,10 @@ Result<Vocab> Vocab::from_data(VocabData data) {
     v.index_insert(static_cast<TokenId>(i));
   }
 
-  // End-of-generation tokens are recognised by text and forced to control type.
-  std::vector<TokenId> eog;
-  for (std::string_view t : kEotTexts) {
-    const TokenId id = v.find(t);
-    if (id == kNoToken) continue;
-    if (d.ids.eot == kNoToken) d.ids.eot = id;
-    eog.push_back(id);
-  }
-  for (std::string_view t : kEogOnlyTexts) {
-    const TokenId id = v.find(t);
-    if (id == kNoToken) continue;
-    if (t == "<|eom_id|>" && d.ids.eom == kNoToken) d.ids.eom = id;
-    eog.push_back(id);
-  }
-  for (TokenId id : eog) v.types_[id] = TokenType::kControl;
-  for (std::string_view t : kFimTexts) {
-    if (const TokenId id = v.find(t); id != kNoToken) v.types_[id] = TokenType::kControl;
-  }
-  for (TokenId id : {d.ids.eos, d.ids.eot, d.ids.eom}) {
-    if (id != kNoToken) eog.push_back(id);
-  }
-  std::sort(eog.begin(), eog.end());
-  eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
-  v.eog_ = std::move(eog);
+  v.detect_special_by_text();
 
   for (size_t i = 0; i < n; ++i) {
-    const TokenType t = v.types_[i];
-    if (t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown) {
+    if (v.attrs_[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown)) {
       v.special_.push_back(static_cast<TokenId>(i));
     }
   }
@@ -260,6 +290,95 @@ Result<Vocab> Vocab::from_data(VocabData data) {
     v.byte_tokens_[b] = id != kNoToken ? id : d.ids.unk;
   }
   return v;
+}
+
+void Vocab::detect_special_by_text() {
+  SpecialIds& ids = d_.ids;
+  struct Category {
+    std::span<const std::string_view> texts;
+    TokenId* id;
+  };
+  const Category categories[] = {{kEotTexts, &ids.eot},        {kEomTexts, &ids.eom},
+                                 {kFimPreTexts, &ids.fim_pre}, {kFimSufTexts, &ids.fim_suf},
+                                 {kFimMidTexts, &ids.fim_mid}, {kFimPadTexts, &ids.fim_pad},
+                                 {kFimRepTexts, &ids.fim_rep}, {kFimSepTexts, &ids.fim_sep}};
+
+  // llama.cpp takes the first match in the iteration order of its token_to_id, a
+  // std::unordered_map<std::string, llama_token> filled in id order. That order only matters
+  // when a category has several candidates; then we rebuild the same map to read it.
+  std::vector<std::pair<Category, std::vector<TokenId>>> pending;
+  bool need_order = false;
+  for (const Category& c : categories) {
+    if (*c.id != kNoToken) continue;  // named by the file
+    std::vector<TokenId> found;
+    for (std::string_view t : c.texts) {
+      if (const TokenId id = find(t); id != kNoToken) found.push_back(id);
+    }
+    need_order |= found.size() > 1;
+    if (!found.empty()) pending.emplace_back(c, std::move(found));
+  }
+  if (need_order) {
+    std::unordered_map<std::string, TokenId> token_to_id;
+    for (size_t i = 0; i < d_.tokens.size(); ++i)
+      token_to_id[d_.tokens[i]] = static_cast<TokenId>(i);
+    std::unordered_map<TokenId, size_t> position;
+    size_t pos = 0;
+    for (const auto& [text, id] : token_to_id) position.emplace(id, pos++);
+    for (auto& [c, found] : pending) {
+      std::stable_sort(found.begin(), found.end(),
+                       [&](TokenId a, TokenId b) { return position.at(a) < position.at(b); });
+    }
+  }
+  for (const auto& [c, found] : pending) {
+    *c.id = found.front();
+    attrs_[found.front()] |= kAttrControl;
+  }
+
+  // Control tokens whose text says "unused" are marked unused.
+  for (size_t i = 0; i < attrs_.size(); ++i) {
+    if ((attrs_[i] & kAttrControl) && std::strstr(d_.tokens[i].c_str(), "unused") != nullptr) {
+      attrs_[i] |= kAttrUnused;
+    }
+  }
+
+  std::vector<TokenId> eog;
+  for (TokenId id : {ids.fim_pad, ids.fim_rep, ids.fim_sep}) {
+    if (id != kNoToken) eog.push_back(id);
+  }
+  for (std::string_view t : kEogTexts) {
+    if (const TokenId id = find(t); id != kNoToken) {
+      eog.push_back(id);
+      attrs_[id] |= kAttrControl;
+    }
+  }
+  for (std::string_view t : kUserDefinedTexts) {
+    if (const TokenId id = find(t); id != kNoToken) attrs_[id] = kAttrUserDefined;
+  }
+  for (TokenId id : {ids.eos, ids.eot, ids.eom}) {
+    if (id != kNoToken) eog.push_back(id);
+  }
+  std::sort(eog.begin(), eog.end());
+  eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+
+  const auto eog_text = [&](std::string_view t) {
+    return std::find_if(eog.begin(), eog.end(), [&](TokenId id) { return d_.tokens[id] == t; });
+  };
+  const auto drop = [&](std::vector<TokenId>::iterator it, uint16_t attr) {
+    attrs_[*it] = attr;
+    eog.erase(it);
+  };
+  // o200k_harmony / solar-open: "<|end|>" is not end-of-generation there.
+  if (auto end = eog_text("<|end|>"); end != eog.end()) {
+    const bool has_return = eog_text("<|return|>") != eog.end();
+    const bool has_call = eog_text("<|call|>") != eog.end() || eog_text("<|calls|>") != eog.end();
+    const bool has_flush = eog_text("<|flush|>") != eog.end();
+    if ((has_return && has_call) || (has_call && has_flush)) drop(end, kAttrUserDefined);
+  }
+  // gemma4 / paddleocr: "</s>" is text when "<|tool_response>" exists.
+  if (auto s = eog_text("</s>"); s != eog.end() && eog_text("<|tool_response>") != eog.end()) {
+    drop(s, kAttrNormal);
+  }
+  eog_ = std::move(eog);
 }
 
 bool Vocab::is_eog(TokenId id) const {

@@ -63,6 +63,8 @@ class Tokenizer {
   [[nodiscard]] int32_t n_tokens() const { return vocab_->n_tokens(); }
   [[nodiscard]] TokenId bos() const { return vocab_->ids().bos; }
   [[nodiscard]] TokenId eos() const { return vocab_->ids().eos; }
+  // Newline token (llama.cpp's linefeed id): SPM "<0x0A>", BPE the encoding of "\n".
+  [[nodiscard]] TokenId nl() const { return nl_; }
   [[nodiscard]] bool is_eog(TokenId id) const { return vocab_->is_eog(id); }
 
   // Raw-text fragments and special tokens, in order: llama.cpp's tokenizer_st_partition.
@@ -78,6 +80,7 @@ class Tokenizer {
 
   std::unique_ptr<const Vocab> vocab_;
   std::unique_ptr<Models> models_;
+  TokenId nl_ = kNoToken;
 };
 
 }  // namespace bie::tokenizer

@@ -31,6 +31,18 @@ enum class TokenType : uint8_t {
   kByte = 6,
 };
 
+// Token attributes, bit for bit llama.cpp's llama_token_attr. A token starts with the one bit of
+// its file type; loading may add bits (e.g. an end-of-turn text gains kAttrControl).
+enum TokenAttr : uint16_t {
+  kAttrUndefined = 0,
+  kAttrUnknown = 1 << 0,
+  kAttrUnused = 1 << 1,
+  kAttrNormal = 1 << 2,
+  kAttrControl = 1 << 3,
+  kAttrUserDefined = 1 << 4,
+  kAttrByte = 1 << 5,
+};
+
 // GGUF tokenizer.ggml.model: "gpt2" is byte-level BPE, "llama" is SentencePiece (SPM).
 enum class VocabKind : uint8_t { kBpe, kSpm };
 
@@ -46,14 +58,21 @@ enum class PreType : uint8_t {
 // Maps a tokenizer.ggml.pre name; an Error names the unsupported value.
 [[nodiscard]] Result<PreType> pre_type_from_name(std::string_view name);
 
+// Ids the file names, completed by llama.cpp's detection by text (eot, eom, fim_*) at load.
 struct SpecialIds {
   TokenId bos = kNoToken;
   TokenId eos = kNoToken;
-  TokenId eot = kNoToken;  // end of turn; detected by text when the file does not say
-  TokenId eom = kNoToken;
+  TokenId eot = kNoToken;  // end of turn
+  TokenId eom = kNoToken;  // end of message
   TokenId unk = kNoToken;
   TokenId pad = kNoToken;
   TokenId sep = kNoToken;
+  TokenId fim_pre = kNoToken;
+  TokenId fim_suf = kNoToken;
+  TokenId fim_mid = kNoToken;
+  TokenId fim_pad = kNoToken;
+  TokenId fim_rep = kNoToken;
+  TokenId fim_sep = kNoToken;
 };
 
 // What the file says, before any derived lookups. Tests build these by hand.
@@ -90,9 +109,13 @@ class Vocab {
   // note: call only if valid(id)
   [[nodiscard]] const std::string& text(TokenId id) const { return d_.tokens[id]; }
   [[nodiscard]] float score(TokenId id) const { return d_.scores.empty() ? 0.0f : d_.scores[id]; }
-  // Type after llama.cpp's overrides (end-of-turn texts forced to control).
-  [[nodiscard]] TokenType type(TokenId id) const { return types_[id]; }
-  [[nodiscard]] bool is_control(TokenId id) const { return type(id) == TokenType::kControl; }
+  // Type as the file gives it.
+  [[nodiscard]] TokenType type(TokenId id) const {
+    return d_.types.empty() ? TokenType::kNormal : d_.types[id];
+  }
+  // Attributes after llama.cpp's load-time overrides (TokenAttr bits).
+  [[nodiscard]] uint16_t attr(TokenId id) const { return attrs_[id]; }
+  [[nodiscard]] bool is_control(TokenId id) const { return (attr(id) & kAttrControl) != 0; }
   [[nodiscard]] bool is_eog(TokenId id) const;
 
   // Exact text lookup; kNoToken if absent. When two tokens share a text the later id wins.
@@ -116,8 +139,11 @@ class Vocab {
   [[nodiscard]] static uint64_t hash_text(std::string_view s);
   void index_insert(TokenId id);
 
+  // llama.cpp's detection of eot/eom/fim ids and end-of-generation tokens by their text.
+  void detect_special_by_text();
+
   VocabData d_;
-  std::vector<TokenType> types_;
+  std::vector<uint16_t> attrs_;
   std::vector<Slot> table_;
   uint64_t mask_ = 0;
   std::vector<TokenId> eog_;  // sorted
