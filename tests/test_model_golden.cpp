@@ -14,11 +14,16 @@
 namespace bie {
 namespace {
 
-// Logit tolerance against llama.cpp. Both quantise activations to 8 bits for the Q4_1/Q8_0 dots
-// and keep K/V in fp16, but sum in different orders (SIMD widths, tiling, threads) and llama.cpp
-// rounds some intermediates differently; across 30 layers that moves logits (range ~[-10, 25])
-// by up to a few hundredths. A wrong kernel or layer moves them by whole units.
-constexpr double kTopLogitTol = 0.1;
+// Logit tolerance against llama.cpp. SmolLM2-135M amplifies rounding noise enormously: changing
+// only the float summation order inside the Q4_1 dot products (scalar vs AVX2, both exact in
+// their integer parts) moves its logits by up to 0.07 after one token and 0.5 after a few, and
+// llama.cpp disagrees with itself by up to 0.55 on these very prompts (flash attention on vs off;
+// docs/performance.md). Bit-identical logits would need every op summed in ggml's exact order.
+// So the bar is llama.cpp's own spread: 0.6. A wrong kernel, rope or mask moves logits by units.
+constexpr double kTopLogitTol = 0.6;
+// Two logits can each move by kTopLogitTol, so a greedy choice is only determined when the
+// reference's top-2 margin exceeds twice that; continuations must agree up to such a step.
+constexpr double kDecisiveMargin = 2 * kTopLogitTol;
 
 nlohmann::json load_golden(const std::string& name) {
   std::ifstream f(test::source_dir() + "/tests/golden/" + name + "/logits.json");
@@ -92,8 +97,19 @@ TEST_F(SmolLM2Golden, GreedyContinuationsMatchLlamaCpp) {
     });
     ASSERT_TRUE(st.ok()) << st.error();
     ++total;
-    if (got == want) ++identical;
-    EXPECT_EQ(got, want) << "prompt " << p["name"] << " (near-tie steps: " << p["near_tie_steps"] << ")";
+    if (got == want) {
+      ++identical;
+      continue;
+    }
+    // First divergence: allowed only where llama.cpp's own choice was not decisive.
+    size_t i = 0;
+    while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+    ASSERT_LT(i, want.size()) << p["name"] << ": continuation shorter than llama.cpp's";
+    const double margin = p["gen_steps"][i][4].get<double>();
+    std::printf("  %s: identical for %zu of %zu tokens; diverges where llama.cpp's top-2 margin is %.3f\n",
+                p["name"].get<std::string>().c_str(), i, want.size(), margin);
+    EXPECT_LT(margin, kDecisiveMargin) << p["name"] << " diverges at step " << i
+                                       << " although llama.cpp's choice was decisive";
   }
   std::printf("greedy continuations identical to llama.cpp: %d / %d\n", identical, total);
 }
