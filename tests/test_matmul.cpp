@@ -118,31 +118,55 @@ TEST(Matmul, MatchesFp64ReferenceAllTypesShapesThreads) {
   }
 }
 
-// The tiled prefill path reproduces vec_dot on the same quantised activations.
+// matmul reproduces vec_dot (the ISA table's and the scalar reference's) on the same quantised
+// activations, up to float summation order, whichever path n_tokens selects: the matvec kernels
+// (1..4 tokens, several rows per call plus single-row tails) or the tiles.
+void expect_matches_vec_dot(G type, int64_t n_in, int64_t n_out, int64_t n_tokens,
+                            ThreadPool& pool) {
+  MatmulScratch scratch;
+  const quant::TypeTraits* tr = quant::traits(type);
+  const quant::TypeTraits* ts = quant::traits_scalar(type);
+  const quant::TypeTraits* at = quant::traits(tr->vec_dot_type);
+  const Matrix m = make_matrix(type, n_in, n_out, 5, /*pad=*/n_out % 2 == 1 ? 4 : 0);
+  const auto x = make_acts(n_in, n_tokens, 6);
+  std::vector<float> y(static_cast<size_t>(n_tokens * n_out));
+  matmul(m.view(), x.data(), n_tokens, y.data(), pool, scratch);
+  std::vector<uint8_t> xq(quant::row_size(tr->vec_dot_type, n_in));
+  std::vector<float> xd(static_cast<size_t>(n_in));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    at->from_float(x.data() + t * n_in, xq.data(), n_in);
+    at->to_float(xq.data(), xd.data(), n_in);
+    for (int64_t r = 0; r < n_out; ++r) {
+      double abs_sum = 0;
+      for (int64_t k = 0; k < n_in; ++k)
+        abs_sum += std::fabs(static_cast<double>(m.deq[r * n_in + k]) * xd[k]);
+      const void* row = m.data.data() + m.row_bytes * static_cast<size_t>(r);
+      const double tol = kSumOrderRelTol * abs_sum + 1e-6;
+      ASSERT_NEAR(y[t * n_out + r], tr->vec_dot(n_in, row, xq.data()), tol)
+          << quant::type_name(type) << " n_in=" << n_in << " tokens=" << n_tokens << " t=" << t
+          << " r=" << r;
+      ASSERT_NEAR(y[t * n_out + r], ts->vec_dot(n_in, row, xq.data()), tol)
+          << quant::type_name(type) << " (scalar) n_in=" << n_in << " tokens=" << n_tokens
+          << " t=" << t << " r=" << r;
+    }
+  }
+}
+
 TEST(Matmul, TiledPathMatchesVecDot) {
   ThreadPool pool(2);
-  MatmulScratch scratch;
-  const int64_t n_in = 512, n_out = 45, n_tokens = 13;
+  for (G type : kTypes) expect_matches_vec_dot(type, 512, 45, 13, pool);
+}
+
+// Decode shapes: every token count of the matvec path and the first tiled one; n_out = 45 and
+// 46 leave single-row tails after the 4- and 2-row kernels; 67 blocks of 32 (not a multiple of
+// 4, more than one 64-block chunk) and 9 super-blocks exercise the block tails.
+TEST(Matmul, DecodePathMatchesVecDot) {
+  ThreadPool pool1(1), pool2(2);
   for (G type : kTypes) {
-    const quant::TypeTraits* tr = quant::traits(type);
-    const quant::TypeTraits* at = quant::traits(tr->vec_dot_type);
-    const Matrix m = make_matrix(type, n_in, n_out, 5);
-    const auto x = make_acts(n_in, n_tokens, 6);
-    std::vector<float> y(static_cast<size_t>(n_tokens * n_out));
-    matmul(m.view(), x.data(), n_tokens, y.data(), pool, scratch);
-    std::vector<uint8_t> xq(quant::row_size(tr->vec_dot_type, n_in));
-    std::vector<float> xd(static_cast<size_t>(n_in));
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      at->from_float(x.data() + t * n_in, xq.data(), n_in);
-      at->to_float(xq.data(), xd.data(), n_in);
-      for (int64_t r = 0; r < n_out; ++r) {
-        double abs_sum = 0;
-        for (int64_t k = 0; k < n_in; ++k)
-          abs_sum += std::fabs(static_cast<double>(m.deq[r * n_in + k]) * xd[k]);
-        const float want =
-            tr->vec_dot(n_in, m.data.data() + m.row_bytes * static_cast<size_t>(r), xq.data());
-        ASSERT_NEAR(y[t * n_out + r], want, kSumOrderRelTol * abs_sum + 1e-6)
-            << quant::type_name(type) << " t=" << t << " r=" << r;
+    const int64_t n_in = quant::block_size(type) == 256 ? 2304 : 2144;
+    for (int64_t n_tokens : {1, 2, 3, 4, 5}) {
+      for (int64_t n_out : {45, 46}) {
+        expect_matches_vec_dot(type, n_in, n_out, n_tokens, n_out == 45 ? pool1 : pool2);
       }
     }
   }

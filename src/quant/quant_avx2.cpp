@@ -182,33 +182,13 @@ void to_float_q8(const void* src, float* y, int64_t n) {
 template <typename Block, bool kWithSum>
 void from_float_q8(const float* x, void* dst, int64_t n) {
   auto* b = static_cast<Block*>(dst);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t i = 0; i < n / kQK32; ++i, x += kQK32) {
-    __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int k = 0; k < 4; ++k) {
-      v[k] = _mm256_loadu_ps(x + 8 * k);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
-    }
-    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(amax, 1), _mm256_castps256_ps128(amax));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float am = _mm_cvtss_f32(m4);
-    const float d = am / 127.f;
-    const float id = am != 0 ? 127.f / am : 0.0f;
+    int32_t sum;
+    const float d = quantize_q8_block(x, b[i].qs, &sum);
     b[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-    __m256i q[4];
-    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
     if constexpr (kWithSum) {
-      const int32_t sum =
-          hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
       b[i].s = _cvtss_sh(d * static_cast<float>(sum), _MM_FROUND_TO_NEAREST_INT);
     }
-    const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
-    const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
-    const __m256i p = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23),
-                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b[i].qs), p);
   }
 }
 

@@ -48,6 +48,36 @@ inline __m256i bits32_to_mask(const uint8_t* p) {
   return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
 }
 
+// One block of 32 floats -> int8 qs (Q8_0/Q8_1 rounding: ties to even); returns the unrounded
+// scale d = amax / 127 and writes the exact sum of qs. Shared by every Q8 activation quantiser
+// so that they produce the same bytes.
+inline float quantize_q8_block(const float* x, int8_t* qs, int32_t* sum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm256_loadu_ps(x + 8 * k);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+  }
+  __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(amax, 1), _mm256_castps256_ps128(amax));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float am = _mm_cvtss_f32(m4);
+  const float id = am != 0 ? 127.f / am : 0.0f;
+  __m256i q[4];
+  for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
+  *sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+  const __m256i p = _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), p);
+  return am / 127.f;
+}
+
+inline float round_fp16(float f) {
+  return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+}
+
 // Signed int8 x int8 -> 8 int32 partial sums (4 products each).
 inline __m256i dot_i8(__m256i x, __m256i y) {
   const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));

@@ -92,6 +92,35 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
   assert(w.row_bytes >= quant::row_size(w.type, w.n_in));
   const int nth = pool.size();
 
+  if (has_avx2() && n_tokens <= cpu::kMaxMatvecTokens) {
+    const cpu::MatvecPlan plan = cpu::avx2_matvec_plan(w.type, w.n_in);
+    if (plan.supported) {
+      auto* acts = static_cast<uint8_t*>(
+          scratch.activations(plan.act_row_bytes * static_cast<size_t>(n_tokens)));
+      // A few rows of n_in values: not worth waking the pool.
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        cpu::avx2_matvec_prepare(w.type, w.n_in, x + t * w.n_in,
+                                 acts + static_cast<size_t>(t) * plan.act_row_bytes);
+      }
+      struct Job {
+        const WeightView* w;
+        const uint8_t* acts;
+        size_t act_row_bytes;
+        int64_t n_tokens;
+        float* y;
+      } job{&w, acts, plan.act_row_bytes, n_tokens, y};
+      const Job* jp = &job;
+      pool.run_on_all([jp](int ith, int nt) {
+        // Contiguous row ranges in units of kRowChunk: each thread streams its own part of the
+        // matrix and writes whole cache lines of y.
+        const auto [r0, r1] = split(jp->w->n_out, kRowChunk, ith, nt);
+        if (r0 < r1)
+          cpu::avx2_matvec_rows(*jp->w, jp->acts, jp->act_row_bytes, jp->n_tokens, r0, r1, jp->y);
+      });
+      return;
+    }
+  }
+
   if (has_avx2() && n_tokens >= kMinTileTokens) {
     const cpu::TilePlan plan = cpu::avx2_tile_plan(w.type, w.n_in);
     if (plan.supported) {

@@ -86,30 +86,11 @@ static_assert(sizeof(ActB32) == 48);
 constexpr size_t kPanelB32 = 256 + 2 * 32;  // bytes per block of 8 rows
 
 void prepare_b32(int64_t n_in, const float* x, ActB32* out) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t i = 0; i < n_in / kQK32; ++i, x += kQK32) {
-    __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int k = 0; k < 4; ++k) {
-      v[k] = _mm256_loadu_ps(x + 8 * k);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
-    }
-    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(amax, 1), _mm256_castps256_ps128(amax));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float am = _mm_cvtss_f32(m4);
-    const float d = am / 127.f;
-    const float id = am != 0 ? 127.f / am : 0.0f;
-    __m256i q[4];
-    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
-    const int32_t sum =
-        hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-    const __m256i p = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
-        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i].qs), p);
-    out[i].d = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
-    out[i].s = _cvtsh_ss(_cvtss_sh(d * static_cast<float>(sum), _MM_FROUND_TO_NEAREST_INT));
+    int32_t sum;
+    const float d = quantize_q8_block(x, out[i].qs, &sum);
+    out[i].d = round_fp16(d);
+    out[i].s = round_fp16(d * static_cast<float>(sum));
     out[i].isum = sum;
     out[i].pad = 0;
   }

@@ -1,7 +1,9 @@
-// Internal to src/backend/cpu/matmul*.cpp: the tiled AVX2 matrix-matrix path. Weight rows are
-// repacked, a panel of rows at a time, into a per-thread buffer laid out for the micro-kernels
-// (8 rows interleaved so that one AVX2 register holds one value of each row); the panel stays
-// in L1/L2 while every token is dotted with it. Layouts are private to matmul_avx2.cpp.
+// Internal to src/backend/cpu/matmul*.cpp and matvec_avx2.cpp: the AVX2 paths.
+// Tiled matrix-matrix path (prefill): weight rows are repacked, a panel of rows at a time, into a
+// per-thread buffer laid out for the micro-kernels (8 rows interleaved so that one AVX2 register
+// holds one value of each row); the panel stays in L1/L2 while every token is dotted with it.
+// Matrix-vector path (decode, few tokens): weights read in place. Layouts are private to the
+// .cpp files. Stateless; thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -30,5 +32,25 @@ void avx2_prepare_acts(quant::GgmlType type, int64_t n_in, const float* x, int64
 // the last panel short (only at the matrix's end).
 void avx2_tile_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
                     int64_t n_tokens, int64_t r0, int64_t r1, float* y, uint8_t* panel);
+
+// ---- decode: matrix-vector kernels over the weights in place (matvec_avx2.cpp) -------------
+
+// Token counts up to this use the matvec kernels; more tokens amortise the tile repacking.
+inline constexpr int kMaxMatvecTokens = 4;
+
+struct MatvecPlan {
+  bool supported = false;
+  size_t act_row_bytes = 0;  // prepared activations, per token (a multiple of 64)
+};
+
+[[nodiscard]] MatvecPlan avx2_matvec_plan(quant::GgmlType type, int64_t n_in);
+
+// Converts one token of x (n_in floats) into the matvec layout at `acts`.
+void avx2_matvec_prepare(quant::GgmlType type, int64_t n_in, const float* x, uint8_t* acts);
+
+// y[t * n_out + r] for rows [r0, r1) and tokens t < n_tokens (1 <= n_tokens <= kMaxMatvecTokens);
+// token t's activations at acts + t * act_row_bytes.
+void avx2_matvec_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
+                      int64_t n_tokens, int64_t r0, int64_t r1, float* y);
 
 }  // namespace bie::cpu
