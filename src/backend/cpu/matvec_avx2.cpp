@@ -30,12 +30,15 @@ using namespace quant::simd;  // NOLINT
 // ---- 32-value block formats (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0) -------------------------------------
 //
 // Activations of one token, nb blocks padded to nb4 = round_up(nb, 4) (padding is zero):
-//   int8  qs[nb][32]        the Q8_0 / Q8_1 quantiser's values
+//   qs[nb][kActBytes]       the Q8_0 / Q8_1 quantiser's values: int8, or int16 for Q8_0
 //   float ds[nb4][2]        [d, s]: d as fp16 would round it; s = fp16(d * sum(qs)) for the
 //                           Q8_1 formats (ggml's min term), 0 otherwise
 //   float off[nb4][2]       [-offset * sum(qs), 0] for Q4_0 (offset 8) and Q5_0 (16)
 // The weights' unsigned values q (Q4_0: x = d * (q - 8)) go into maddubs as they are; the
 // offset comes back as d_x * d_y * off.
+// Q8_0 is signed on both sides, which maddubs cannot take without two sign fix-ups per row;
+// instead its weights are widened to int16 (a load-op on port 5) against int16 activations,
+// leaving two madds per block on the multiply ports.
 
 constexpr int kChunk = 64;  // blocks per scale pre-pass (bounds the stack buffers)
 
@@ -54,52 +57,88 @@ inline __m256i q5_high_bit(const uint8_t* qh) {
   return _mm256_and_si256(bits32_to_mask(qh), _mm256_set1_epi8(0x10));
 }
 
+inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// Unsigned weights (q <= 31) against int8 activations: maddubs cannot saturate.
+struct UnsignedDot {
+  static constexpr int kActBytes = kQK32;
+  struct Y {
+    __m256i v;
+  };
+  static void store_act(const int8_t* qs, uint8_t* out) { std::memcpy(out, qs, kQK32); }
+  static Y load_act(const uint8_t* p) { return {load256(p)}; }
+  static __m256i dot(__m256i q, const Y& y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, y.v), _mm256_set1_epi16(1));
+  }
+};
+
 template <B32Kind K>
 struct B32;
 template <>
-struct B32<B32Kind::kQ4_0> {
+struct B32<B32Kind::kQ4_0> : UnsignedDot {
   using Block = BlockQ4_0;
   static constexpr int kOffset = 8;
-  static constexpr bool kMin = false, kSigned = false;
-  static __m256i values(const Block* b) { return nibbles32_bcast(b->qs); }
-};
-template <>
-struct B32<B32Kind::kQ4_1> {
-  using Block = BlockQ4_1;
-  static constexpr int kOffset = 0;
-  static constexpr bool kMin = true, kSigned = false;
-  static __m256i values(const Block* b) { return nibbles32_bcast(b->qs); }
-};
-template <>
-struct B32<B32Kind::kQ5_0> {
-  using Block = BlockQ5_0;
-  static constexpr int kOffset = 16;
-  static constexpr bool kMin = false, kSigned = false;
-  static __m256i values(const Block* b) {
-    return _mm256_or_si256(nibbles32_bcast(b->qs), q5_high_bit(b->qh));
+  static constexpr bool kMin = false;
+  static __m256i dot(const Block* b, const Y& y) {
+    return UnsignedDot::dot(nibbles32_bcast(b->qs), y);
   }
 };
 template <>
-struct B32<B32Kind::kQ5_1> {
+struct B32<B32Kind::kQ4_1> : UnsignedDot {
+  using Block = BlockQ4_1;
+  static constexpr int kOffset = 0;
+  static constexpr bool kMin = true;
+  static __m256i dot(const Block* b, const Y& y) {
+    return UnsignedDot::dot(nibbles32_bcast(b->qs), y);
+  }
+};
+template <>
+struct B32<B32Kind::kQ5_0> : UnsignedDot {
+  using Block = BlockQ5_0;
+  static constexpr int kOffset = 16;
+  static constexpr bool kMin = false;
+  static __m256i dot(const Block* b, const Y& y) {
+    return UnsignedDot::dot(_mm256_or_si256(nibbles32_bcast(b->qs), q5_high_bit(b->qh)), y);
+  }
+};
+template <>
+struct B32<B32Kind::kQ5_1> : UnsignedDot {
   using Block = BlockQ5_1;
   static constexpr int kOffset = 0;
-  static constexpr bool kMin = true, kSigned = false;
-  static __m256i values(const Block* b) {
-    return _mm256_or_si256(nibbles32_bcast(b->qs), q5_high_bit(b->qh));
+  static constexpr bool kMin = true;
+  static __m256i dot(const Block* b, const Y& y) {
+    return UnsignedDot::dot(_mm256_or_si256(nibbles32_bcast(b->qs), q5_high_bit(b->qh)), y);
   }
 };
 template <>
 struct B32<B32Kind::kQ8_0> {
   using Block = BlockQ8_0;
   static constexpr int kOffset = 0;
-  static constexpr bool kMin = false, kSigned = true;
-  static __m256i values(const Block* b) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs));
+  static constexpr bool kMin = false;
+  static constexpr int kActBytes = 2 * kQK32;
+  struct Y {
+    __m256i lo, hi;
+  };
+  static void store_act(const int8_t* qs, uint8_t* out) {
+    for (int h = 0; h < 2; ++h) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * h));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * h), _mm256_cvtepi8_epi16(v));
+    }
+  }
+  static Y load_act(const uint8_t* p) { return {load256(p), load256(p + 32)}; }
+  static __m256i dot(const Block* b, const Y& y) {
+    const __m256i lo =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs)));
+    const __m256i hi =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + 16)));
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, y.lo), _mm256_madd_epi16(hi, y.hi));
   }
 };
 
 struct ActB32View {
-  const int8_t* qs;
+  const uint8_t* qs;
   const float* ds;
   const float* off;
 };
@@ -108,41 +147,35 @@ inline int64_t round_up4(int64_t n) {
   return (n + 3) / 4 * 4;
 }
 
+template <B32Kind K>
 size_t act_b32_bytes(int64_t nb) {
-  return static_cast<size_t>(nb) * kQK32 + static_cast<size_t>(round_up4(nb)) * 16;
+  return static_cast<size_t>(nb) * B32<K>::kActBytes + static_cast<size_t>(round_up4(nb)) * 16;
 }
 
+template <B32Kind K>
 ActB32View act_b32_view(const uint8_t* p, int64_t nb) {
-  const auto* ds = reinterpret_cast<const float*>(p + nb * kQK32);
-  return {reinterpret_cast<const int8_t*>(p), ds, ds + 2 * round_up4(nb)};
+  const auto* ds = reinterpret_cast<const float*>(p + nb * B32<K>::kActBytes);
+  return {p, ds, ds + 2 * round_up4(nb)};
 }
 
-void prepare_b32(int64_t n_in, const float* x, bool q8_1_sum, int offset, uint8_t* out) {
+template <B32Kind K>
+void prepare_b32(int64_t n_in, const float* x, uint8_t* out) {
+  using F = B32<K>;
+  constexpr bool kQ8_1 = F::kMin;  // Q4_1 and Q5_1 pair with Q8_1, the others with Q8_0
   const int64_t nb = n_in / kQK32;
-  auto* qs = reinterpret_cast<int8_t*>(out);
-  auto* ds = reinterpret_cast<float*>(out + nb * kQK32);
+  auto* ds = reinterpret_cast<float*>(out + nb * F::kActBytes);
   float* off = ds + 2 * round_up4(nb);
   for (int64_t i = 0; i < nb; ++i) {
+    alignas(32) int8_t qs[kQK32];
     int32_t sum;
-    const float d = quantize_q8_block(x + i * kQK32, qs + i * kQK32, &sum);
+    const float d = quantize_q8_block(x + i * kQK32, qs, &sum);
+    F::store_act(qs, out + i * F::kActBytes);
     ds[2 * i] = round_fp16(d);
-    ds[2 * i + 1] = q8_1_sum ? round_fp16(d * static_cast<float>(sum)) : 0.0f;
-    off[2 * i] = static_cast<float>(-offset * sum);
+    ds[2 * i + 1] = kQ8_1 ? round_fp16(d * static_cast<float>(sum)) : 0.0f;
+    off[2 * i] = static_cast<float>(-F::kOffset * sum);
     off[2 * i + 1] = 0.0f;
   }
   for (int64_t i = 2 * nb; i < 2 * round_up4(nb); ++i) ds[i] = off[i] = 0.0f;
-}
-
-// Integer dot of one block: 8 int32 partial sums.
-template <B32Kind K>
-inline __m256i block_dot(__m256i xv, __m256i yv) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (B32<K>::kSigned) {
-    return _mm256_madd_epi16(
-        _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(yv, xv)), ones);
-  } else {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(xv, yv), ones);  // q <= 31: no saturation
-  }
 }
 
 // Sum of the lanes of v that hold min/offset terms: odd lanes ([d*dy, m*s] pairs) for the
@@ -154,18 +187,28 @@ inline float min_lanes(__m256 v) {
   return hsum_ps(_mm256_blend_ps(_mm256_setzero_ps(), v, B32<K>::kMin ? kOddLanes : 0x55));
 }
 
-// fp16 [d, m] of blocks b[0 .. min(4, n)) as floats [d0 m0 d1 m1 d2 m2 d3 m3]; zero for blocks
-// at or past n. For formats without m the odd lanes hold whatever follows d.
+inline int32_t load_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// fp16 [d, m] of blocks b[0..3] as floats [d0 m0 d1 m1 d2 m2 d3 m3] (one conversion for four
+// blocks); for formats without m the odd lanes hold whatever follows d.
 template <typename Block>
-inline __m256 header4(const Block* b, int n) {
-  __m128 h[4];
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {
-    h[k] = n > k ? _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + k)))
-                 : _mm_setzero_ps();
-  }
-  const __m128 lo = _mm_movelh_ps(h[0], h[1]), hi = _mm_movelh_ps(h[2], h[3]);
-  return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+inline __m256 header4(const Block* b) {
+  __m128i h = _mm_cvtsi32_si128(load_i32(b));
+  h = _mm_insert_epi32(h, load_i32(b + 1), 1);
+  h = _mm_insert_epi32(h, load_i32(b + 2), 2);
+  h = _mm_insert_epi32(h, load_i32(b + 3), 3);
+  return _mm256_cvtph_ps(h);
+}
+// Same for the first n < 4 blocks; the others read as zero.
+template <typename Block>
+inline __m256 header4_tail(const Block* b, int n) {
+  alignas(16) int32_t h[4] = {0, 0, 0, 0};
+  for (int k = 0; k < n; ++k) h[k] = load_i32(b + k);
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
 }
 
 // Rows [r, r + R) for T tokens: y[t * n_out + r + i].
@@ -185,7 +228,7 @@ void matvec_b32(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_
   ActB32View a[T];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t)
-    a[t] = act_b32_view(acts + static_cast<size_t>(t) * act_row_bytes, nb);
+    a[t] = act_b32_view<K>(acts + static_cast<size_t>(t) * act_row_bytes, nb);
 
   __m256 acc[R][T], macc[R][T];
 #pragma GCC unroll 8
@@ -199,10 +242,11 @@ void matvec_b32(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_
   for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
     const int nbc = static_cast<int>(std::min<int64_t>(kChunk, nb - b0));
     for (int b = 0; b < nbc; b += 4) {
-      // Headers of 4 blocks -> [d0 m0 d1 m1 d2 m2 d3 m3]; blocks past the end read as zero.
       __m256 h[R];
 #pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) h[i] = header4(row[i] + b0 + b, nbc - b);
+      for (int i = 0; i < R; ++i) {
+        h[i] = nbc - b >= 4 ? header4(row[i] + b0 + b) : header4_tail(row[i] + b0 + b, nbc - b);
+      }
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const __m256 ds = _mm256_loadu_ps(a[t].ds + 2 * (b0 + b));
@@ -219,17 +263,16 @@ void matvec_b32(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_
       }
     }
     for (int b = 0; b < nbc; ++b) {
-      __m256i yv[T];
+      typename F::Y yv[T];
 #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t)
-        yv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t].qs + (b0 + b) * kQK32));
+      for (int t = 0; t < T; ++t) yv[t] = F::load_act(a[t].qs + (b0 + b) * F::kActBytes);
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
-        const __m256i xv = F::values(row[i] + b0 + b);
 #pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
           const __m256 s = _mm256_broadcast_ss(dd[t][i] + 2 * b);
-          acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot<K>(xv, yv[t])), s, acc[i][t]);
+          acc[i][t] =
+              _mm256_fmadd_ps(_mm256_cvtepi32_ps(F::dot(row[i] + b0 + b, yv[t])), s, acc[i][t]);
         }
       }
     }
@@ -245,6 +288,207 @@ void matvec_b32(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_
   }
 }
 
+// ---- K-quants (Q2_K .. Q6_K) -----------------------------------------------------------------
+//
+// Activations: Q8_K blocks, as vec_dot takes them. Each row's super-block is unpacked once (the
+// unified form of quant_avx2_inl.h: 8 vectors of 32 unsigned values, 16 group scales and mins)
+// and dotted with every token. A group's scale multiplies its maddubs pairs inside the madd
+// that widens them, so the integer sum per super-block needs no float work; the mins (and the
+// Q3_K/Q6_K offsets, folded into m) come from the activations' per-16 sums.
+
+// Byte shuffles that spread int16 lane k of a 128-bit lane to the low half (k = 2c) and lane
+// k + 1 to the high half, for c = 0..3.
+inline __m256i group_scale_shuffle(int c) {
+  const auto lo = static_cast<char>(4 * c), hi = static_cast<char>(4 * c + 2);
+  return _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
+                          lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
+                          hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1);
+}
+
+// Generic policy (Q2_K, Q3_K, Q5_K): the shared unpacker of quant_avx2_inl.h.
+template <typename U>
+struct KUnified {
+  using Block = typename U::Block;
+  template <int T>
+  [[gnu::always_inline]] static void superblock(const Block& x, const BlockQ8_K* const y[T],
+                                                __m256 acc[T]) {
+    KRegs k;
+    U::run(x, k);
+    const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(k.sc));
+    const __m256i sc_lo = _mm256_permute2x128_si256(sc, sc, 0x00);
+    const __m256i sc_hi = _mm256_permute2x128_si256(sc, sc, 0x11);
+    __m256i isum[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const __m256i scv = _mm256_shuffle_epi8(c < 4 ? sc_lo : sc_hi, group_scale_shuffle(c % 4));
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const __m256i p = _mm256_maddubs_epi16(k.q[c], load256(y[t]->qs + 32 * c));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(scv, p));
+      }
+    }
+    const __m256i m = _mm256_load_si256(reinterpret_cast<const __m256i*>(k.m));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m256i msum = _mm256_madd_epi16(m, load256(y[t]->bsums));
+      if constexpr (U::kSym) {
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], msum)),
+                                 _mm256_set1_ps(k.d * y[t]->d), acc[t]);
+      } else {
+        acc[t] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(k.d * y[t]->d), acc[t]);
+        acc[t] =
+            _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(k.dmin * y[t]->d), acc[t]);
+      }
+    }
+  }
+};
+
+// Byte shuffle that spreads int16 lane k to all 16 lanes (of a register whose halves are equal).
+inline __m256i spread_i16(int k) {
+  const auto lo = static_cast<char>(2 * k), hi = static_cast<char>(2 * k + 1);
+  return _mm256_setr_epi8(lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi,
+                          lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi);
+}
+
+// Q4_K: 8 groups of 32 with 6-bit scale and min. Scales are unpacked in general registers (four
+// 32-bit words), widened once; each group's scale is spread by one shuffle into the madd.
+struct KQ4 {
+  using Block = BlockQ4_K;
+  template <int T>
+  [[gnu::always_inline]] static void superblock(const Block& x, const BlockQ8_K* const y[T],
+                                                __m256 acc[T]) {
+    uint32_t u[3];
+    std::memcpy(u, x.scales, 12);
+    constexpr uint32_t kLow6 = 0x3F3F3F3F, kLow4 = 0x0F0F0F0F, kLow2 = 0x03030303;
+    const uint32_t sc_lo = u[0] & kLow6, m_lo = u[1] & kLow6;
+    const uint32_t sc_hi = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
+    const uint32_t m_hi = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
+    const __m128i sm = _mm_set_epi32(static_cast<int>(m_hi), static_cast<int>(m_lo),
+                                     static_cast<int>(sc_hi), static_cast<int>(sc_lo));
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));  // sc[0..7], twice
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i isum[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = load256(x.qs + 32 * j);
+      const __m256i ql = _mm256_and_si256(q, m4);
+      const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      const __m256i sl = _mm256_shuffle_epi8(sc, spread_i16(2 * j));
+      const __m256i sh = _mm256_shuffle_epi8(sc, spread_i16(2 * j + 1));
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const __m256i pl =
+            _mm256_madd_epi16(sl, _mm256_maddubs_epi16(ql, load256(y[t]->qs + 64 * j)));
+        const __m256i ph =
+            _mm256_madd_epi16(sh, _mm256_maddubs_epi16(qh, load256(y[t]->qs + 64 * j + 32)));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(pl, ph));
+      }
+    }
+    const float d = h2f(x.d), dmin = h2f(x.dmin);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums));
+      const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums + 8));
+      const __m128i msum = _mm_madd_epi16(mins, _mm_hadd_epi16(bs_lo, bs_hi));  // per 32
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * y[t]->d), acc[t]);
+      acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_zextsi128_si256(msum)),
+                                _mm256_set1_ps(dmin * y[t]->d), acc[t]);
+    }
+  }
+};
+
+// Q6_K: 16 groups of 16 with int8 scales, x = d * sc * (q - 32). The offset is taken out once
+// per super-block from the activations' per-16 sums: 32 * sum_g sc[g] * bsums[g].
+struct KQ6 {
+  using Block = BlockQ6_K;
+  template <int T>
+  [[gnu::always_inline]] static void superblock(const Block& x, const BlockQ8_K* const y[T],
+                                                __m256 acc[T]) {
+    const __m256i sc =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256i isum[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = load256(x.ql + 64 * h), l1 = load256(x.ql + 64 * h + 32);
+      const __m256i qh = load256(x.qh + 32 * h);
+      const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(l0, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+                            _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                            _mm256_and_si256(qh, m30)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
+      const __m256i src = _mm256_permute2x128_si256(sc, sc, h == 0 ? 0x00 : 0x11);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m256i scv = _mm256_shuffle_epi8(src, group_scale_shuffle(k));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          const __m256i p = _mm256_maddubs_epi16(q[k], load256(y[t]->qs + 32 * (4 * h + k)));
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(scv, p));
+        }
+      }
+    }
+    const float d = h2f(x.d);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, load256(y[t]->bsums)), 5);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], off)),
+                               _mm256_set1_ps(d * y[t]->d), acc[t]);
+    }
+  }
+};
+
+// Rows [r, r + R) for T tokens, one super-block of one row at a time (a super-block is already
+// 8 independent 32-value dots: enough to fill the pipelines without interleaving rows).
+template <typename KF, int R, int T>
+void matvec_k(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_row_bytes, float* y) {
+  using Block = typename KF::Block;
+  const int64_t nb = w.n_in / kQKK;
+  __m256 acc[R][T];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[i][t] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_K* yb[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      yb[t] = reinterpret_cast<const BlockQ8_K*>(acts + static_cast<size_t>(t) * act_row_bytes) + b;
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const auto* row = reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w.data) +
+                                                       static_cast<size_t>(r + i) * w.row_bytes);
+      KF::template superblock<T>(row[b], yb, acc[i]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) y[t * w.n_out + r + i] = hsum_ps(acc[i][t]);
+  }
+}
+
+size_t act_k_bytes(int64_t n_in) {
+  return static_cast<size_t>(n_in / kQKK) * sizeof(BlockQ8_K);
+}
+
+void prepare_k(int64_t n_in, const float* x, uint8_t* out) {
+  traits(GgmlType::Q8_K)->from_float(x, out, n_in);
+}
+
 // ---- dispatch --------------------------------------------------------------------------------
 
 using MatvecFn = void (*)(const WeightView&, int64_t, const uint8_t*, size_t, float*);
@@ -255,16 +499,30 @@ constexpr int matvec_rows(int64_t n_tokens) {
 }
 
 struct MatvecKernels {
+  size_t (*act_bytes)(int64_t n_in);
+  void (*prepare)(int64_t n_in, const float* x, uint8_t* acts);
   MatvecFn main[kMaxMatvecTokens + 1];    // by token count: matvec_rows(T) rows per call
   MatvecFn single[kMaxMatvecTokens + 1];  // one row, for a range's tail
 };
 
 template <B32Kind K>
 constexpr MatvecKernels b32_matvec() {
-  return {{nullptr, matvec_b32<K, matvec_rows(1), 1>, matvec_b32<K, matvec_rows(2), 2>,
+  return {[](int64_t n_in) { return act_b32_bytes<K>(n_in / kQK32); },
+          prepare_b32<K>,
+          {nullptr, matvec_b32<K, matvec_rows(1), 1>, matvec_b32<K, matvec_rows(2), 2>,
            matvec_b32<K, matvec_rows(3), 3>, matvec_b32<K, matvec_rows(4), 4>},
           {nullptr, matvec_b32<K, 1, 1>, matvec_b32<K, 1, 2>, matvec_b32<K, 1, 3>,
            matvec_b32<K, 1, 4>}};
+}
+
+template <typename KF>
+constexpr MatvecKernels k_matvec() {
+  return {
+      act_k_bytes,
+      prepare_k,
+      {nullptr, matvec_k<KF, matvec_rows(1), 1>, matvec_k<KF, matvec_rows(2), 2>,
+       matvec_k<KF, matvec_rows(3), 3>, matvec_k<KF, matvec_rows(4), 4>},
+      {nullptr, matvec_k<KF, 1, 1>, matvec_k<KF, 1, 2>, matvec_k<KF, 1, 3>, matvec_k<KF, 1, 4>}};
 }
 
 const MatvecKernels* matvec_kernels(GgmlType type) {
@@ -272,7 +530,10 @@ const MatvecKernels* matvec_kernels(GgmlType type) {
                              q4_1 = b32_matvec<B32Kind::kQ4_1>(),
                              q5_0 = b32_matvec<B32Kind::kQ5_0>(),
                              q5_1 = b32_matvec<B32Kind::kQ5_1>(),
-                             q8_0 = b32_matvec<B32Kind::kQ8_0>();
+                             q8_0 = b32_matvec<B32Kind::kQ8_0>(),
+                             q2_k = k_matvec<KUnified<UnpackQ2K>>(),
+                             q3_k = k_matvec<KUnified<UnpackQ3K>>(), q4_k = k_matvec<KQ4>(),
+                             q5_k = k_matvec<KUnified<UnpackQ5K>>(), q6_k = k_matvec<KQ6>();
   switch (type) {
     case GgmlType::Q4_0:
       return &q4_0;
@@ -284,31 +545,36 @@ const MatvecKernels* matvec_kernels(GgmlType type) {
       return &q5_1;
     case GgmlType::Q8_0:
       return &q8_0;
+    case GgmlType::Q2_K:
+      return &q2_k;
+    case GgmlType::Q3_K:
+      return &q3_k;
+    case GgmlType::Q4_K:
+      return &q4_k;
+    case GgmlType::Q5_K:
+      return &q5_k;
+    case GgmlType::Q6_K:
+      return &q6_k;
     default:
       return nullptr;
   }
-}
-
-int b32_offset(GgmlType type) {
-  return type == GgmlType::Q4_0 ? 8 : type == GgmlType::Q5_0 ? 16 : 0;
 }
 
 }  // namespace
 
 MatvecPlan avx2_matvec_plan(GgmlType type, int64_t n_in) {
   MatvecPlan plan;
-  if (matvec_kernels(type) != nullptr) {
+  if (const MatvecKernels* mk = matvec_kernels(type)) {
     plan.supported = true;
-    plan.act_row_bytes = act_b32_bytes(n_in / kQK32);
-    plan.act_row_bytes = (plan.act_row_bytes + 63) / 64 * 64;
+    plan.act_row_bytes = (mk->act_bytes(n_in) + 63) / 64 * 64;
   }
   return plan;
 }
 
 void avx2_matvec_prepare(GgmlType type, int64_t n_in, const float* x, uint8_t* acts) {
-  assert(matvec_kernels(type) != nullptr);
-  const bool q8_1 = traits(type)->vec_dot_type == GgmlType::Q8_1;
-  prepare_b32(n_in, x, q8_1, b32_offset(type), acts);
+  const MatvecKernels* mk = matvec_kernels(type);
+  assert(mk != nullptr);
+  mk->prepare(n_in, x, acts);
 }
 
 void avx2_matvec_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
