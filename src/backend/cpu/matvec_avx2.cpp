@@ -42,6 +42,18 @@ using namespace quant::simd;  // NOLINT
 
 constexpr int kChunk = 64;  // blocks per scale pre-pass (bounds the stack buffers)
 
+// Decode streams every weight byte once per token from L3/DRAM; the hardware prefetcher alone
+// leaves too few misses in flight (a cold Q4_1 576x1536 matvec ran at 60% of its L2-resident
+// speed). Each row prefetches the bytes this far ahead of its read position, which covers the
+// next rows of the thread's range (rows are contiguous). 2-8 KiB measured alike; 4 KiB chosen.
+constexpr size_t kPrefetchBytes = 4096;
+
+// Prefetches [p + kPrefetchBytes, + n), one request per cache line.
+inline void prefetch_ahead(const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p) + kPrefetchBytes;
+  for (size_t off = 0; off < n; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
+
 enum class B32Kind { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0 };
 
 // 16 bytes of nibbles -> 32 bytes (low nibbles, then high nibbles). The 16 bytes are broadcast
@@ -246,6 +258,7 @@ void matvec_b32(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
         h[i] = nbc - b >= 4 ? header4(row[i] + b0 + b) : header4_tail(row[i] + b0 + b, nbc - b);
+        prefetch_ahead(row[i] + b0 + b, 4 * sizeof(Block));
       }
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
@@ -471,6 +484,7 @@ void matvec_k(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_ro
     for (int i = 0; i < R; ++i) {
       const auto* row = reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w.data) +
                                                        static_cast<size_t>(r + i) * w.row_bytes);
+      prefetch_ahead(row + b, sizeof(Block));
       KF::template superblock<T>(row[b], yb, acc[i]);
     }
   }
@@ -581,6 +595,10 @@ void avx2_matvec_rows(const WeightView& w, const uint8_t* acts, size_t act_row_b
                       int64_t n_tokens, int64_t r0, int64_t r1, float* y) {
   const MatvecKernels* mk = matvec_kernels(w.type);
   assert(mk != nullptr && n_tokens >= 1 && n_tokens <= kMaxMatvecTokens);
+  // The prefetch distance is reached only after kPrefetchBytes: request the range's head now.
+  const auto* head = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r0) * w.row_bytes;
+  const size_t head_bytes = std::min(kPrefetchBytes, static_cast<size_t>(r1 - r0) * w.row_bytes);
+  for (size_t off = 0; off < head_bytes; off += 64) _mm_prefetch(head + off, _MM_HINT_T0);
   const int rows = matvec_rows(n_tokens);
   int64_t r = r0;
   for (; r + rows <= r1; r += rows) mk->main[n_tokens](w, r, acts, act_row_bytes, y);
