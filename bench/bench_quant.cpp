@@ -1,10 +1,12 @@
 // Kernel benchmarks: vec_dot per type and ISA, and matmul at SmolLM2-135M shapes.
 //   build/bie_kernel_bench --benchmark_filter=VecDot
 //   build/bie_kernel_bench --benchmark_filter=Matmul --benchmark_repetitions=3
+//   build/bie_kernel_bench --benchmark_filter=MatmulDecode   (1-4 tokens; warm and cold weights)
 // VecDot reports weight bytes/s; Matmul reports weight bytes/s (the decode bound) and GFLOP/s
 // (2 * n_in * n_out * n_tokens per call).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <random>
@@ -104,5 +106,55 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Matmul)->Apply(MatmulArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
-}  // namespace
+// Decode (the matvec path): the model's shapes for 1, 2 and 4 tokens (speculative decoding
+// verifies a few tokens at once), 1 and 2 threads. Arg 5 (cold) cycles through enough copies of
+// the matrix (64 MiB) that the weights come from L3/DRAM, as they do for a whole model; warm
+// runs keep one L2-resident copy and show the kernels' compute speed.
+void BM_MatmulDecode(benchmark::State& state) {
+  const auto type = static_cast<GgmlType>(state.range(0));
+  const int64_t n_in = state.range(1), n_out = state.range(2), n_tokens = state.range(3);
+  const int threads = static_cast<int>(state.range(4));
+  const bool cold = state.range(5) != 0;
+  const auto w = quantize(type, random_floats(static_cast<size_t>(n_in * n_out), 3), n_in);
+  const size_t copies = cold ? std::max<size_t>(1, (size_t{64} << 20) / w.size()) : 1;
+  std::vector<std::vector<uint8_t>> ws(copies, w);
+  const auto x = random_floats(static_cast<size_t>(n_in * n_tokens), 4);
+  std::vector<float> y(static_cast<size_t>(n_out * n_tokens));
+  bie::MatmulScratch scratch;
+  bie::ThreadPool& p = pool(threads);
+  size_t i = 0;
+  for (auto _ : state) {
+    const bie::WeightView view{type, n_in, n_out, ws[i].data(), bie::quant::row_size(type, n_in)};
+    bie::matmul(view, x.data(), n_tokens, y.data(), p, scratch);
+    benchmark::ClobberMemory();
+    i = i + 1 == copies ? 0 : i + 1;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(w.size()));
+  state.SetLabel(std::string(bie::quant::type_name(type)) + (cold ? " cold" : " warm"));
+}
 
+void MatmulDecodeArgs(benchmark::internal::Benchmark* b) {
+  struct Shape {
+    GgmlType type;
+    int n_in, n_out;
+  };
+  // SmolLM2-135M Q4_1: q/o, k/v, gate/up, down; Q8_0 tied output. Gemma-3-270M Q4_K_M mixes.
+  const Shape shapes[] = {
+      {GgmlType::Q4_1, 576, 576},  {GgmlType::Q4_1, 576, 192},   {GgmlType::Q4_1, 576, 1536},
+      {GgmlType::Q4_1, 1536, 576}, {GgmlType::Q8_0, 576, 49152}, {GgmlType::Q4_0, 576, 1536},
+      {GgmlType::Q8_0, 576, 1536}, {GgmlType::Q4_K, 640, 2048},  {GgmlType::Q4_K, 1536, 576},
+      {GgmlType::Q6_K, 2048, 640}, {GgmlType::Q5_0, 640, 1024},  {GgmlType::Q8_0, 640, 256}};
+  for (const Shape& s : shapes) {
+    for (int n_tokens : {1, 2, 4}) {
+      for (int threads : {1, 2}) {
+        for (int cold : {0, 1}) {
+          b->Args({static_cast<int>(s.type), s.n_in, s.n_out, n_tokens, threads, cold});
+        }
+      }
+    }
+  }
+}
+BENCHMARK(BM_MatmulDecode)->Apply(MatmulDecodeArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
