@@ -30,15 +30,14 @@ using namespace quant::simd;  // NOLINT
 // ---- 32-value block formats (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0) -------------------------------------
 //
 // Activations of one token, nb blocks padded to nb4 = round_up(nb, 4) (padding is zero):
-//   qs[nb][kActBytes]       the Q8_0 / Q8_1 quantiser's values: int8, or int16 for Q8_0
+//   qs[nb][kActBytes]       the Q8_0 / Q8_1 quantiser's values (int8; Q8_0 adds |qs|)
 //   float ds[nb4][2]        [d, s]: d as fp16 would round it; s = fp16(d * sum(qs)) for the
 //                           Q8_1 formats (ggml's min term), 0 otherwise
 //   float off[nb4][2]       [-offset * sum(qs), 0] for Q4_0 (offset 8) and Q5_0 (16)
 // The weights' unsigned values q (Q4_0: x = d * (q - 8)) go into maddubs as they are; the
 // offset comes back as d_x * d_y * off.
-// Q8_0 is signed on both sides, which maddubs cannot take without two sign fix-ups per row;
-// instead its weights are widened to int16 (a load-op on port 5) against int16 activations,
-// leaving two madds per block on the multiply ports.
+// Q8_0 is signed on both sides; maddubs needs one unsigned operand, so the activations carry
+// |y| as well and each row needs a single sign fix-up.
 
 constexpr int kChunk = 64;  // blocks per scale pre-pass (bounds the stack buffers)
 
@@ -129,23 +128,21 @@ struct B32<B32Kind::kQ8_0> {
   using Block = BlockQ8_0;
   static constexpr int kOffset = 0;
   static constexpr bool kMin = false;
-  static constexpr int kActBytes = 2 * kQK32;
+  static constexpr int kActBytes = 2 * kQK32;  // y, then |y|
   struct Y {
-    __m256i lo, hi;
+    __m256i v, abs;
   };
   static void store_act(const int8_t* qs, uint8_t* out) {
-    for (int h = 0; h < 2; ++h) {
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * h));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * h), _mm256_cvtepi8_epi16(v));
-    }
+    const __m256i v = load256(qs);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), v);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kQK32), _mm256_sign_epi8(v, v));
   }
-  static Y load_act(const uint8_t* p) { return {load256(p), load256(p + 32)}; }
+  static Y load_act(const uint8_t* p) { return {load256(p), load256(p + kQK32)}; }
+  // x * y = |y| * (x * sign(y)): maddubs takes |y| as the unsigned side, shared by every row.
+  // note: x = -128 would wrap in the sign fix-up; ggml's Q8_0 quantiser never produces it.
   static __m256i dot(const Block* b, const Y& y) {
-    const __m256i lo =
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs)));
-    const __m256i hi =
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + 16)));
-    return _mm256_add_epi32(_mm256_madd_epi16(lo, y.lo), _mm256_madd_epi16(hi, y.hi));
+    const __m256i xs = _mm256_sign_epi8(load256(b->qs), y.v);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(y.abs, xs), _mm256_set1_epi16(1));
   }
 };
 
@@ -253,13 +250,8 @@ void matvec_b32(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_
 
   for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
     const int nbc = static_cast<int>(std::min<int64_t>(kChunk, nb - b0));
-    for (int b = 0; b < nbc; b += 4) {
-      __m256 h[R];
-#pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) {
-        h[i] = nbc - b >= 4 ? header4(row[i] + b0 + b) : header4_tail(row[i] + b0 + b, nbc - b);
-        prefetch_ahead(row[i] + b0 + b, 4 * sizeof(Block));
-      }
+    // Scales of blocks b .. b + 3 (headers h, one vector per row) times the activations'.
+    auto scale_group = [&](int b, const __m256* h) __attribute__((always_inline)) {
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const __m256 ds = _mm256_loadu_ps(a[t].ds + 2 * (b0 + b));
@@ -274,6 +266,24 @@ void matvec_b32(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_
           }
         }
       }
+    };
+    // Whole groups of 4 blocks, then the tail apart: merged, the compiler took the tail's
+    // store-then-reload path for every group (a store-forwarding stall each).
+    int b4 = 0;
+    for (; b4 + 4 <= nbc; b4 += 4) {
+      __m256 h[R];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        h[i] = header4(row[i] + b0 + b4);
+        prefetch_ahead(row[i] + b0 + b4, 4 * sizeof(Block));
+      }
+      scale_group(b4, h);
+    }
+    if (b4 < nbc) {
+      __m256 h[R];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) h[i] = header4_tail(row[i] + b0 + b4, nbc - b4);
+      scale_group(b4, h);
     }
     for (int b = 0; b < nbc; ++b) {
       typename F::Y yv[T];
