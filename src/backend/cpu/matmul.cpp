@@ -1,6 +1,7 @@
 #include "bie/backend/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cstdlib>
 #include <new>
@@ -49,6 +50,17 @@ std::pair<int64_t, int64_t> split(int64_t n, int64_t unit, int ith, int nth) {
   const int64_t b = units * ith / nth * unit;
   const int64_t e = std::min(n, units * (ith + 1) / nth * unit);
   return {std::min(b, n), e};
+}
+
+// Rows per work chunk of the matvec path: about kMatvecChunkBytes of weights (big enough that
+// the prefetcher streams, small enough to rebalance when one thread is preempted), at least 4
+// chunks per thread, in units of kRowChunk (whole cache lines of y).
+constexpr size_t kMatvecChunkBytes = 512 * 1024;
+int64_t matvec_chunk_rows(const WeightView& w, int n_threads) {
+  const int64_t by_bytes = static_cast<int64_t>(kMatvecChunkBytes / w.row_bytes);
+  const int64_t by_count = (w.n_out + 4 * n_threads - 1) / (4 * n_threads);
+  const int64_t rows = std::max<int64_t>(kRowChunk, std::min(by_bytes, by_count));
+  return (rows + kRowChunk - 1) / kRowChunk * kRowChunk;
 }
 
 }  // namespace
@@ -108,14 +120,19 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
         size_t act_row_bytes;
         int64_t n_tokens;
         float* y;
-      } job{&w, acts, plan.act_row_bytes, n_tokens, y};
-      const Job* jp = &job;
-      pool.run_on_all([jp](int ith, int nt) {
-        // Contiguous row ranges in units of kRowChunk: each thread streams its own part of the
-        // matrix and writes whole cache lines of y.
-        const auto [r0, r1] = split(jp->w->n_out, kRowChunk, ith, nt);
-        if (r0 < r1)
+        int64_t chunk_rows;
+        std::atomic<int64_t> next;
+      } job{&w, acts, plan.act_row_bytes, n_tokens, y, matvec_chunk_rows(w, nth), {0}};
+      Job* jp = &job;
+      pool.run_on_all([jp](int, int) {
+        // Threads take contiguous chunks of rows as they come free, so a thread slowed by
+        // another process does not hold the whole step back.
+        for (;;) {
+          const int64_t r0 = jp->next.fetch_add(jp->chunk_rows, std::memory_order_relaxed);
+          if (r0 >= jp->w->n_out) break;
+          const int64_t r1 = std::min(jp->w->n_out, r0 + jp->chunk_rows);
           cpu::avx2_matvec_rows(*jp->w, jp->acts, jp->act_row_bytes, jp->n_tokens, r0, r1, jp->y);
+        }
       });
       return;
     }
