@@ -3,14 +3,22 @@
 #include <fmt/format.h>
 
 #include "bie/attention/dense_attention.h"
+#include "bie/planner/kv_bytes.h"
+#include "bie/planner/model_geometry.h"
 #include "bie/quant/fp16.h"
 
 namespace bie {
 
 ContiguousKvCache::ContiguousKvCache(const KvGeometry& geometry, int64_t max_tokens)
     : geo_(geometry), max_tokens_(max_tokens) {
-  const size_t n = static_cast<size_t>(geo_.n_layer) * static_cast<size_t>(max_tokens_) *
-                   static_cast<size_t>(geo_.kv_dim());
+  // Sized by the planner, the single source of KV byte accounting.
+  planner::ModelGeometry g;
+  g.n_layer = geo_.n_layer;
+  g.layers.assign(static_cast<size_t>(geo_.n_layer),
+                  planner::LayerKv{geo_.n_head_kv, geo_.head_dim, geo_.head_dim, 0});
+  const uint64_t bytes =
+      planner::contiguous_kv_bytes(g, planner::kKvF16, planner::kKvF16, max_tokens_, 1);
+  const size_t n = static_cast<size_t>(bytes / 2 / sizeof(uint16_t));  // half K, half V
   k_.assign(n, 0);
   v_.assign(n, 0);
 }
