@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cassert>
+#include <cstring>
 
 #include "kv/kv_format_internal.h"
 
@@ -53,6 +54,26 @@ inline void load16_nibbles(const uint8_t* p, __m256 out[4]) {
   out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
   out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
   out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+// One fp16 scalar via F16C (the portable load_fp16 is a branchy software conversion).
+inline float f16c(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return _cvtsh_ss(h);
+}
+
+// Interleaved (scale, zero) fp16 pairs of 8 consecutive channels -> 8 scales and 8 zeros.
+inline void load8_params(const uint8_t* p, __m256* scale, __m256* zero) {
+  const __m256 a =
+      _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));  // s0 z0 .. s3 z3
+  const __m256 b =
+      _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));  // s4 z4 .. s7 z7
+  // Per 128-bit lane: s0 s1 s4 s5 | s2 s3 s6 s7; the 64-bit permute restores channel order.
+  const __m256 s = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+  const __m256 z = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+  *scale = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
+  *zero = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(z), _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
 const KvFormatTraits& scalar_of(KvType t) {
@@ -171,7 +192,7 @@ void scaled_dot(const KvRowGeom& g, const float* q, const void* tile, int t0, in
       a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), dec(i + 8), a1);
     }
     if (i < d) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), dec(i), a0);
-    scores[j] = hsum(_mm256_add_ps(a0, a1)) * (load_fp16(row) * unit);
+    scores[j] = hsum(_mm256_add_ps(a0, a1)) * (f16c(row) * unit);
   }
 }
 
@@ -185,7 +206,7 @@ void scaled_axpy(const KvRowGeom& g, const float* p, const void* tile, int t0, i
       static_cast<const uint8_t*>(tile) + static_cast<size_t>(t0) * row_bytes_scaled(d);
   axpy_rows(
       d, n, acc, [&](int j) { return base + static_cast<size_t>(j) * row_bytes_scaled(d); },
-      [&](int j, const uint8_t* r) { return p[j] * (load_fp16(r) * unit); },
+      [&](int j, const uint8_t* r) { return p[j] * (f16c(r) * unit); },
       [](const uint8_t* r, int c) {
         return kFp8 ? load8_e4m3_div256(r + 2 + c) : load8_i8(r + 2 + c);
       });
@@ -222,8 +243,8 @@ void int4_dot(const KvRowGeom& g, const float* q, const void* tile, int t0, int 
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + half + k), nib[2], a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + half + k + 8), nib[3], a1);
       }
-      total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(load_fp16(grp)), total);
-      zterm += load_fp16(grp + 2) * qsum[b];
+      total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(f16c(grp)), total);
+      zterm += f16c(grp + 2) * qsum[b];
     }
     scores[j] = hsum(total) + zterm;
   }
@@ -238,7 +259,7 @@ void int4_axpy(const KvRowGeom& g, const float* p, const void* tile, int t0, int
     float* ag = acc + b * G;
     // The zero-point term sum_j p_j z_j is the same for every channel of the group.
     float zterm = 0.0f;
-    for (int j = 0; j < n; ++j) zterm += p[j] * load_fp16(base + j * rb + b * gb + 2);
+    for (int j = 0; j < n; ++j) zterm += p[j] * f16c(base + j * rb + b * gb + 2);
     const __m256 vz = _mm256_set1_ps(zterm);
     for (int k = 0; k < half; k += 16) {
       // 32 channels: [k, k + 16) from low nibbles, [half + k, half + k + 16) from high ones.
@@ -248,7 +269,7 @@ void int4_axpy(const KvRowGeom& g, const float* p, const void* tile, int t0, int
       __m256 a3 = _mm256_add_ps(_mm256_loadu_ps(ag + half + k + 8), vz);
       for (int j = 0; j < n; ++j) {
         const uint8_t* grp = base + j * rb + b * gb;
-        const __m256 w = _mm256_set1_ps(p[j] * load_fp16(grp));
+        const __m256 w = _mm256_set1_ps(p[j] * f16c(grp));
         __m256 nib[4];
         load16_nibbles(grp + 4 + k, nib);
         a0 = _mm256_fmadd_ps(w, nib[0], a0);
@@ -274,11 +295,15 @@ void chan_dot(const KvRowGeom& g, const float* q, const void* tile, int t0, int 
   // Per tile: fold the channel scales into the query (qs = q * scale) and the zero points into
   // one constant; each row is then a plain dot of qs with its nibbles.
   alignas(32) float qs[kMaxHeadDim];
-  float zterm = 0.0f;
-  for (int c = 0; c < d; ++c) {
-    qs[c] = q[c] * load_fp16(base + 4 * c);
-    zterm += q[c] * load_fp16(base + 4 * c + 2);
+  __m256 vz = _mm256_setzero_ps();
+  for (int c = 0; c < d; c += 8) {
+    __m256 sc, zc;
+    load8_params(base + 4 * c, &sc, &zc);
+    const __m256 qc = _mm256_loadu_ps(q + c);
+    _mm256_store_ps(qs + c, _mm256_mul_ps(qc, sc));
+    vz = _mm256_fmadd_ps(qc, zc, vz);
   }
+  const float zterm = hsum(vz);
   for (int j = 0; j < n; ++j) {
     const uint8_t* row = base + chan_row_offset(d, t0 + j);
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -310,11 +335,13 @@ void chan_axpy(const KvRowGeom& g, const float* p, const void* tile, int t0, int
       load16_nibbles(base + chan_row_offset(d, t0 + j) + k, nib);
       for (int m = 0; m < 4; ++m) a[m] = _mm256_fmadd_ps(w, nib[m], a[m]);
     }
-    alignas(32) float tmp[32];
-    for (int m = 0; m < 4; ++m) _mm256_store_ps(tmp + 8 * m, a[m]);
-    for (int m = 0; m < 32; ++m) {
-      const int c = (m < 16 ? k + m : half + k + m - 16);
-      acc[c] += load_fp16(base + 4 * c) * tmp[m] + load_fp16(base + 4 * c + 2) * psum;
+    const __m256 vp = _mm256_set1_ps(psum);
+    for (int m = 0; m < 4; ++m) {
+      const int c = (m < 2 ? k + 8 * m : half + k + 8 * (m - 2));
+      __m256 sc, zc;
+      load8_params(base + 4 * c, &sc, &zc);
+      _mm256_storeu_ps(
+          acc + c, _mm256_fmadd_ps(sc, a[m], _mm256_fmadd_ps(zc, vp, _mm256_loadu_ps(acc + c))));
     }
   }
 }
