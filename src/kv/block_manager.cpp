@@ -543,6 +543,18 @@ Status BlockManager::check_integrity() const {
       const BlockTableEntry& e = st.table[static_cast<size_t>(i)];
       const BlockRole r = block_role(cfg_.layout, cfg_.local_window, i, n);
       const BlockPool& pl = pool(e.pool);
+      const bool full = (i + 1) * B <= n;
+      const auto toks = full ? std::span<const int32_t>(st.tokens).subspan(
+                                   static_cast<size_t>(i * B), static_cast<size_t>(B))
+                             : std::span<const int32_t>();
+      if (i < static_cast<int64_t>(st.chains.size())) {
+        const uint64_t chain = prefix_chain_hash(parent, toks);
+        if (chain != st.chains[static_cast<size_t>(i)]) {
+          return Error{
+              fmt::format("seq {}: chain hash of block {} does not match its tokens", id, i)};
+        }
+        parent = chain;
+      }
       if (e.block.index == kNullBlock) {
         if (r != BlockRole::kDropped) {
           return Error{fmt::format("seq {}: block {} is null but still kept", id, i)};
@@ -560,18 +572,6 @@ Status BlockManager::check_integrity() const {
       }
       if (e.pool == PoolKind::kFp16 && !cfg_.layout.mixed()) {
         return Error{fmt::format("seq {}: FP16-pool block in an unmixed layout", id)};
-      }
-      const bool full = (i + 1) * B <= n;
-      const auto toks = full ? std::span<const int32_t>(st.tokens).subspan(
-                                   static_cast<size_t>(i * B), static_cast<size_t>(B))
-                             : std::span<const int32_t>();
-      if (i < static_cast<int64_t>(st.chains.size())) {
-        const uint64_t chain = prefix_chain_hash(parent, toks);
-        if (chain != st.chains[static_cast<size_t>(i)]) {
-          return Error{
-              fmt::format("seq {}: chain hash of block {} does not match its tokens", id, i)};
-        }
-        parent = chain;
       }
       if (full && pl.has_key(e.block.index) && i < static_cast<int64_t>(st.chains.size())) {
         const auto cached = pl.key_tokens(e.block.index);
