@@ -1,0 +1,157 @@
+// BlockPool: one flat pool of fixed-size KV blocks in one storage format. Owns block ids, ref
+// counts, the free list, the LRU of unreferenced cached blocks, each block's prefix-cache record
+// (key, chain hash, tokens) and the pool's memory. It knows nothing of sequences or of what a key
+// means; the BlockManager owns those. Not thread-safe: the engine thread owns it.
+//
+// Block states (TurboMind's vocabulary):
+//   free    ref 0, no key             in the free list (LIFO: reuse what is already committed)
+//   cached  ref 0, key                in the LRU (oldest first; evicted only when no free block)
+//   active  ref > 0 (key or not)      in no list
+// Block 0 is the null block: never handed out, no storage; table entries use it for "no block".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "bie/common/result.h"
+
+namespace bie::kv {
+
+using BlockIndex = int32_t;
+inline constexpr BlockIndex kNullBlock = 0;
+
+// A block id that can be checked for staleness: `gen` changes whenever the block is handed out
+// with new content (free -> active, or an evicted cached block -> active). A prefix-cache hit
+// keeps the generation: the content is the same.
+struct BlockRef {
+  BlockIndex index = kNullBlock;
+  uint32_t gen = 0;
+  friend bool operator==(const BlockRef&, const BlockRef&) = default;
+};
+
+struct BlockPoolConfig {
+  int64_t n_blocks = 0;      // usable blocks, ids 1..n_blocks
+  uint64_t block_bytes = 0;  // bytes of one block (all layers of the group); 0 = no storage
+  int block_tokens = 16;     // tokens per block (length of a cached block's token record)
+  // CPU backend: reserve n_blocks * block_bytes of address space (PROT_NONE, MAP_NORESERVE) and
+  // commit each block on first allocation. false: metadata only (tests, or a GPU pool whose
+  // memory lives elsewhere).
+  bool reserve_memory = true;
+};
+
+// A cached block's identity (see BlockManager for how keys are formed).
+struct BlockKey {
+  uint64_t key = 0;     // lookup key: hash(chain, storage format)
+  uint64_t chain = 0;   // chained content hash of this block (parent chain, tokens, model id)
+  uint64_t parent = 0;  // the parent block's chain hash (re-checked on a hit)
+};
+
+class BlockPool {
+ public:
+  // Fails if the address space cannot be reserved.
+  [[nodiscard]] static Result<std::unique_ptr<BlockPool>> create(const BlockPoolConfig& cfg);
+  ~BlockPool();
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  [[nodiscard]] int64_t n_blocks() const { return n_; }
+  [[nodiscard]] uint64_t block_bytes() const { return cfg_.block_bytes; }
+  [[nodiscard]] int block_tokens() const { return cfg_.block_tokens; }
+  // Address space reserved for the pool: n_blocks * block_bytes (the null block has no storage).
+  [[nodiscard]] uint64_t reserved_bytes() const { return reserved_; }
+  // Bytes made readable/writable so far (whole pages; never shrinks).
+  [[nodiscard]] uint64_t committed_bytes() const { return committed_pages_ * page_; }
+
+  [[nodiscard]] int64_t num_free() const { return n_free_; }
+  [[nodiscard]] int64_t num_cached() const { return n_cached_; }
+  [[nodiscard]] int64_t num_available() const { return n_free_ + n_cached_; }
+  [[nodiscard]] int64_t num_active() const { return n_ - n_free_ - n_cached_; }
+
+  // note: the queries below take any index; out-of-range and the null block are neither.
+  [[nodiscard]] bool is_free(BlockIndex b) const;
+  [[nodiscard]] bool is_cached(BlockIndex b) const;
+  [[nodiscard]] bool is_active(BlockIndex b) const;
+  [[nodiscard]] bool has_key(BlockIndex b) const;
+  [[nodiscard]] int32_t ref_count(BlockIndex b) const;
+  [[nodiscard]] uint32_t generation(BlockIndex b) const;
+  // True if `r` no longer names the active block it was handed out as.
+  [[nodiscard]] bool is_stale(BlockRef r) const;
+
+  // note: call only if has_key(b)
+  [[nodiscard]] const BlockKey& key(BlockIndex b) const;
+  [[nodiscard]] std::span<const int32_t> key_tokens(BlockIndex b) const;
+
+  // Storage of block b (committed); nullptr for a pool without storage.
+  // note: call only if is_active(b)
+  [[nodiscard]] uint8_t* data(BlockIndex b);
+
+  struct Allocated {
+    BlockRef block;
+    std::optional<uint64_t> evicted_key;  // the key of the cached block that was evicted
+  };
+  // free -> active (ref 1), taking the most recently freed block; if none is free,
+  // cached -> active by evicting the least recently used cached block (its key is dropped and
+  // returned so the owner can remove it from its index). Fails, changing nothing, when no block
+  // is available or the OS refuses to commit the memory.
+  [[nodiscard]] Result<Allocated> allocate();
+
+  // active -> active (ref + 1), or cached -> active (a prefix-cache hit; leaves the LRU).
+  // note: call only if is_active(b) || is_cached(b)
+  void retain(BlockIndex b);
+
+  // active -> active (ref - 1); at ref 0: -> cached (LRU tail) if it has a key, else -> free
+  // (free-list head).
+  // note: call only if is_active(b)
+  void release(BlockIndex b);
+
+  // Records the content identity of an active block (it becomes findable by its owner's index).
+  // note: call only if is_active(b) && !has_key(b) && tokens.size() == block_tokens()
+  void set_key(BlockIndex b, const BlockKey& k, std::span<const int32_t> tokens);
+  // note: call only if is_active(b) && has_key(b)
+  void clear_key(BlockIndex b);
+
+  // Lists, front first (tests and integrity checks): the free list in allocation order and the
+  // LRU in eviction order.
+  [[nodiscard]] std::vector<BlockIndex> free_order() const;
+  [[nodiscard]] std::vector<BlockIndex> lru_order() const;
+
+  // Verifies the lists, counts and per-block states against each other.
+  [[nodiscard]] Status check_integrity() const;
+
+ private:
+  friend struct BlockPoolTestPeer;  // tests corrupt state to exercise check_integrity
+  enum class List : uint8_t { kNone, kFree, kLru };
+
+  explicit BlockPool(const BlockPoolConfig& cfg);
+  void list_push_front(int32_t sentinel, BlockIndex b);
+  void list_push_back(int32_t sentinel, BlockIndex b);
+  void list_remove(BlockIndex b);
+  [[nodiscard]] Status commit(BlockIndex b);
+
+  BlockPoolConfig cfg_;
+  int64_t n_ = 0;
+  int32_t free_head_ = 0;  // sentinel ids: n + 1 (free list) and n + 2 (LRU)
+  int32_t lru_head_ = 0;
+  std::vector<int32_t> prev_, next_;
+  std::vector<List> list_;
+  std::vector<int32_t> ref_;
+  std::vector<uint32_t> gen_;
+  std::vector<uint8_t> keyed_;
+  std::vector<BlockKey> keys_;
+  std::vector<int32_t> key_tokens_;  // [n + 1, block_tokens]
+  int64_t n_free_ = 0;
+  int64_t n_cached_ = 0;
+
+  // Memory: [base_, base_ + reserved_) reserved; block b lives at base_ + (b - 1) * block_bytes.
+  uint8_t* base_ = nullptr;
+  uint64_t reserved_ = 0;
+  uint64_t page_ = 4096;
+  std::vector<uint8_t> block_committed_;
+  std::vector<uint8_t> page_committed_;
+  uint64_t committed_pages_ = 0;
+};
+
+}  // namespace bie::kv

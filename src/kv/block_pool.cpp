@@ -1,0 +1,269 @@
+#include "bie/kv/block_pool.h"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cerrno>
+#include <cstring>
+
+namespace bie::kv {
+
+BlockPool::BlockPool(const BlockPoolConfig& cfg) : cfg_(cfg), n_(cfg.n_blocks) {
+  const size_t slots = static_cast<size_t>(n_) + 3;
+  free_head_ = static_cast<int32_t>(n_ + 1);
+  lru_head_ = static_cast<int32_t>(n_ + 2);
+  prev_.assign(slots, 0);
+  next_.assign(slots, 0);
+  for (int32_t s : {free_head_, lru_head_}) prev_[s] = next_[s] = s;
+  list_.assign(slots, List::kNone);
+  ref_.assign(static_cast<size_t>(n_) + 1, 0);
+  gen_.assign(static_cast<size_t>(n_) + 1, 0);
+  keyed_.assign(static_cast<size_t>(n_) + 1, 0);
+  keys_.assign(static_cast<size_t>(n_) + 1, BlockKey{});
+  key_tokens_.assign((static_cast<size_t>(n_) + 1) * static_cast<size_t>(cfg.block_tokens), 0);
+  // Ids in increasing order, so a fresh pool hands out 1, 2, 3, ...
+  for (BlockIndex b = 1; b <= n_; ++b) list_push_back(free_head_, b);
+  n_free_ = n_;
+}
+
+Result<std::unique_ptr<BlockPool>> BlockPool::create(const BlockPoolConfig& cfg) {
+  if (cfg.n_blocks < 0 || cfg.n_blocks > (int64_t{1} << 30)) {
+    return Error{fmt::format("KV block pool: block count {} out of range", cfg.n_blocks)};
+  }
+  if (cfg.block_tokens < 1) {
+    return Error{fmt::format("KV block pool: block size {} tokens", cfg.block_tokens)};
+  }
+  std::unique_ptr<BlockPool> pool(new BlockPool(cfg));
+  pool->reserved_ = static_cast<uint64_t>(cfg.n_blocks) * cfg.block_bytes;
+  if (cfg.reserve_memory && pool->reserved_ > 0) {
+    const long page = sysconf(_SC_PAGESIZE);
+    pool->page_ = page > 0 ? static_cast<uint64_t>(page) : 4096;
+    void* p = mmap(nullptr, pool->reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+      return Error{fmt::format("KV block pool: cannot reserve {} bytes of address space: {}",
+                               pool->reserved_, std::strerror(errno))};
+    }
+    pool->base_ = static_cast<uint8_t*>(p);
+    pool->block_committed_.assign(static_cast<size_t>(cfg.n_blocks) + 1, 0);
+    pool->page_committed_.assign((pool->reserved_ + pool->page_ - 1) / pool->page_, 0);
+  }
+  return pool;
+}
+
+BlockPool::~BlockPool() {
+  if (base_) munmap(base_, reserved_);
+}
+
+bool BlockPool::is_free(BlockIndex b) const {
+  return b >= 1 && b <= n_ && list_[b] == List::kFree;
+}
+bool BlockPool::is_cached(BlockIndex b) const {
+  return b >= 1 && b <= n_ && list_[b] == List::kLru;
+}
+bool BlockPool::is_active(BlockIndex b) const {
+  return b >= 1 && b <= n_ && ref_[b] > 0;
+}
+bool BlockPool::has_key(BlockIndex b) const {
+  return b >= 1 && b <= n_ && keyed_[b] != 0;
+}
+int32_t BlockPool::ref_count(BlockIndex b) const {
+  return b >= 1 && b <= n_ ? ref_[b] : 0;
+}
+uint32_t BlockPool::generation(BlockIndex b) const {
+  return b >= 1 && b <= n_ ? gen_[b] : 0;
+}
+bool BlockPool::is_stale(BlockRef r) const {
+  return !is_active(r.index) || gen_[r.index] != r.gen;
+}
+
+const BlockKey& BlockPool::key(BlockIndex b) const {
+  assert(has_key(b));
+  return keys_[b];
+}
+
+std::span<const int32_t> BlockPool::key_tokens(BlockIndex b) const {
+  assert(has_key(b));
+  const size_t bt = static_cast<size_t>(cfg_.block_tokens);
+  return {key_tokens_.data() + static_cast<size_t>(b) * bt, bt};
+}
+
+uint8_t* BlockPool::data(BlockIndex b) {
+  assert(is_active(b));
+  if (!base_) return nullptr;
+  return base_ + static_cast<uint64_t>(b - 1) * cfg_.block_bytes;
+}
+
+void BlockPool::list_push_front(int32_t sentinel, BlockIndex b) {
+  const int32_t first = next_[sentinel];
+  prev_[b] = sentinel;
+  next_[b] = first;
+  prev_[first] = b;
+  next_[sentinel] = b;
+  list_[b] = sentinel == free_head_ ? List::kFree : List::kLru;
+}
+
+void BlockPool::list_push_back(int32_t sentinel, BlockIndex b) {
+  const int32_t last = prev_[sentinel];
+  next_[b] = sentinel;
+  prev_[b] = last;
+  next_[last] = b;
+  prev_[sentinel] = b;
+  list_[b] = sentinel == free_head_ ? List::kFree : List::kLru;
+}
+
+void BlockPool::list_remove(BlockIndex b) {
+  assert(list_[b] != List::kNone);
+  next_[prev_[b]] = next_[b];
+  prev_[next_[b]] = prev_[b];
+  prev_[b] = next_[b] = 0;
+  list_[b] = List::kNone;
+}
+
+Status BlockPool::commit(BlockIndex b) {
+  if (!base_ || block_committed_[b]) return {};
+  const uint64_t begin = static_cast<uint64_t>(b - 1) * cfg_.block_bytes;
+  const uint64_t end = begin + cfg_.block_bytes;
+  const uint64_t p0 = begin / page_;
+  const uint64_t p1 = (end + page_ - 1) / page_;
+  if (mprotect(base_ + p0 * page_, (p1 - p0) * page_, PROT_READ | PROT_WRITE) != 0) {
+    return Error{fmt::format("KV block pool: cannot commit {} bytes for block {}: {}",
+                             cfg_.block_bytes, b, std::strerror(errno))};
+  }
+  for (uint64_t p = p0; p < p1; ++p) {
+    if (!page_committed_[p]) {
+      page_committed_[p] = 1;
+      ++committed_pages_;
+    }
+  }
+  block_committed_[b] = 1;
+  return {};
+}
+
+Result<BlockPool::Allocated> BlockPool::allocate() {
+  int32_t b;
+  const bool evict = next_[free_head_] == free_head_;
+  if (!evict) {
+    b = next_[free_head_];
+  } else if (next_[lru_head_] != lru_head_) {
+    b = next_[lru_head_];
+  } else {
+    return Error{fmt::format("KV block pool: all {} blocks are in use", n_)};
+  }
+  if (Status s = commit(b); !s) return Error{s.error()};
+  Allocated out;
+  list_remove(b);
+  if (evict) {
+    // cached -> active: the old content is forgotten.
+    out.evicted_key = keys_[b].key;
+    keyed_[b] = 0;
+    keys_[b] = BlockKey{};
+    --n_cached_;
+  } else {
+    // free -> active
+    --n_free_;
+  }
+  ref_[b] = 1;
+  ++gen_[b];
+  out.block = BlockRef{b, gen_[b]};
+  return out;
+}
+
+void BlockPool::retain(BlockIndex b) {
+  assert(b >= 1 && b <= n_);
+  if (ref_[b] == 0) {
+    // cached -> active (hit on an unreferenced cached block)
+    assert(list_[b] == List::kLru);
+    list_remove(b);
+    --n_cached_;
+  }
+  // active -> active
+  ++ref_[b];
+}
+
+void BlockPool::release(BlockIndex b) {
+  assert(is_active(b));
+  if (--ref_[b] > 0) return;  // active -> active
+  if (keyed_[b]) {
+    list_push_back(lru_head_, b);  // active -> cached (most recently used at the tail)
+    ++n_cached_;
+  } else {
+    list_push_front(free_head_, b);  // active -> free (reused first: already committed)
+    ++n_free_;
+  }
+}
+
+void BlockPool::set_key(BlockIndex b, const BlockKey& k, std::span<const int32_t> tokens) {
+  assert(is_active(b) && !keyed_[b] && tokens.size() == static_cast<size_t>(cfg_.block_tokens));
+  keyed_[b] = 1;
+  keys_[b] = k;
+  std::copy(tokens.begin(), tokens.end(),
+            key_tokens_.begin() + static_cast<ptrdiff_t>(b) * cfg_.block_tokens);
+}
+
+void BlockPool::clear_key(BlockIndex b) {
+  assert(is_active(b) && keyed_[b]);
+  keyed_[b] = 0;
+  keys_[b] = BlockKey{};
+}
+
+std::vector<BlockIndex> BlockPool::free_order() const {
+  std::vector<BlockIndex> out;
+  for (int32_t b = next_[free_head_]; b != free_head_; b = next_[b]) out.push_back(b);
+  return out;
+}
+
+std::vector<BlockIndex> BlockPool::lru_order() const {
+  std::vector<BlockIndex> out;
+  for (int32_t b = next_[lru_head_]; b != lru_head_; b = next_[b]) out.push_back(b);
+  return out;
+}
+
+Status BlockPool::check_integrity() const {
+  // Walk both lists forwards, checking back links and membership tags.
+  int64_t counts[2] = {0, 0};
+  for (int li = 0; li < 2; ++li) {
+    const int32_t s = li == 0 ? free_head_ : lru_head_;
+    const List tag = li == 0 ? List::kFree : List::kLru;
+    int32_t prev = s;
+    for (int32_t b = next_[s]; b != s; b = next_[b]) {
+      if (b < 1 || b > n_) return Error{fmt::format("pool: list holds bad id {}", b)};
+      if (list_[b] != tag) return Error{fmt::format("pool: block {} in the wrong list", b)};
+      if (prev_[b] != prev) return Error{fmt::format("pool: broken back link at block {}", b)};
+      if (++counts[li] > n_) return Error{"pool: list has a cycle"};
+      prev = b;
+    }
+    if (prev_[s] != prev) return Error{"pool: list tail link broken"};
+  }
+  if (counts[0] != n_free_ || counts[1] != n_cached_) {
+    return Error{fmt::format("pool: counts free {} cached {} but lists hold {} and {}", n_free_,
+                             n_cached_, counts[0], counts[1])};
+  }
+  if (list_[kNullBlock] != List::kNone || ref_[kNullBlock] != 0 || keyed_[kNullBlock]) {
+    return Error{"pool: the null block is in use"};
+  }
+  for (BlockIndex b = 1; b <= n_; ++b) {
+    const bool keyed = keyed_[b] != 0;
+    if (ref_[b] < 0) return Error{fmt::format("pool: block {} has ref count {}", b, ref_[b])};
+    if (ref_[b] > 0 && list_[b] != List::kNone) {
+      return Error{fmt::format("pool: active block {} is in a list", b)};
+    }
+    if (ref_[b] == 0 && list_[b] == List::kNone) {
+      return Error{fmt::format("pool: unreferenced block {} is in no list (leak)", b)};
+    }
+    if (list_[b] == List::kFree && keyed)
+      return Error{fmt::format("pool: free block {} has a key", b)};
+    if (list_[b] == List::kLru && !keyed) {
+      return Error{fmt::format("pool: cached block {} has no key", b)};
+    }
+    if (ref_[b] > 0 && base_ && !block_committed_[b]) {
+      return Error{fmt::format("pool: active block {} is not committed", b)};
+    }
+  }
+  return {};
+}
+
+}  // namespace bie::kv
