@@ -3,11 +3,13 @@
 // than it saves), R rows at a time, so that each activation block load is shared by R rows and
 // each weight block unpack by every token.
 //
-// Scales never go through scalar fp16 conversions in the inner loop. Per chunk of blocks, the
-// fp16 header of every (row, block) is converted with one vcvtph2ps of its first four halves and
-// multiplied, four blocks per instruction, by the activation's [d, s] pairs; the inner loop then
-// does one broadcast load and one FMA per block. The same product gives the min / offset terms
-// of Q4_0, Q4_1, Q5_0 and Q5_1 as a side result, so they cost nothing per block.
+// 32-value formats: scales never go through scalar fp16 conversions in the inner loop. Per chunk
+// of blocks, the fp16 [d, m] headers of four blocks of a row are gathered and converted by one
+// vcvtph2ps, and multiplied by the activation's [d, s] pairs in one instruction; the inner loop
+// then does one broadcast load and one FMA per block. The same product gives the min / offset
+// terms of Q4_0, Q4_1, Q5_0 and Q5_1 as a side result, so they cost nothing per block.
+// K-quants: one super-block of one row at a time, its scales unpacked once and applied inside the
+// integer madd (see below).
 // Built with -mavx2 -mfma -mf16c; called only after has_avx2().
 #include <immintrin.h>
 
@@ -313,11 +315,12 @@ void matvec_b32(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_
 
 // ---- K-quants (Q2_K .. Q6_K) -----------------------------------------------------------------
 //
-// Activations: Q8_K blocks, as vec_dot takes them. Each row's super-block is unpacked once (the
-// unified form of quant_avx2_inl.h: 8 vectors of 32 unsigned values, 16 group scales and mins)
-// and dotted with every token. A group's scale multiplies its maddubs pairs inside the madd
-// that widens them, so the integer sum per super-block needs no float work; the mins (and the
-// Q3_K/Q6_K offsets, folded into m) come from the activations' per-16 sums.
+// Activations: Q8_K blocks, as vec_dot takes them. Each row's super-block is unpacked once and
+// dotted with every token. A group's scale multiplies its maddubs pairs inside the madd that
+// widens them, so the integer sum per super-block needs no float work; the mins (and the
+// Q3_K/Q6_K offsets) come from the activations' per-16 sums. Q4_K and Q6_K have their own
+// unpacking; Q2_K, Q3_K and Q5_K use the unified form of quant_avx2_inl.h (8 vectors of 32
+// unsigned values, 16 group scales and mins).
 
 // Byte shuffles that spread int16 lane k of a 128-bit lane to the low half (k = 2c) and lane
 // k + 1 to the high half, for c = 0..3.
