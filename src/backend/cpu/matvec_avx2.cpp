@@ -438,6 +438,8 @@ struct KQ6 {
                                                 __m256 acc[T]) {
     const __m256i sc =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    const __m256i sc_lo = _mm256_permute2x128_si256(sc, sc, 0x00);  // scales 0..7, twice
+    const __m256i sc_hi = _mm256_permute2x128_si256(sc, sc, 0x11);  // scales 8..15, twice
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256i isum[T];
 #pragma GCC unroll 8
@@ -454,7 +456,7 @@ struct KQ6 {
                                             _mm256_and_si256(qh, m30)),
                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
-      const __m256i src = _mm256_permute2x128_si256(sc, sc, h == 0 ? 0x00 : 0x11);
+      const __m256i src = h == 0 ? sc_lo : sc_hi;
 #pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) {
         const __m256i scv = _mm256_shuffle_epi8(src, group_scale_shuffle(k));
