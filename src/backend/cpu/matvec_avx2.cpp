@@ -3,11 +3,13 @@
 // than it saves), R rows at a time, so that each activation block load is shared by R rows and
 // each weight block unpack by every token.
 //
-// Scales never go through scalar fp16 conversions in the inner loop. Per chunk of blocks, the
-// fp16 header of every (row, block) is converted with one vcvtph2ps of its first four halves and
-// multiplied, four blocks per instruction, by the activation's [d, s] pairs; the inner loop then
-// does one broadcast load and one FMA per block. The same product gives the min / offset terms
-// of Q4_0, Q4_1, Q5_0 and Q5_1 as a side result, so they cost nothing per block.
+// 32-value formats: scales never go through scalar fp16 conversions in the inner loop. Per chunk
+// of blocks, the fp16 [d, m] headers of four blocks of a row are gathered and converted by one
+// vcvtph2ps, and multiplied by the activation's [d, s] pairs in one instruction; the inner loop
+// then does one broadcast load and one FMA per block. The same product gives the min / offset
+// terms of Q4_0, Q4_1, Q5_0 and Q5_1 as a side result, so they cost nothing per block.
+// K-quants: one super-block of one row at a time, its scales unpacked once and applied inside the
+// integer madd (see below).
 // Built with -mavx2 -mfma -mf16c; called only after has_avx2().
 #include <immintrin.h>
 
@@ -313,11 +315,12 @@ void matvec_b32(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_
 
 // ---- K-quants (Q2_K .. Q6_K) -----------------------------------------------------------------
 //
-// Activations: Q8_K blocks, as vec_dot takes them. Each row's super-block is unpacked once (the
-// unified form of quant_avx2_inl.h: 8 vectors of 32 unsigned values, 16 group scales and mins)
-// and dotted with every token. A group's scale multiplies its maddubs pairs inside the madd
-// that widens them, so the integer sum per super-block needs no float work; the mins (and the
-// Q3_K/Q6_K offsets, folded into m) come from the activations' per-16 sums.
+// Activations: Q8_K blocks, as vec_dot takes them. Each row's super-block is unpacked once and
+// dotted with every token. A group's scale multiplies its maddubs pairs inside the madd that
+// widens them, so the integer sum per super-block needs no float work; the mins (and the
+// Q3_K/Q6_K offsets) come from the activations' per-16 sums. Q4_K and Q6_K have their own
+// unpacking; Q2_K, Q3_K and Q5_K use the unified form of quant_avx2_inl.h (8 vectors of 32
+// unsigned values, 16 group scales and mins).
 
 // Byte shuffles that spread int16 lane k of a 128-bit lane to the low half (k = 2c) and lane
 // k + 1 to the high half, for c = 0..3.
@@ -435,6 +438,8 @@ struct KQ6 {
                                                 __m256 acc[T]) {
     const __m256i sc =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    const __m256i sc_lo = _mm256_permute2x128_si256(sc, sc, 0x00);  // scales 0..7, twice
+    const __m256i sc_hi = _mm256_permute2x128_si256(sc, sc, 0x11);  // scales 8..15, twice
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256i isum[T];
 #pragma GCC unroll 8
@@ -451,7 +456,7 @@ struct KQ6 {
                                             _mm256_and_si256(qh, m30)),
                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
-      const __m256i src = _mm256_permute2x128_si256(sc, sc, h == 0 ? 0x00 : 0x11);
+      const __m256i src = h == 0 ? sc_lo : sc_hi;
 #pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) {
         const __m256i scv = _mm256_shuffle_epi8(src, group_scale_shuffle(k));
