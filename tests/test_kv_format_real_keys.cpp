@@ -60,7 +60,7 @@ class RecordingKvCache final : public KvCache {
     std::copy(q, q + n * static_cast<int64_t>(qd), Q.begin() + static_cast<int64_t>(pos0 * qd));
     inner_.attend(il, pos0, n, q, n_head, scale, out, pool);
   }
-  void truncate(int64_t n) override { inner_.truncate(n); }
+  Status truncate(int64_t n) override { return inner_.truncate(n); }
 
   std::vector<std::vector<float>> k_, v_, q_;  // per layer: [n_tokens, kv_dim] / [n, n_head*hd]
   int n_head_ = 0;

@@ -77,8 +77,9 @@ void ContiguousKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, 
   });
 }
 
-void ContiguousKvCache::truncate(int64_t n) {
+Status ContiguousKvCache::truncate(int64_t n) {
   if (n < n_tokens_) n_tokens_ = std::max<int64_t>(0, n);
+  return {};
 }
 
 }  // namespace bie

@@ -21,6 +21,10 @@ struct DenseAttnArgs {
   float* scores;  // scratch, n_kv_tokens floats
 };
 
+// Softmax of scores[0..n) in place (max-subtracted, sum in double as ggml's soft_max). Shared
+// with the paged kernel so both caches normalise identically.
+void softmax_inplace(float* scores, int64_t n);
+
 void attend_one_head_scalar(const DenseAttnArgs& a);
 void attend_one_head_avx2(const DenseAttnArgs& a);
 // Picks the AVX2 path when the CPU has it.

@@ -47,8 +47,10 @@ class KvCache {
   virtual void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
                       float* out, ThreadPool& pool) = 0;
 
-  // Drops every position >= n (rollback, or reuse of a common prefix).
-  virtual void truncate(int64_t n) = 0;
+  // Drops every position >= n (rollback, or reuse of a common prefix); n <= 0 empties the cache.
+  // A paged cache may refuse a rollback into blocks already re-quantised out of its FP16 window;
+  // it then returns an error and changes nothing.
+  [[nodiscard]] virtual Status truncate(int64_t n) = 0;
 };
 
 }  // namespace bie

@@ -1,0 +1,330 @@
+#include "bie/kv/paged_kv_cache.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+#include "bie/planner/kv_bytes.h"
+#include "bie/planner/model_geometry.h"
+
+namespace bie {
+
+namespace {
+
+planner::ModelGeometry planner_geometry(const KvGeometry& geo) {
+  planner::ModelGeometry g;
+  g.n_layer = geo.n_layer;
+  g.layers.assign(static_cast<size_t>(geo.n_layer),
+                  planner::LayerKv{geo.n_head_kv, geo.head_dim, geo.head_dim, 0});
+  return g;
+}
+
+Status check_config(const PagedKvCacheConfig& cfg) {
+  const planner::KvLayout& l = cfg.layout;
+  if (cfg.geometry.n_layer < 1 || cfg.geometry.n_head_kv < 1 || cfg.geometry.head_dim < 1 ||
+      cfg.max_tokens < 1) {
+    return Error{"paged KV cache: empty geometry or max_tokens < 1"};
+  }
+  if (cfg.geometry.head_dim > 512) {
+    return Error{fmt::format("paged KV cache: head_dim {} > 512", cfg.geometry.head_dim)};
+  }
+  if (Status s = planner::check_kv_layout(planner_geometry(cfg.geometry), l); !s) return s;
+  for (const planner::KvFormat f : {l.k, l.v}) {
+    if (!kv::kv_format_supported(f)) {
+      return Error{
+          fmt::format("paged KV cache: no kernels for KV format {}", planner::kv_format_name(f))};
+    }
+    if (f.type == planner::KvType::kInt4Channel) {
+      // Its scales span a tile, and a block is written or re-quantised as one tile.
+      if (f.group != l.block_size) {
+        return Error{fmt::format("paged KV cache: {} needs tiles of the block size ({} tokens)",
+                                 planner::kv_format_name(f), l.block_size)};
+      }
+      // Only a block outside the window may be stored in the body format, and such a block is
+      // always complete when written (it lies wholly before the newest token).
+      if (l.window_tokens < 1) {
+        return Error{fmt::format("paged KV cache: {} needs an FP16 window of at least one token",
+                                 planner::kv_format_name(f))};
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const PagedKvCacheConfig& cfg) {
+  if (Status s = check_config(cfg); !s) return Error{s.error()};
+  const planner::KvPoolPlan plan =
+      planner::kv_pool_plan(planner_geometry(cfg.geometry), cfg.layout, cfg.max_tokens, 1);
+  if (plan.groups.size() != 1) return Error{"paged KV cache: expected one layer group"};
+  return create(cfg, plan.groups[0].fp16_blocks, plan.groups[0].body_blocks);
+}
+
+Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const PagedKvCacheConfig& cfg,
+                                                           int64_t fp16_blocks,
+                                                           int64_t body_blocks) {
+  if (Status s = check_config(cfg); !s) return Error{s.error()};
+  const planner::KvPoolPlan plan =
+      planner::kv_pool_plan(planner_geometry(cfg.geometry), cfg.layout, cfg.max_tokens, 1);
+  if (plan.groups.size() != 1) return Error{"paged KV cache: expected one layer group"};
+  kv::BlockManagerConfig mc;
+  mc.layout = cfg.layout;
+  mc.model_id = "bie-paged-kv";
+  mc.enable_prefix_caching = false;  // no token ids reach the cache through KvCache
+  mc.fp16_blocks = fp16_blocks;
+  mc.body_blocks = body_blocks;
+  mc.fp16_block_bytes = plan.groups[0].fp16_block_bytes;
+  mc.body_block_bytes = plan.groups[0].body_block_bytes;
+  mc.reserve_memory = true;  // the cache writes into the pools' memory
+  auto m = kv::BlockManager::create(mc);
+  if (!m) return Error{m.error()};
+  std::unique_ptr<PagedKvCache> c(new PagedKvCache(cfg, std::move(m).value()));
+  for (int p = 0; p < kv::kPoolKinds; ++p) {
+    const PoolFormat& f = c->fmt_[p];
+    const uint64_t want = static_cast<uint64_t>(cfg.geometry.n_layer) * f.layer_bytes;
+    const kv::BlockPool& pool = c->mgr_->pool(kv::PoolKind(p));
+    if (pool.n_blocks() > 0 && pool.block_bytes() != want) {
+      return Error{fmt::format("paged KV cache: planner block bytes {} != layout bytes {}",
+                               pool.block_bytes(), want)};
+    }
+    if (f.tk == nullptr || f.tv == nullptr) return Error{"paged KV cache: missing kernels"};
+  }
+  return c;
+}
+
+PagedKvCache::PagedKvCache(const PagedKvCacheConfig& cfg, kv::BlockManager mgr)
+    : cfg_(cfg), mgr_(std::make_unique<kv::BlockManager>(std::move(mgr))) {
+  const int d = cfg_.geometry.head_dim;
+  const int B = cfg_.layout.block_size;
+  const std::array<planner::KvFormat, kv::kPoolKinds> ks = {planner::kKvF16, cfg_.layout.k};
+  const std::array<planner::KvFormat, kv::kPoolKinds> vs = {planner::kKvF16, cfg_.layout.v};
+  for (int p = 0; p < kv::kPoolKinds; ++p) {
+    PoolFormat& f = fmt_[p];
+    f.k = ks[p];
+    f.v = vs[p];
+    f.tk = kv::kv_traits(f.k.type);
+    f.tv = kv::kv_traits(f.v.type);
+    f.k_tile = kv::kv_tile_bytes(f.k, d, B);
+    f.v_tile = kv::kv_tile_bytes(f.v, d, B);
+    f.layer_bytes = static_cast<size_t>(cfg_.geometry.n_head_kv) * (f.k_tile + f.v_tile);
+  }
+  rows_.resize(static_cast<size_t>(B) * static_cast<size_t>(d));
+}
+
+const kv::BlockTable& PagedKvCache::table() const {
+  static const kv::BlockTable kEmpty;
+  return mgr_->has_sequence(kSeq) ? mgr_->table(kSeq) : kEmpty;
+}
+
+std::vector<int32_t> PagedKvCache::placeholder_tokens(int64_t n) const {
+  // Token ids only feed the prefix cache, which is off; positions keep them distinct.
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>(n_tokens_ + i);
+  return t;
+}
+
+uint8_t* PagedKvCache::block_data(const kv::BlockTableEntry& e) {
+  return mgr_->pool(e.pool).data(e.block.index);
+}
+
+bool PagedKvCache::can_append(int64_t n) const {
+  if (n < 0 || n_tokens_ + n > cfg_.max_tokens) return false;
+  if (n == 0) return true;
+  const std::vector<int32_t> toks = placeholder_tokens(n);
+  return mgr_->has_sequence(kSeq) ? mgr_->can_append(kSeq, n) : mgr_->can_allocate(toks);
+}
+
+Status PagedKvCache::append(int64_t n) {
+  if (!can_append(n)) {
+    const kv::BlockPool& f16 = mgr_->pool(kv::PoolKind::kFp16);
+    const kv::BlockPool& body = mgr_->pool(kv::PoolKind::kBody);
+    return Error{fmt::format(
+        "KV cache out of budget: {} tokens held, {} more requested (capacity {} tokens; FP16 "
+        "pool {} of {} blocks free, body pool {} of {} free; raise --ctx-size)",
+        n_tokens_, n, cfg_.max_tokens, f16.num_available(), f16.n_blocks(), body.num_available(),
+        body.n_blocks())};
+  }
+  if (n == 0) return {};
+  const std::vector<int32_t> toks = placeholder_tokens(n);
+  if (!mgr_->has_sequence(kSeq)) {
+    auto r = mgr_->allocate(kSeq, toks);
+    if (!r) return Error{r.error()};
+  } else {
+    auto r = mgr_->append(kSeq, toks);
+    if (!r) return Error{r.error()};
+    for (const kv::KvCopy& c : *r) {  // copy-on-write of a shared last block (forks only)
+      kv::BlockPool& p = mgr_->pool(c.pool);
+      std::memcpy(p.data(c.dst.index), p.data(c.src.index), p.block_bytes());
+    }
+  }
+  n_tokens_ += n;
+  return {};
+}
+
+void PagedKvCache::store(int il, int64_t pos0, int64_t n, const float* k, const float* v) {
+  assert(pos0 >= 0 && pos0 + n <= n_tokens_);
+  const kv::BlockTable& t = mgr_->table(kSeq);
+  const int B = cfg_.layout.block_size;
+  const int d = cfg_.geometry.head_dim;
+  const int H = cfg_.geometry.n_head_kv;
+  const int64_t kv_dim = cfg_.geometry.kv_dim();
+  for (int64_t p = pos0; p < pos0 + n;) {
+    const int64_t lb = p / B;
+    const int t0 = static_cast<int>(p % B);
+    const int cnt = static_cast<int>(std::min<int64_t>(B - t0, pos0 + n - p));
+    const kv::BlockTableEntry& e = t[static_cast<size_t>(lb)];
+    const PoolFormat& f = format(e.pool);
+    uint8_t* layer = block_data(e) + static_cast<size_t>(il) * f.layer_bytes;
+    // note: per-channel tiles are only ever written whole (check_config).
+    assert(!(f.tk->per_channel || f.tv->per_channel) || (t0 == 0 && cnt == B));
+    for (int h = 0; h < H; ++h) {
+      for (int pass = 0; pass < 2; ++pass) {
+        const float* src = (pass == 0 ? k : v) + (p - pos0) * kv_dim + static_cast<int64_t>(h) * d;
+        for (int r = 0; r < cnt; ++r) {
+          std::memcpy(rows_.data() + static_cast<size_t>(r) * d, src + r * kv_dim,
+                      static_cast<size_t>(d) * sizeof(float));
+        }
+        if (pass == 0) {
+          f.tk->store(kv::kv_row_geom(f.k, d), rows_.data(), layer + h * f.k_tile, t0, cnt);
+        } else {
+          f.tv->store(kv::kv_row_geom(f.v, d), rows_.data(), layer + H * f.k_tile + h * f.v_tile,
+                      t0, cnt);
+        }
+      }
+    }
+    p += cnt;
+  }
+}
+
+void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
+                          float* out, ThreadPool& pool) {
+  const int B = cfg_.layout.block_size;
+  const int d = cfg_.geometry.head_dim;
+  const int H = cfg_.geometry.n_head_kv;
+  const int group = n_head / H;
+  const int64_t n_ctx = pos0 + n;
+  const int64_t nb = (n_ctx + B - 1) / B;
+  const kv::BlockTable& t = mgr_->table(kSeq);
+  views_.resize(static_cast<size_t>(nb));
+  for (int64_t b = 0; b < nb; ++b) {
+    const kv::BlockTableEntry& e = t[static_cast<size_t>(b)];
+    const PoolFormat& f = format(e.pool);
+    const uint8_t* layer = block_data(e) + static_cast<size_t>(il) * f.layer_bytes;
+    attention::PagedBlockView& bv = views_[static_cast<size_t>(b)];
+    bv.k = layer;
+    bv.v = layer + static_cast<size_t>(H) * f.k_tile;
+    bv.k_tile_bytes = f.k_tile;
+    bv.v_tile_bytes = f.v_tile;
+    bv.tk = f.tk;
+    bv.tv = f.tv;
+    bv.gk = kv::kv_row_geom(f.k, d);
+    bv.gv = kv::kv_row_geom(f.v, d);
+    bv.k_f16 = f.k.type == planner::KvType::kF16;
+    bv.v_f16 = f.v.type == planner::KvType::kF16;
+  }
+  const int64_t per_thread = attention::paged_attn_scratch_floats(n_ctx, group, d, B);
+  scratch_.resize(static_cast<size_t>(pool.size()) * static_cast<size_t>(per_thread));
+  const int64_t q_stride = static_cast<int64_t>(n_head) * d;
+  pool.parallel_for(n * H, [&](int64_t begin, int64_t end, int ith) {
+    float* sc = scratch_.data() + static_cast<size_t>(ith) * static_cast<size_t>(per_thread);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t i = task / H;
+      const int hk = static_cast<int>(task % H);
+      attention::PagedAttnArgs a;
+      a.blocks = views_.data();
+      a.block_size = B;
+      a.n_kv_tokens = pos0 + i + 1;
+      a.kv_head = hk;
+      a.group = group;
+      a.head_dim = d;
+      a.scale = scale;
+      a.q = q + i * q_stride + static_cast<int64_t>(hk) * group * d;
+      a.out = out + i * q_stride + static_cast<int64_t>(hk) * group * d;
+      a.scores = sc;
+      a.qr = sc + group * n_ctx;
+      a.p = a.qr + group * d;
+      attention::attend_paged_group(a);
+    }
+  });
+  if (il == cfg_.geometry.n_layer - 1 && n_ctx == n_tokens_) {
+    // Every layer of the batch is written: blocks that left the window can be re-quantised. A
+    // failure (body pool exhausted; impossible with planned pools) leaves them FP16, which is
+    // still correct data, and is reported by check_integrity.
+    if (Status s = migrate_window_exits(); !s) migration_error_ = s.error();
+  }
+}
+
+void PagedKvCache::quantise_block(const kv::Migration& m, int rows) {
+  const PoolFormat& src_f = format(kv::PoolKind::kFp16);
+  const PoolFormat& dst_f = format(kv::PoolKind::kBody);
+  const uint8_t* src = mgr_->pool(kv::PoolKind::kFp16).data(m.src.index);
+  uint8_t* dst = mgr_->pool(kv::PoolKind::kBody).data(m.dst.index);
+  const int d = cfg_.geometry.head_dim;
+  const int H = cfg_.geometry.n_head_kv;
+  const kv::KvRowGeom g16 = kv::kv_row_geom(planner::kKvF16, d);
+  for (int il = 0; il < cfg_.geometry.n_layer; ++il) {
+    const uint8_t* s = src + static_cast<size_t>(il) * src_f.layer_bytes;
+    uint8_t* t = dst + static_cast<size_t>(il) * dst_f.layer_bytes;
+    for (int h = 0; h < H; ++h) {
+      // FP16 rows -> fp32 staging -> body format (load is the reference decoder; this is storage
+      // work, not attention).
+      src_f.tk->load(g16, s + h * src_f.k_tile, 0, rows, rows_.data());
+      dst_f.tk->store(kv::kv_row_geom(dst_f.k, d), rows_.data(), t + h * dst_f.k_tile, 0, rows);
+      src_f.tv->load(g16, s + H * src_f.k_tile + h * src_f.v_tile, 0, rows, rows_.data());
+      dst_f.tv->store(kv::kv_row_geom(dst_f.v, d), rows_.data(),
+                      t + H * dst_f.k_tile + h * dst_f.v_tile, 0, rows);
+    }
+  }
+}
+
+Status PagedKvCache::migrate_window_exits() {
+  if (!mgr_->has_sequence(kSeq)) return {};
+  const int B = cfg_.layout.block_size;
+  for (const kv::WindowExit& x : mgr_->blocks_leaving_window(kSeq)) {
+    if (x.drop) {  // sliding windows are not used by this cache (one global group)
+      auto r = mgr_->drop(kSeq, x.logical);
+      if (!r) return Error{r.error()};
+      continue;
+    }
+    auto m = mgr_->begin_migration(kSeq, x.logical);
+    if (!m) return Error{m.error()};
+    if (m->needs_quantise) {
+      const int rows = static_cast<int>(std::min<int64_t>(B, n_tokens_ - x.logical * B));
+      quantise_block(*m, rows);
+    }
+    auto r = mgr_->migrate(kSeq, x.logical, m->dst);
+    if (!r) return Error{r.error()};
+  }
+  return {};
+}
+
+Status PagedKvCache::truncate(int64_t n) {
+  if (n >= n_tokens_) return {};
+  if (n <= 0) {
+    if (mgr_->has_sequence(kSeq)) {
+      if (Status s = mgr_->free(kSeq); !s) return s;
+    }
+    n_tokens_ = 0;
+    return {};
+  }
+  if (Status s = mgr_->truncate(kSeq, n); !s) return s;
+  n_tokens_ = n;
+  return {};
+}
+
+Status PagedKvCache::check_integrity() const {
+  if (Status s = mgr_->check_integrity(); !s) return s;
+  if (!migration_error_.empty())
+    return Error{"paged KV cache: migration failed: " + migration_error_};
+  const int64_t held = mgr_->has_sequence(kSeq) ? mgr_->num_tokens(kSeq) : 0;
+  if (held != n_tokens_) {
+    return Error{
+        fmt::format("paged KV cache: {} tokens but the manager holds {}", n_tokens_, held)};
+  }
+  return {};
+}
+
+}  // namespace bie
