@@ -138,7 +138,7 @@ TEST(PagedKvCache, MixedRegimesStayCloseToF16OnTinyModel) {
   auto m = load_tiny(t, "mixed");
   ASSERT_NE(m, nullptr);
   const auto toks = tokens(120, t.n_vocab, 2);
-  // One prefill chunk, then token by token (see docs/kv-cache.md §8: a later prefill chunk during
+  // One prefill chunk, then token by token (docs/kv-cache.md §8: a later prefill chunk during
   // which an FP16 block leaves the window needs one FP16 block more than the plan holds).
   auto run2 = [&](KvCache& kv) {
     auto a = run(*m, kv, std::vector<int32_t>(toks.begin(), toks.begin() + 100), 100);
