@@ -27,7 +27,7 @@ for r in range(1, rounds + 1):
     l = json.load(open(os.path.join(out, f"llama_{r}.json")))
     rss_l.append(l.get("peak_rss_mib", 0))
     for x in l["results"]:
-        ref.setdefault(x["test"], []).append(x["median_tps"])
+        ref.setdefault(x["test"], []).append(x["tok_s"])
 print(f"{'test':<8} {'BIE t/s':>10} {'llama.cpp t/s':>14} {'ratio':>7}")
 for t in bie:
     if t not in ref:
