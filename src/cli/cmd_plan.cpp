@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "bie/engine/model_path.h"
 #include "bie/planner/device_profile.h"
 #include "bie/planner/plan_report.h"
 #include "bie/planner/planner.h"
@@ -47,7 +48,11 @@ Result<planner::ModelGeometry> load_model(const std::string& model, const std::s
                     what, what == "draft" ? "draft-" : "", what == "draft" ? "draft-" : "",
                     what == "draft" ? "draft-" : "")};
   }
-  if (!model.empty()) return planner::geometry_from_gguf_path(model);
+  if (!model.empty()) {
+    auto path = resolve_model_path(model);  // "default", "gemma3" or a file
+    if (!path.ok()) return Error{path.error()};
+    return planner::geometry_from_gguf_path(*path);
+  }
   if (!config.empty()) return planner::geometry_from_hf_config_file(config);
   return planner::preset_geometry(preset);
 }
