@@ -105,4 +105,3 @@ BENCHMARK_CAPTURE(BM_Decode, smollm2, "SmolLM2-135M-Instruct.Q4_1.gguf")
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
-

@@ -28,7 +28,9 @@ void expect_one_line_error(const test::CmdResult& r, const std::string& needle) 
   EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
 }
 
-std::string tmp(const std::string& name) { return std::filesystem::temp_directory_path() / name; }
+std::string tmp(const std::string& name) {
+  return std::filesystem::temp_directory_path() / name;
+}
 
 TEST(Cli, MissingModelFile) {
   auto r = run_cmd(test::bie_bin() + " run -m /nonexistent -p hi");
@@ -39,7 +41,8 @@ TEST(Cli, TruncatedModelFile) {
   const std::string full = test::read_file(test::smollm2_path());
   ASSERT_FALSE(full.empty());
   const std::string path = tmp("bie_truncated.gguf");
-  std::ofstream(path, std::ios::binary).write(full.data(), static_cast<std::streamsize>(full.size() / 2));
+  std::ofstream(path, std::ios::binary)
+      .write(full.data(), static_cast<std::streamsize>(full.size() / 2));
   auto r = run_cmd(test::bie_bin() + " run -m " + path + " -p hi");
   expect_one_line_error(r, "extends past the end of the file");
   auto info = run_cmd(test::bie_bin() + " info " + path);

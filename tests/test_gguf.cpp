@@ -214,8 +214,12 @@ TEST(Gguf, SeededMutationFuzzSynthetic) {
     for (int m = 0; m < n_mut; ++m) {
       const size_t pos = rng() % b.size();
       switch (rng() % 4) {
-        case 0: b[pos] = static_cast<uint8_t>(rng()); break;
-        case 1: b[pos] ^= static_cast<uint8_t>(1u << (rng() % 8)); break;
+        case 0:
+          b[pos] = static_cast<uint8_t>(rng());
+          break;
+        case 1:
+          b[pos] ^= static_cast<uint8_t>(1u << (rng() % 8));
+          break;
         case 2: {
           const uint64_t extreme[] = {0, 1, 0xFF, 0xFFFFFFFFull, ~0ull, 1ull << 63, 1ull << 32};
           const uint64_t v = extreme[rng() % 7];
@@ -223,7 +227,9 @@ TEST(Gguf, SeededMutationFuzzSynthetic) {
           std::memcpy(b.data() + pos, &v, n);
           break;
         }
-        default: b.resize(pos); break;
+        default:
+          b.resize(pos);
+          break;
       }
       if (b.empty()) break;
     }
@@ -274,7 +280,8 @@ TEST_F(GgufRealFile, TruncationsAreErrors) {
     end_of_tensors = std::max(end_of_tensors, data_offset + t.offset + t.n_bytes);
   }
   std::mt19937_64 rng(7);
-  std::vector<uint64_t> cuts = {0, 3, 4, 8, 16, 24, data_offset - 1, data_offset, end_of_tensors - 1};
+  std::vector<uint64_t> cuts = {
+      0, 3, 4, 8, 16, 24, data_offset - 1, data_offset, end_of_tensors - 1};
   for (int i = 0; i < 150; ++i) cuts.push_back(rng() % data_offset);
   for (int i = 0; i < 50; ++i) cuts.push_back(data_offset + rng() % (end_of_tensors - data_offset));
   for (uint64_t n : cuts) {

@@ -36,8 +36,10 @@ class SmolLM2Golden : public ::testing::Test {
   static void SetUpTestSuite() {
     golden_ = new nlohmann::json(load_golden("smollm2"));
     auto m = load_model(test::smollm2_path());
-    if (m.ok()) model_ = std::move(m).value().release();
-    else load_error_ = new std::string(m.error());
+    if (m.ok())
+      model_ = std::move(m).value().release();
+    else
+      load_error_ = new std::string(m.error());
   }
   static void TearDownTestSuite() {
     delete model_;
@@ -46,7 +48,8 @@ class SmolLM2Golden : public ::testing::Test {
     model_ = nullptr;
   }
   void SetUp() override {
-    ASSERT_NE(model_, nullptr) << (load_error_ ? *load_error_ : "") << " (run scripts/fetch_models.sh)";
+    ASSERT_NE(model_, nullptr) << (load_error_ ? *load_error_ : "")
+                               << " (run scripts/fetch_models.sh)";
     ASSERT_TRUE(golden_->contains("prompts")) << "tests/golden/smollm2/logits.json missing";
   }
   static Model* model_;
@@ -106,10 +109,11 @@ TEST_F(SmolLM2Golden, GreedyContinuationsMatchLlamaCpp) {
     while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
     ASSERT_LT(i, want.size()) << p["name"] << ": continuation shorter than llama.cpp's";
     const double margin = p["gen_steps"][i][4].get<double>();
-    std::printf("  %s: identical for %zu of %zu tokens; diverges where llama.cpp's top-2 margin is %.3f\n",
-                p["name"].get<std::string>().c_str(), i, want.size(), margin);
-    EXPECT_LT(margin, kDecisiveMargin) << p["name"] << " diverges at step " << i
-                                       << " although llama.cpp's choice was decisive";
+    std::printf(
+        "  %s: identical for %zu of %zu tokens; diverges where llama.cpp's top-2 margin is %.3f\n",
+        p["name"].get<std::string>().c_str(), i, want.size(), margin);
+    EXPECT_LT(margin, kDecisiveMargin)
+        << p["name"] << " diverges at step " << i << " although llama.cpp's choice was decisive";
   }
   std::printf("greedy continuations identical to llama.cpp: %d / %d\n", identical, total);
 }

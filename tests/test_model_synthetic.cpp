@@ -112,7 +112,8 @@ TEST(ModelSynthetic, UncomputableTensorTypeIsAClearError) {
   b.write(path);
   auto m = load_model(path);
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.error().find("blk.0.attn_q.weight' has type iq2_xxs"), std::string::npos) << m.error();
+  EXPECT_NE(m.error().find("blk.0.attn_q.weight' has type iq2_xxs"), std::string::npos)
+      << m.error();
 }
 
 TEST(ModelSynthetic, MissingTensorAndBadTokenAreErrors) {

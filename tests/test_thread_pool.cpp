@@ -24,7 +24,8 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
 TEST(ThreadPool, GrainLimitsChunks) {
   ThreadPool pool(2);
   std::atomic<int> calls{0};
-  pool.parallel_for(3, [&](int64_t, int64_t, int) { calls++; }, 8);
+  pool.parallel_for(
+      3, [&](int64_t, int64_t, int) { calls++; }, 8);
   EXPECT_EQ(calls.load(), 1);
 }
 

@@ -10,7 +10,9 @@ namespace bie::attention {
 namespace {
 constexpr int kMaxHeadDim = 512;
 
-inline float round_fp16(float x) { return quant::fp16_to_fp32(quant::fp32_to_fp16(x)); }
+inline float round_fp16(float x) {
+  return quant::fp16_to_fp32(quant::fp32_to_fp16(x));
+}
 }  // namespace
 
 // Softmax of scores[0..n) in place; the sum is taken in double like ggml's soft_max.

@@ -26,7 +26,8 @@ void attend_one_head_avx2(const DenseAttnArgs& a) {
   __m256 qv[64];
   for (int i = 0; i < nv; ++i) {
     // Round q to fp16 and back, as the reference does.
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(a.q + a.head * hd + 8 * i), _MM_FROUND_TO_NEAREST_INT);
+    const __m128i h =
+        _mm256_cvtps_ph(_mm256_loadu_ps(a.q + a.head * hd + 8 * i), _MM_FROUND_TO_NEAREST_INT);
     qv[i] = _mm256_cvtph_ps(h);
   }
   const int64_t off = static_cast<int64_t>(a.kv_head) * hd;
@@ -34,7 +35,8 @@ void attend_one_head_avx2(const DenseAttnArgs& a) {
     const uint16_t* kr = a.k + j * a.kv_stride + off;
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < nv; ++i) {
-      const __m256 kf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + 8 * i)));
+      const __m256 kf =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + 8 * i)));
       acc = _mm256_fmadd_ps(qv[i], kf, acc);
     }
     a.scores[j] = hsum(acc) * a.scale;
@@ -47,7 +49,8 @@ void attend_one_head_avx2(const DenseAttnArgs& a) {
     const __m256 p = _mm256_set1_ps(p16);
     const uint16_t* vr = a.v + j * a.kv_stride + off;
     for (int i = 0; i < nv; ++i) {
-      const __m256 vf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + 8 * i)));
+      const __m256 vf =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + 8 * i)));
       ov[i] = _mm256_fmadd_ps(p, vf, ov[i]);
     }
   }

@@ -56,7 +56,9 @@ int bench(const BenchArgs& a) {
   }
   Model& m = **model;
   ThreadPool pool(a.threads > 0 ? a.threads : default_thread_count());
-  const int32_t max_pp = a.prompt_lengths.empty() ? 1 : *std::max_element(a.prompt_lengths.begin(), a.prompt_lengths.end());
+  const int32_t max_pp = a.prompt_lengths.empty()
+                             ? 1
+                             : *std::max_element(a.prompt_lengths.begin(), a.prompt_lengths.end());
   ContiguousKvCache kv(m.hparams().kv_geometry(), std::max(max_pp, a.n_decode + 1));
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> tok(0, m.hparams().n_vocab - 1);
@@ -82,7 +84,10 @@ int bench(const BenchArgs& a) {
       const auto t0 = clock::now();
       for (int32_t off = 0; off < n; off += a.batch) {
         const int32_t len = std::min(a.batch, n - off);
-        if (Status s = m.forward(std::span<const int32_t>(prompt).subspan(static_cast<size_t>(off), static_cast<size_t>(len)), kv, pool, logits); !s) {
+        if (Status s = m.forward(std::span<const int32_t>(prompt).subspan(static_cast<size_t>(off),
+                                                                          static_cast<size_t>(len)),
+                                 kv, pool, logits);
+            !s) {
           std::fprintf(stderr, "bie bench: %s\n", s.error().c_str());
           return kExitFailure;
         }
@@ -117,7 +122,8 @@ int bench(const BenchArgs& a) {
     j["threads"] = pool.size();
     j["peak_rss_mib"] = peak_mib;
     for (const auto& r : rows) {
-      j["results"].push_back({{"test", r.test}, {"median_tps", median(r.tps)}, {"runs_tps", r.tps}});
+      j["results"].push_back(
+          {{"test", r.test}, {"median_tps", median(r.tps)}, {"runs_tps", r.tps}});
     }
     fmt::print("{}\n", j.dump(1));
     return kExitOk;
@@ -126,7 +132,8 @@ int bench(const BenchArgs& a) {
   fmt::print("{:<8} {:>12} {:>10} {:>10}\n", "test", "median t/s", "min", "max");
   for (const auto& r : rows) {
     fmt::print("{:<8} {:>12.1f} {:>10.1f} {:>10.1f}\n", r.test, median(r.tps),
-               *std::min_element(r.tps.begin(), r.tps.end()), *std::max_element(r.tps.begin(), r.tps.end()));
+               *std::min_element(r.tps.begin(), r.tps.end()),
+               *std::max_element(r.tps.begin(), r.tps.end()));
   }
   fmt::print("peak RSS {:.1f} MiB\n", peak_mib);
   return kExitOk;
@@ -139,14 +146,19 @@ void add_bench_command(CLI::App& root, int* rc) {
   CLI::App* cmd = root.add_subcommand("bench", "Measure prompt and decode throughput (tokens/s)");
   cmd->add_option("-m,--model", a->model, "GGUF file, or 'default'")->capture_default_str();
   cmd->add_option("-p,--n-prompt", a->prompt_lengths, "Prompt lengths to time (pp tests)")
-      ->delimiter(',')->capture_default_str()->check(CLI::Range(1, 1 << 16));
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("-n,--n-gen", a->n_decode, "Tokens to decode (tg test; 0: skip)")
-      ->capture_default_str()->check(CLI::Range(0, 1 << 16));
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 16));
   cmd->add_option("-r,--repetitions", a->reps, "Runs per test (median reported)")
-      ->capture_default_str()->check(CLI::Range(1, 1000));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   cmd->add_option("-t,--threads", a->threads, "Threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("-b,--batch-size", a->batch, "Prompt tokens per forward")
-      ->capture_default_str()->check(CLI::Range(1, 8192));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8192));
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a, rc] { *rc = bench(*a); });
 }

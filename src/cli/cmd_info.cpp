@@ -54,25 +54,28 @@ int info(const std::string& model_arg, bool show_tensors) {
   for (const auto& s : supported_architectures()) supported |= s == arch;
 
   fmt::print("file            {}\n", *path);
-  fmt::print("size            {} (GGUF v{}, {} tensors, {} metadata keys)\n", human_bytes(f.file_size()),
-             f.version(), f.tensors().size(), f.metadata().size());
+  fmt::print("size            {} (GGUF v{}, {} tensors, {} metadata keys)\n",
+             human_bytes(f.file_size()), f.version(), f.tensors().size(), f.metadata().size());
   fmt::print("name            {}\n", meta_str(f, "general.name"));
-  fmt::print("architecture    {}{}\n", arch.empty() ? "-" : arch, supported ? "" : "  (not supported by bie run)");
+  fmt::print("architecture    {}{}\n", arch.empty() ? "-" : arch,
+             supported ? "" : "  (not supported by bie run)");
   fmt::print("context length  {}\n", meta_str(f, a + "context_length"));
   fmt::print("layers          {}\n", meta_str(f, a + "block_count"));
   fmt::print("embedding       {}\n", meta_str(f, a + "embedding_length"));
   fmt::print("feed-forward    {}\n", meta_str(f, a + "feed_forward_length"));
   fmt::print("heads           {} (kv heads {})\n", meta_str(f, a + "attention.head_count"),
              meta_str(f, a + "attention.head_count_kv"));
-  fmt::print("head dim        {}\n", f.find(a + "attention.key_length") ? meta_str(f, a + "attention.key_length")
-                                                                         : "n_embd / n_head");
+  fmt::print("head dim        {}\n", f.find(a + "attention.key_length")
+                                         ? meta_str(f, a + "attention.key_length")
+                                         : "n_embd / n_head");
   fmt::print("rope            base {}, dims {}, scaling {}\n", meta_str(f, a + "rope.freq_base"),
              meta_str(f, a + "rope.dimension_count"), meta_str(f, a + "rope.scaling.type"));
   fmt::print("rms eps         {}\n", meta_str(f, a + "attention.layer_norm_rms_epsilon"));
   if (f.find(a + "attention.sliding_window")) {
     fmt::print("sliding window  {}\n", meta_str(f, a + "attention.sliding_window"));
   }
-  fmt::print("output          {}\n", f.find_tensor("output.weight") ? "separate output.weight" : "tied to token_embd");
+  fmt::print("output          {}\n",
+             f.find_tensor("output.weight") ? "separate output.weight" : "tied to token_embd");
 
   std::map<std::string, std::pair<int, uint64_t>> by_type;
   uint64_t total = 0, params = 0;
@@ -85,7 +88,8 @@ int info(const std::string& model_arg, bool show_tensors) {
     params += static_cast<uint64_t>(t.n_elements());
   }
   fmt::print("parameters      {:.1f} M, {} of tensor data ({:.2f} bits per weight)\n", params / 1e6,
-             human_bytes(total), params ? 8.0 * static_cast<double>(total) / static_cast<double>(params) : 0.0);
+             human_bytes(total),
+             params ? 8.0 * static_cast<double>(total) / static_cast<double>(params) : 0.0);
   for (const auto& [name, e] : by_type) {
     fmt::print("  {:<8} {:>4} tensors  {}\n", name, e.first, human_bytes(e.second));
   }
@@ -93,7 +97,8 @@ int info(const std::string& model_arg, bool show_tensors) {
   fmt::print("tokenizer       {} (pre '{}'), {} tokens, bos {}, eos {}, add_bos {}\n",
              meta_str(f, "tokenizer.ggml.model"), meta_str(f, "tokenizer.ggml.pre"),
              toks ? toks->items.size() : 0, meta_str(f, "tokenizer.ggml.bos_token_id"),
-             meta_str(f, "tokenizer.ggml.eos_token_id"), meta_str(f, "tokenizer.ggml.add_bos_token"));
+             meta_str(f, "tokenizer.ggml.eos_token_id"),
+             meta_str(f, "tokenizer.ggml.add_bos_token"));
   fmt::print("chat template   {}\n", f.find("tokenizer.chat_template") ? "yes" : "no");
   if (show_tensors) {
     for (const auto& t : f.tensors()) {

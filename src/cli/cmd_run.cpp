@@ -84,7 +84,8 @@ int run(const RunArgs& a) {
   req.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : std::random_device{}();
   if (!a.ignore_eos) req.stop_tokens = tk.vocab().eog_ids();
 
-  const int32_t n_ctx = a.ctx_size > 0 ? a.ctx_size : std::min<int32_t>(m.hparams().n_ctx_train, 4096);
+  const int32_t n_ctx =
+      a.ctx_size > 0 ? a.ctx_size : std::min<int32_t>(m.hparams().n_ctx_train, 4096);
   ContiguousKvCache kv(m.hparams().kv_geometry(), n_ctx);
   ThreadPool pool(a.threads > 0 ? a.threads : default_thread_count());
 
@@ -125,26 +126,33 @@ void add_run_command(CLI::App& root, int* rc) {
       ->capture_default_str();
   cmd->add_option("-p,--prompt", args->prompt, "Prompt text");
   cmd->add_option("-f,--file", args->prompt_file, "Read the prompt from a file");
-  cmd->add_option("-n,--n-predict", args->n_predict, "Tokens to generate")->capture_default_str()
+  cmd->add_option("-n,--n-predict", args->n_predict, "Tokens to generate")
+      ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-c,--ctx-size", args->ctx_size, "Context size (0: min(model's, 4096))")
       ->check(CLI::Range(0, 1 << 22));
   cmd->add_option("-b,--batch-size", args->batch, "Prompt tokens per forward pass")
-      ->capture_default_str()->check(CLI::Range(1, 8192));
-  cmd->add_option("-t,--threads", args->threads, "Threads (0: all cores)")->check(CLI::Range(0, 1024));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8192));
+  cmd->add_option("-t,--threads", args->threads, "Threads (0: all cores)")
+      ->check(CLI::Range(0, 1024));
   cmd->add_option("--seed", args->seed, "RNG seed (-1: random)");
-  cmd->add_option("--temp", args->sampling.temperature, "Temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--temp", args->sampling.temperature, "Temperature (0: greedy)")
+      ->capture_default_str();
   cmd->add_option("--top-k", args->sampling.top_k, "Top-k (0: off)")->capture_default_str();
   cmd->add_option("--top-p", args->sampling.top_p, "Top-p (1: off)")->capture_default_str();
   cmd->add_option("--min-p", args->sampling.min_p, "Min-p (0: off)")->capture_default_str();
-  cmd->add_option("--repeat-penalty", args->sampling.repetition_penalty, "Repetition penalty (1: off)")
+  cmd->add_option("--repeat-penalty", args->sampling.repetition_penalty,
+                  "Repetition penalty (1: off)")
       ->capture_default_str();
-  cmd->add_option("--repeat-last-n", args->sampling.penalty_last_n, "Tokens the penalties look back")
+  cmd->add_option("--repeat-last-n", args->sampling.penalty_last_n,
+                  "Tokens the penalties look back")
       ->capture_default_str();
   cmd->add_option("--presence-penalty", args->sampling.presence_penalty, "Presence penalty");
   cmd->add_option("--frequency-penalty", args->sampling.frequency_penalty, "Frequency penalty");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-generation tokens");
-  cmd->add_flag("--no-special", args->no_special, "Treat special-token text in the prompt as plain text");
+  cmd->add_flag("--no-special", args->no_special,
+                "Treat special-token text in the prompt as plain text");
   cmd->add_flag("--no-bos", args->no_bos, "Do not add the BOS token even if the model asks for it");
   cmd->add_flag("!--no-display-prompt", args->show_prompt, "Do not echo the prompt");
   cmd->callback([args, rc] {

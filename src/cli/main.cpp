@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    if (e.get_exit_code() == 0) return app.exit(e);            // --help, --version
     std::fprintf(stderr, "bie: %s (see --help)\n", e.what());  // one line, exit code 2
     return bie::cli::kExitBadInput;
   }

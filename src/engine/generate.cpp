@@ -31,9 +31,11 @@ Status prefill(Model& model, KvCache& kv, ThreadPool& pool, const std::vector<in
 }  // namespace
 
 Result<std::vector<float>> prompt_logits(Model& model, KvCache& kv, ThreadPool& pool,
-                                         const std::vector<int32_t>& prompt, int32_t prefill_chunk) {
+                                         const std::vector<int32_t>& prompt,
+                                         int32_t prefill_chunk) {
   std::vector<float> logits;
-  if (Status s = prefill(model, kv, pool, prompt, prefill_chunk, logits); !s) return Error{s.error()};
+  if (Status s = prefill(model, kv, pool, prompt, prefill_chunk, logits); !s)
+    return Error{s.error()};
   return logits;
 }
 

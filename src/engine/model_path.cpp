@@ -28,14 +28,16 @@ Result<std::string> resolve_model_path(const std::string& arg) {
     if (arg != n.name) continue;
     const std::string path = bie_home() + "/models/" + n.file;
     if (!std::filesystem::exists(path)) {
-      return Error{fmt::format("model '{}' is not fetched yet (expected {}); run "
-                               "scripts/fetch_models.sh {}",
-                               arg, path, n.fetch)};
+      return Error{
+          fmt::format("model '{}' is not fetched yet (expected {}); run "
+                      "scripts/fetch_models.sh {}",
+                      arg, path, n.fetch)};
     }
     return path;
   }
   std::error_code ec;
-  if (!std::filesystem::exists(arg, ec)) return Error{fmt::format("model file '{}' does not exist", arg)};
+  if (!std::filesystem::exists(arg, ec))
+    return Error{fmt::format("model file '{}' does not exist", arg)};
   if (std::filesystem::is_directory(arg, ec)) {
     return Error{fmt::format("'{}' is a directory; pass a .gguf file", arg)};
   }

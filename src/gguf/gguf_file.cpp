@@ -1,6 +1,7 @@
 #include "bie/gguf/gguf_file.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,8 +9,6 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "bie/gguf/ggml_type_info.h"
 
@@ -51,8 +50,9 @@ class Cursor {
   std::string read_string(std::string_view what, uint64_t max_len) {
     const uint64_t len = read<uint64_t>(what);
     if (len > max_len) {
-      throw ParseError{fmt::format("{}: string length {} at offset {} exceeds the limit of {} bytes",
-                                   what, len, pos_ - 8, max_len)};
+      throw ParseError{
+          fmt::format("{}: string length {} at offset {} exceeds the limit of {} bytes", what, len,
+                      pos_ - 8, max_len)};
     }
     need(len, what);
     std::string s(reinterpret_cast<const char*>(data_ + pos_), len);
@@ -91,7 +91,9 @@ uint64_t min_encoded_size(ValueType t) {
   return 1;
 }
 
-bool valid_value_type(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::kFloat64); }
+bool valid_value_type(uint32_t t) {
+  return t <= static_cast<uint32_t>(ValueType::kFloat64);
+}
 
 Value read_value(Cursor& c, ValueType type, const ParseLimits& limits, int depth,
                  const std::string& key) {
@@ -132,14 +134,15 @@ Value read_value(Cursor& c, ValueType type, const ParseLimits& limits, int depth
       }
       const uint32_t raw_elem = c.read<uint32_t>(key);
       if (!valid_value_type(raw_elem)) {
-        throw ParseError{fmt::format("metadata '{}': unknown array element type {}", key, raw_elem)};
+        throw ParseError{
+            fmt::format("metadata '{}': unknown array element type {}", key, raw_elem)};
       }
       const auto elem = static_cast<ValueType>(raw_elem);
       const uint64_t count = c.read<uint64_t>(key);
       if (count > c.remaining() / min_encoded_size(elem)) {
         throw ParseError{fmt::format(
-            "metadata '{}': array of {} {} elements cannot fit in the {} bytes left in the file", key,
-            count, value_type_name(elem), c.remaining())};
+            "metadata '{}': array of {} {} elements cannot fit in the {} bytes left in the file",
+            key, count, value_type_name(elem), c.remaining())};
       }
       auto arr = std::make_shared<Array>();
       arr->elem_type = elem;
@@ -154,25 +157,40 @@ Value read_value(Cursor& c, ValueType type, const ParseLimits& limits, int depth
 }
 
 // a * b with overflow detection.
-bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
 
 }  // namespace
 
 std::string_view value_type_name(ValueType t) {
   switch (t) {
-    case ValueType::kUint8: return "uint8";
-    case ValueType::kInt8: return "int8";
-    case ValueType::kUint16: return "uint16";
-    case ValueType::kInt16: return "int16";
-    case ValueType::kUint32: return "uint32";
-    case ValueType::kInt32: return "int32";
-    case ValueType::kFloat32: return "float32";
-    case ValueType::kBool: return "bool";
-    case ValueType::kString: return "string";
-    case ValueType::kArray: return "array";
-    case ValueType::kUint64: return "uint64";
-    case ValueType::kInt64: return "int64";
-    case ValueType::kFloat64: return "float64";
+    case ValueType::kUint8:
+      return "uint8";
+    case ValueType::kInt8:
+      return "int8";
+    case ValueType::kUint16:
+      return "uint16";
+    case ValueType::kInt16:
+      return "int16";
+    case ValueType::kUint32:
+      return "uint32";
+    case ValueType::kInt32:
+      return "int32";
+    case ValueType::kFloat32:
+      return "float32";
+    case ValueType::kBool:
+      return "bool";
+    case ValueType::kString:
+      return "string";
+    case ValueType::kArray:
+      return "array";
+    case ValueType::kUint64:
+      return "uint64";
+    case ValueType::kInt64:
+      return "int64";
+    case ValueType::kFloat64:
+      return "float64";
   }
   return "unknown";
 }
@@ -269,7 +287,8 @@ Status GgufFile::parse(const ParseLimits& limits) {
     }
     version_ = c.read<uint32_t>("version");
     if (version_ == 1) {
-      throw ParseError{"GGUF version 1 is not supported (re-convert the model with a current tool)"};
+      throw ParseError{
+          "GGUF version 1 is not supported (re-convert the model with a current tool)"};
     }
     if (version_ != 2 && version_ != 3) {
       if ((version_ & 0xFFFF) == 0 && version_ != 0) {
@@ -281,7 +300,8 @@ Status GgufFile::parse(const ParseLimits& limits) {
     const uint64_t n_kv = c.read<uint64_t>("metadata count");
     // A key-value needs at least 8 (key length) + 4 (type) + 1 bytes; a tensor info 8+4+8+4+8.
     if (n_kv > limits.max_kv || n_kv > c.remaining() / 13) {
-      throw ParseError{fmt::format("metadata count {} is impossible for a {}-byte file", n_kv, size_)};
+      throw ParseError{
+          fmt::format("metadata count {} is impossible for a {}-byte file", n_kv, size_)};
     }
     if (n_tensors > limits.max_tensors || n_tensors > c.remaining() / 32) {
       throw ParseError{
@@ -298,7 +318,8 @@ Status GgufFile::parse(const ParseLimits& limits) {
       }
       const auto type = static_cast<ValueType>(raw_type);
       Value v = read_value(c, type, limits, 0, key);
-      if (kv_index_.count(key) != 0) throw ParseError{fmt::format("duplicate metadata key '{}'", key)};
+      if (kv_index_.count(key) != 0)
+        throw ParseError{fmt::format("duplicate metadata key '{}'", key)};
       kv_index_.emplace(key, kv_.size());
       kv_.push_back(KeyValue{std::move(key), type, std::move(v)});
     }
@@ -319,8 +340,8 @@ Status GgufFile::parse(const ParseLimits& limits) {
       t.name = c.read_string(fmt::format("tensor #{} name", i), 65535);
       const uint32_t n_dims = c.read<uint32_t>(t.name);
       if (n_dims == 0 || n_dims > kMaxDims) {
-        throw ParseError{fmt::format("tensor '{}': {} dimensions (must be 1..{})", t.name, n_dims,
-                                     kMaxDims)};
+        throw ParseError{
+            fmt::format("tensor '{}': {} dimensions (must be 1..{})", t.name, n_dims, kMaxDims)};
       }
       t.n_dims = static_cast<int>(n_dims);
       uint64_t n_elements = 1;
@@ -335,11 +356,13 @@ Status GgufFile::parse(const ParseLimits& limits) {
       }
       t.type = c.read<uint32_t>(t.name);
       const auto info = ggml_type_info(t.type);
-      if (!info) throw ParseError{fmt::format("tensor '{}': unknown tensor type id {}", t.name, t.type)};
+      if (!info)
+        throw ParseError{fmt::format("tensor '{}': unknown tensor type id {}", t.name, t.type)};
       if (t.ne[0] % info->block_size != 0) {
-        throw ParseError{fmt::format("tensor '{}': row length {} is not a multiple of the {} block "
-                                     "size {}",
-                                     t.name, t.ne[0], info->name, info->block_size)};
+        throw ParseError{
+            fmt::format("tensor '{}': row length {} is not a multiple of the {} block "
+                        "size {}",
+                        t.name, t.ne[0], info->name, info->block_size)};
       }
       uint64_t n_blocks = n_elements / static_cast<uint64_t>(info->block_size);
       if (mul_overflows(n_blocks, info->type_size, &t.n_bytes)) {
@@ -360,9 +383,10 @@ Status GgufFile::parse(const ParseLimits& limits) {
     const uint64_t pos = c.pos();
     data_offset_ = (pos + alignment_ - 1) / alignment_ * alignment_;
     if (data_offset_ > size_ && n_tensors > 0) {
-      throw ParseError{fmt::format("file truncated: tensor data would start at {} but the file has "
-                                   "{} bytes",
-                                   data_offset_, size_)};
+      throw ParseError{
+          fmt::format("file truncated: tensor data would start at {} but the file has "
+                      "{} bytes",
+                      data_offset_, size_)};
     }
     const uint64_t data_size = data_offset_ <= size_ ? size_ - data_offset_ : 0;
     for (const TensorInfo& t : tensors_) {

@@ -23,13 +23,16 @@ ContiguousKvCache::ContiguousKvCache(const KvGeometry& geometry, int64_t max_tok
   v_.assign(n, 0);
 }
 
-bool ContiguousKvCache::can_append(int64_t n) const { return n >= 0 && n_tokens_ + n <= max_tokens_; }
+bool ContiguousKvCache::can_append(int64_t n) const {
+  return n >= 0 && n_tokens_ + n <= max_tokens_;
+}
 
 Status ContiguousKvCache::append(int64_t n) {
   if (!can_append(n)) {
-    return Error{fmt::format("context full: {} tokens held, {} more requested, capacity {} (raise "
-                             "--ctx-size)",
-                             n_tokens_, n, max_tokens_)};
+    return Error{
+        fmt::format("context full: {} tokens held, {} more requested, capacity {} (raise "
+                    "--ctx-size)",
+                    n_tokens_, n, max_tokens_)};
   }
   n_tokens_ += n;
   return {};
@@ -37,8 +40,9 @@ Status ContiguousKvCache::append(int64_t n) {
 
 void ContiguousKvCache::store(int il, int64_t pos0, int64_t n, const float* k, const float* v) {
   const int64_t kv_dim = geo_.kv_dim();
-  const size_t base = (static_cast<size_t>(il) * static_cast<size_t>(max_tokens_) +
-                       static_cast<size_t>(pos0)) * static_cast<size_t>(kv_dim);
+  const size_t base =
+      (static_cast<size_t>(il) * static_cast<size_t>(max_tokens_) + static_cast<size_t>(pos0)) *
+      static_cast<size_t>(kv_dim);
   for (int64_t i = 0; i < n * kv_dim; ++i) {
     k_[base + static_cast<size_t>(i)] = quant::fp32_to_fp16(k[i]);
     v_[base + static_cast<size_t>(i)] = quant::fp32_to_fp16(v[i]);
@@ -50,8 +54,8 @@ void ContiguousKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, 
   const int hd = geo_.head_dim;
   const int group = n_head / geo_.n_head_kv;
   const int64_t kv_dim = geo_.kv_dim();
-  const size_t layer_off = static_cast<size_t>(il) * static_cast<size_t>(max_tokens_) *
-                           static_cast<size_t>(kv_dim);
+  const size_t layer_off =
+      static_cast<size_t>(il) * static_cast<size_t>(max_tokens_) * static_cast<size_t>(kv_dim);
   const int64_t max_len = pos0 + n;
   scratch_.resize(static_cast<size_t>(pool.size()) * static_cast<size_t>(max_len));
   const int64_t q_stride = static_cast<int64_t>(n_head) * hd;

@@ -8,6 +8,7 @@
 
 namespace bie {
 
-std::unique_ptr<Model> make_llama_model(std::unique_ptr<gguf::GgufFile> file, const LoadOptions& opts);
+std::unique_ptr<Model> make_llama_model(std::unique_ptr<gguf::GgufFile> file,
+                                        const LoadOptions& opts);
 
 }  // namespace bie

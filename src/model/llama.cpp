@@ -1,5 +1,6 @@
 // The llama family: llama, mistral, qwen2 (QKV bias, NEOX rope) and SmolLM2 (a llama).
-// Per layer: x += Wo·attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)); x += Wdown·(silu(Wgate·n(x)) * Wup·n(x)).
+// Per layer: x += Wo·attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)); x += Wdown·(silu(Wgate·n(x)) *
+// Wup·n(x)).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -34,18 +35,18 @@ class LlamaModel final : public Model {
 
  private:
   struct Layer {
-    const float* attn_norm;  // [n_embd]
-    WeightView wq;           // [n_embd -> n_head * head_dim]
-    WeightView wk;           // [n_embd -> n_head_kv * head_dim]
-    WeightView wv;           // [n_embd -> n_head_kv * head_dim]
-    WeightView wo;           // [n_head * head_dim -> n_embd]
+    const float* attn_norm;     // [n_embd]
+    WeightView wq;              // [n_embd -> n_head * head_dim]
+    WeightView wk;              // [n_embd -> n_head_kv * head_dim]
+    WeightView wv;              // [n_embd -> n_head_kv * head_dim]
+    WeightView wo;              // [n_head * head_dim -> n_embd]
     const float* bq = nullptr;  // [n_head * head_dim] (qwen2)
     const float* bk = nullptr;  // [n_head_kv * head_dim]
     const float* bv = nullptr;  // [n_head_kv * head_dim]
-    const float* ffn_norm;   // [n_embd]
-    WeightView w_gate;       // [n_embd -> n_ff]
-    WeightView w_up;         // [n_embd -> n_ff]
-    WeightView w_down;       // [n_ff -> n_embd]
+    const float* ffn_norm;      // [n_embd]
+    WeightView w_gate;          // [n_embd -> n_ff]
+    WeightView w_up;            // [n_embd -> n_ff]
+    WeightView w_down;          // [n_ff -> n_embd]
   };
 
   void read_hparams(Binder& b);
@@ -65,9 +66,9 @@ class LlamaModel final : public Model {
   }
 
   int32_t max_batch_ = 512;
-  WeightView tok_embd_;          // [n_embd, n_vocab] rows are token embeddings
+  WeightView tok_embd_;                 // [n_embd, n_vocab] rows are token embeddings
   const float* output_norm_ = nullptr;  // [n_embd]
-  WeightView output_;            // [n_embd -> n_vocab] (token_embd when tied)
+  WeightView output_;                   // [n_embd -> n_vocab] (token_embd when tied)
   const float* rope_freqs_ = nullptr;   // [n_rot / 2] optional
   std::vector<Layer> layers_;
   ops::RopeParams rope_;
@@ -103,7 +104,8 @@ void LlamaModel::read_hparams(Binder& b) {
   }
   hp.head_dim = b.optional_int(a + "attention.key_length").value_or(hp.n_embd / hp.n_head);
   if (hp.head_dim % 2 != 0 || hp.head_dim > 512) {
-    throw LoadError{fmt::format("head dimension {} is unsupported (must be even, <= 512)", hp.head_dim)};
+    throw LoadError{
+        fmt::format("head dimension {} is unsupported (must be even, <= 512)", hp.head_dim)};
   }
   if (auto vl = b.optional_int(a + "attention.value_length"); vl && *vl != hp.head_dim) {
     throw LoadError{"key_length != value_length is not supported for this architecture"};
@@ -112,7 +114,8 @@ void LlamaModel::read_hparams(Binder& b) {
   hp.rope_freq_base = b.optional_float(a + "rope.freq_base").value_or(10000.0f);
   hp.n_rot = b.optional_int(a + "rope.dimension_count").value_or(hp.head_dim);
   if (hp.n_rot > hp.head_dim || hp.n_rot % 2 != 0) {
-    throw LoadError{fmt::format("rope.dimension_count {} is invalid for head dim {}", hp.n_rot, hp.head_dim)};
+    throw LoadError{
+        fmt::format("rope.dimension_count {} is invalid for head dim {}", hp.n_rot, hp.head_dim)};
   }
   if (auto st = file_->get_string(a + "rope.scaling.type")) {
     if (*st == "linear") {
@@ -120,8 +123,9 @@ void LlamaModel::read_hparams(Binder& b) {
       if (!(factor > 0.0f)) throw LoadError{"rope.scaling.factor must be > 0"};
       hp.rope_freq_scale = 1.0f / factor;
     } else if (*st != "none") {
-      throw LoadError{fmt::format("rope scaling type '{}' is not supported yet (supported: none, linear)",
-                                  std::string(*st))};
+      throw LoadError{
+          fmt::format("rope scaling type '{}' is not supported yet (supported: none, linear)",
+                      std::string(*st))};
     }
   }
   hp.rope_layout = hp.arch == "qwen2" ? RopeLayout::kNeox : RopeLayout::kNorm;
@@ -219,7 +223,8 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& kv, ThreadP
   for (int il = 0; il < hp.n_layer; ++il) {
     const Layer& l = layers_[static_cast<size_t>(il)];
     for_each_token(pool, n, [&](int64_t i) {
-      ops::rms_norm(x_.data() + i * n_embd, l.attn_norm, xn_.data() + i * n_embd, n_embd, hp.rms_eps);
+      ops::rms_norm(x_.data() + i * n_embd, l.attn_norm, xn_.data() + i * n_embd, n_embd,
+                    hp.rms_eps);
     });
     matmul(l.wq, xn_.data(), n, q_.data(), pool, mm_);
     matmul(l.wk, xn_.data(), n, k_.data(), pool, mm_);
@@ -268,7 +273,8 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& kv, ThreadP
 
 }  // namespace
 
-std::unique_ptr<Model> make_llama_model(std::unique_ptr<gguf::GgufFile> file, const LoadOptions& opts) {
+std::unique_ptr<Model> make_llama_model(std::unique_ptr<gguf::GgufFile> file,
+                                        const LoadOptions& opts) {
   return std::make_unique<LlamaModel>(std::move(file), opts);
 }
 

@@ -19,7 +19,8 @@ int32_t Binder::require_int(const std::string& key) const {
 std::optional<int32_t> Binder::optional_int(const std::string& key) const {
   const auto v = f_.get_int(key);
   if (!v) {
-    if (f_.find(key) != nullptr) throw LoadError{fmt::format("metadata '{}' is not an integer", key)};
+    if (f_.find(key) != nullptr)
+      throw LoadError{fmt::format("metadata '{}' is not an integer", key)};
     return std::nullopt;
   }
   if (*v <= 0 || *v > std::numeric_limits<int32_t>::max()) {
@@ -30,7 +31,8 @@ std::optional<int32_t> Binder::optional_int(const std::string& key) const {
 
 std::optional<float> Binder::optional_float(const std::string& key) const {
   const auto v = f_.get_float(key);
-  if (!v && f_.find(key) != nullptr) throw LoadError{fmt::format("metadata '{}' is not a number", key)};
+  if (!v && f_.find(key) != nullptr)
+    throw LoadError{fmt::format("metadata '{}' is not a number", key)};
   if (!v) return std::nullopt;
   return static_cast<float>(*v);
 }
@@ -69,7 +71,8 @@ WeightView Binder::matrix(const std::string& name, int64_t n_in, int64_t n_out) 
 const float* Binder::vector_f32(const std::string& name, int64_t n) {
   const gguf::TensorInfo& t = require(name);
   if (t.n_elements() != n || t.ne[0] != n) {
-    throw LoadError{fmt::format("tensor '{}' has {} elements, expected {}", name, t.n_elements(), n)};
+    throw LoadError{
+        fmt::format("tensor '{}' has {} elements, expected {}", name, t.n_elements(), n)};
   }
   if (t.type != 0) {
     const auto info = gguf::ggml_type_info(t.type);

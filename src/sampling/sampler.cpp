@@ -1,9 +1,9 @@
 #include "bie/sampling/sampler.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <fmt/format.h>
 
 namespace bie {
 
@@ -11,8 +11,10 @@ Status SamplingParams::validate() const {
   if (!std::isfinite(temperature) || temperature < 0.0f) {
     return Error{fmt::format("temperature must be >= 0, got {}", temperature)};
   }
-  if (!(top_p > 0.0f && top_p <= 1.0f)) return Error{fmt::format("top_p must be in (0, 1], got {}", top_p)};
-  if (!(min_p >= 0.0f && min_p <= 1.0f)) return Error{fmt::format("min_p must be in [0, 1], got {}", min_p)};
+  if (!(top_p > 0.0f && top_p <= 1.0f))
+    return Error{fmt::format("top_p must be in (0, 1], got {}", top_p)};
+  if (!(min_p >= 0.0f && min_p <= 1.0f))
+    return Error{fmt::format("min_p must be in [0, 1], got {}", min_p)};
   if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) {
     return Error{fmt::format("repetition_penalty must be > 0, got {}", repetition_penalty)};
   }
@@ -22,7 +24,8 @@ Status SamplingParams::validate() const {
   if (!std::isfinite(frequency_penalty) || std::fabs(frequency_penalty) > 2.0f) {
     return Error{fmt::format("frequency_penalty must be in [-2, 2], got {}", frequency_penalty)};
   }
-  if (penalty_last_n < -1) return Error{fmt::format("penalty_last_n must be >= -1, got {}", penalty_last_n)};
+  if (penalty_last_n < -1)
+    return Error{fmt::format("penalty_last_n must be >= -1, got {}", penalty_last_n)};
   return {};
 }
 
@@ -42,7 +45,8 @@ void Sampler::apply_penalties(float* logits, std::span<const int32_t> history) {
                    params_.frequency_penalty != 0.0f;
   if (!any || history.empty() || params_.penalty_last_n == 0) return;
   size_t window = history.size();
-  if (params_.penalty_last_n > 0) window = std::min(window, static_cast<size_t>(params_.penalty_last_n));
+  if (params_.penalty_last_n > 0)
+    window = std::min(window, static_cast<size_t>(params_.penalty_last_n));
   const auto recent = history.subspan(history.size() - window);
   counts_.assign(static_cast<size_t>(n_vocab_), 0);
   for (int32_t t : recent) {

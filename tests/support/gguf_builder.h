@@ -84,7 +84,8 @@ class GgufBuilder {
   void write(const std::string& path) const {
     const auto bytes = build();
     std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    f.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   }
 
   static void put_u32(std::vector<uint8_t>& b, uint32_t v) { put_raw(b, &v, 4); }

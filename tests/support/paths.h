@@ -7,7 +7,9 @@
 
 namespace bie::test {
 
-inline std::string source_dir() { return BIE_SOURCE_DIR; }
+inline std::string source_dir() {
+  return BIE_SOURCE_DIR;
+}
 
 inline std::string models_dir() {
   if (const char* home = std::getenv("BIE_HOME")) return std::string(home) + "/models";
@@ -15,8 +17,12 @@ inline std::string models_dir() {
   return std::string(h ? h : "/root") + "/.cache/bie/models";
 }
 
-inline std::string smollm2_path() { return models_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf"; }
-inline std::string gemma3_path() { return models_dir() + "/gemma-3-270m-q4_k_m.gguf"; }
+inline std::string smollm2_path() {
+  return models_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+inline std::string gemma3_path() {
+  return models_dir() + "/gemma-3-270m-q4_k_m.gguf";
+}
 
 inline std::string read_file(const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "rb");

@@ -16,7 +16,9 @@ struct CmdResult {
   std::string err;
 };
 
-inline std::string bie_bin() { return BIE_BIN_PATH; }
+inline std::string bie_bin() {
+  return BIE_BIN_PATH;
+}
 
 inline CmdResult run_cmd(const std::string& cmd) {
   const std::string err_path =

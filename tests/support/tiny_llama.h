@@ -103,7 +103,8 @@ struct TinyLlama {
   }
 
   // y[o] = sum_i W[o * n_in + i] x[i]
-  static std::vector<double> mv(const std::vector<float>& W, const std::vector<double>& x, size_t n_out) {
+  static std::vector<double> mv(const std::vector<float>& W, const std::vector<double>& x,
+                                size_t n_out) {
     std::vector<double> y(n_out, 0.0);
     const size_t n_in = x.size();
     for (size_t o = 0; o < n_out; ++o)
@@ -135,7 +136,8 @@ struct TinyLlama {
   // Logits after each token of `tokens` (full recompute, causal).
   std::vector<std::vector<double>> reference_logits(const std::vector<int>& tokens) {
     if (w.layers.empty()) make_weights();
-    const int hd = head_dim(), E = n_embd, Q = n_head * hd, K = n_head_kv * hd, G = n_head / n_head_kv;
+    const int hd = head_dim(), E = n_embd, Q = n_head * hd, K = n_head_kv * hd,
+              G = n_head / n_head_kv;
     const size_t T = tokens.size();
     std::vector<std::vector<double>> x(T, std::vector<double>(E));
     for (size_t t = 0; t < T; ++t)
@@ -183,7 +185,8 @@ struct TinyLlama {
       }
     }
     std::vector<std::vector<double>> out;
-    for (size_t t = 0; t < T; ++t) out.push_back(mv(tied ? w.tok_embd : w.output, rmsnorm(x[t], w.out_norm), n_vocab));
+    for (size_t t = 0; t < T; ++t)
+      out.push_back(mv(tied ? w.tok_embd : w.output, rmsnorm(x[t], w.out_norm), n_vocab));
     return out;
   }
 };

@@ -16,10 +16,10 @@ void add_inplace(float* x, const float* y, int64_t n);
 void silu_mul_inplace(float* gate, const float* up, int64_t n);
 
 struct RopeParams {
-  int n_rot = 0;              // rotated dims per head (even)
+  int n_rot = 0;  // rotated dims per head (even)
   float freq_base = 10000.0f;
   float freq_scale = 1.0f;
-  bool neox = false;          // halves layout instead of adjacent pairs
+  bool neox = false;                    // halves layout instead of adjacent pairs
   const float* freq_factors = nullptr;  // optional [n_rot/2] per-pair divisors (llama 3.1)
 };
 

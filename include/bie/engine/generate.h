@@ -31,7 +31,9 @@ struct GenerationStats {
   double decode_seconds = 0.0;  // every later forward + sampling
   std::string finish_reason;    // "stop", "length", "context" or "cancelled"
 
-  [[nodiscard]] double prompt_tps() const { return prompt_seconds > 0 ? n_prompt / prompt_seconds : 0.0; }
+  [[nodiscard]] double prompt_tps() const {
+    return prompt_seconds > 0 ? n_prompt / prompt_seconds : 0.0;
+  }
   [[nodiscard]] double decode_tps() const {
     // The first token comes out of the prefill; decode speed counts the forwards after it.
     return decode_seconds > 0 && n_generated > 1 ? (n_generated - 1) / decode_seconds : 0.0;
@@ -44,7 +46,8 @@ using TokenCallback = std::function<bool(int32_t token)>;
 // Runs the prompt through `model` (appending to `kv`, which should be empty or hold a prefix of
 // it — no reuse is attempted here) and samples up to max_tokens tokens.
 [[nodiscard]] Result<GenerationStats> generate(Model& model, KvCache& kv, ThreadPool& pool,
-                                               const GenerateRequest& req, const TokenCallback& on_token);
+                                               const GenerateRequest& req,
+                                               const TokenCallback& on_token);
 
 // Runs `prompt` and returns the logits after it (n_vocab floats). Helper for golden tests.
 [[nodiscard]] Result<std::vector<float>> prompt_logits(Model& model, KvCache& kv, ThreadPool& pool,

@@ -26,14 +26,16 @@ class ContiguousKvCache final : public KvCache {
 
   // What the cache holds in memory; equals planner::contiguous_kv_bytes(f16, f16, max_tokens, 1)
   // (tests/test_kv_accounting.cpp holds the two together).
-  [[nodiscard]] uint64_t allocated_bytes() const { return (k_.size() + v_.size()) * sizeof(uint16_t); }
+  [[nodiscard]] uint64_t allocated_bytes() const {
+    return (k_.size() + v_.size()) * sizeof(uint16_t);
+  }
 
  private:
   KvGeometry geo_;
   int64_t max_tokens_;
   int64_t n_tokens_ = 0;
-  std::vector<uint16_t> k_;  // [n_layer, max_tokens, kv_dim] fp16
-  std::vector<uint16_t> v_;  // [n_layer, max_tokens, kv_dim] fp16
+  std::vector<uint16_t> k_;     // [n_layer, max_tokens, kv_dim] fp16
+  std::vector<uint16_t> v_;     // [n_layer, max_tokens, kv_dim] fp16
   std::vector<float> scratch_;  // per-thread score rows
 };
 

@@ -24,22 +24,22 @@ enum class RopeLayout {
 };
 
 struct ModelHParams {
-  std::string arch;        // general.architecture
-  std::string name;        // general.name
+  std::string arch;  // general.architecture
+  std::string name;  // general.name
   int32_t n_vocab = 0;
   int32_t n_ctx_train = 0;
   int32_t n_embd = 0;
   int32_t n_layer = 0;
   int32_t n_head = 0;
   int32_t n_head_kv = 0;
-  int32_t head_dim = 0;    // n_embd / n_head unless attention.key_length says otherwise
+  int32_t head_dim = 0;  // n_embd / n_head unless attention.key_length says otherwise
   int32_t n_ff = 0;
   float rms_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // 1 / linear scaling factor
   int32_t n_rot = 0;             // rotated dims per head (rope.dimension_count)
   RopeLayout rope_layout = RopeLayout::kNorm;
-  bool tied_output = false;      // no output.weight: logits use token_embd
+  bool tied_output = false;  // no output.weight: logits use token_embd
   bool qkv_bias = false;
 
   [[nodiscard]] KvGeometry kv_geometry() const { return {n_layer, n_head_kv, head_dim}; }
@@ -61,8 +61,9 @@ class Model {
   // Runs tokens at positions [kv.n_tokens(), kv.n_tokens() + tokens.size()) after appending them
   // to the cache. Writes logits: [tokens.size(), n_vocab] if opts.logits_all, else [1, n_vocab]
   // for the last token. On error nothing is appended.
-  [[nodiscard]] virtual Status forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
-                                       std::vector<float>& logits, ForwardOptions opts = {}) = 0;
+  [[nodiscard]] virtual Status forward(std::span<const int32_t> tokens, KvCache& kv,
+                                       ThreadPool& pool, std::vector<float>& logits,
+                                       ForwardOptions opts = {}) = 0;
 
  protected:
   std::unique_ptr<gguf::GgufFile> file_;
@@ -77,7 +78,8 @@ struct LoadOptions {
 
 // Opens a GGUF file and binds the weights of its architecture. Errors name the file and what is
 // wrong: unknown architecture, missing tensor, wrong shape, tensor type BIE cannot compute with.
-[[nodiscard]] Result<std::unique_ptr<Model>> load_model(const std::string& path, LoadOptions opts = {});
+[[nodiscard]] Result<std::unique_ptr<Model>> load_model(const std::string& path,
+                                                        LoadOptions opts = {});
 
 // Architectures load_model() accepts.
 [[nodiscard]] std::vector<std::string> supported_architectures();

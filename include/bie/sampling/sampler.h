@@ -14,15 +14,15 @@
 namespace bie {
 
 struct SamplingParams {
-  float temperature = 0.8f;        // <= 0: greedy
-  int32_t top_k = 40;              // <= 0: off
-  float top_p = 0.95f;             // >= 1: off
-  float min_p = 0.05f;             // <= 0: off
-  float repetition_penalty = 1.0f; // 1: off (llama.cpp's repeat_penalty)
-  float presence_penalty = 0.0f;   // OpenAI-style, subtracted once if the token appeared
-  float frequency_penalty = 0.0f;  // subtracted per occurrence
-  int32_t penalty_last_n = 64;     // how many recent tokens the penalties look at; -1 = all
-  uint64_t seed = 0xB1E5EED;       // same seed, same output
+  float temperature = 0.8f;         // <= 0: greedy
+  int32_t top_k = 40;               // <= 0: off
+  float top_p = 0.95f;              // >= 1: off
+  float min_p = 0.05f;              // <= 0: off
+  float repetition_penalty = 1.0f;  // 1: off (llama.cpp's repeat_penalty)
+  float presence_penalty = 0.0f;    // OpenAI-style, subtracted once if the token appeared
+  float frequency_penalty = 0.0f;   // subtracted per occurrence
+  int32_t penalty_last_n = 64;      // how many recent tokens the penalties look at; -1 = all
+  uint64_t seed = 0xB1E5EED;        // same seed, same output
 
   // Error naming the first out-of-range field, e.g. "top_p must be in (0, 1], got 1.5".
   [[nodiscard]] Status validate() const;

@@ -19,9 +19,15 @@ inline void cpu_relax() {
 #endif
 }
 
-inline uint64_t gen_of(uint64_t s) { return s >> 32; }
-inline int64_t next_of(uint64_t s) { return static_cast<int64_t>((s >> 16) & 0xFFFF); }
-inline int64_t count_of(uint64_t s) { return static_cast<int64_t>(s & 0xFFFF); }
+inline uint64_t gen_of(uint64_t s) {
+  return s >> 32;
+}
+inline int64_t next_of(uint64_t s) {
+  return static_cast<int64_t>((s >> 16) & 0xFFFF);
+}
+inline int64_t count_of(uint64_t s) {
+  return static_cast<int64_t>(s & 0xFFFF);
+}
 
 }  // namespace
 
@@ -44,7 +50,8 @@ void ThreadPool::work(uint64_t gen, int thread_index) {
   for (;;) {
     uint64_t s = state_.load(std::memory_order_acquire);
     if (gen_of(s) != gen || next_of(s) >= count_of(s)) return;
-    if (!state_.compare_exchange_weak(s, s + (uint64_t{1} << 16), std::memory_order_acq_rel)) continue;
+    if (!state_.compare_exchange_weak(s, s + (uint64_t{1} << 16), std::memory_order_acq_rel))
+      continue;
     // Chunk claimed: the job cannot complete (nor job_ change) until we report it done.
     const int64_t c = next_of(s);
     const Job& job = job_;
