@@ -6,8 +6,6 @@
 
 namespace bie::attention {
 
-void softmax_inplace(float* scores, int64_t n);
-
 namespace {
 inline float hsum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);

@@ -42,14 +42,9 @@ double median(std::vector<double> v) {
 }
 
 int bench(const BenchArgs& a) {
-  auto path = resolve_model_path(a.model);
-  if (!path.ok()) {
-    std::fprintf(stderr, "bie bench: %s\n", path.error().c_str());
-    return kExitFailure;
-  }
   LoadOptions lo;
   lo.max_batch_tokens = a.batch;
-  auto model = load_model(*path, lo);
+  auto model = load_named_model(a.model, lo);
   if (!model.ok()) {
     std::fprintf(stderr, "bie bench: %s\n", model.error().c_str());
     return kExitFailure;
@@ -118,7 +113,7 @@ int bench(const BenchArgs& a) {
 
   if (a.json) {
     nlohmann::json j;
-    j["model"] = *path;
+    j["model"] = m.file().path();
     j["threads"] = pool.size();
     j["peak_rss_mib"] = peak_mib;
     for (const auto& r : rows) {
@@ -128,7 +123,7 @@ int bench(const BenchArgs& a) {
     fmt::print("{}\n", j.dump(1));
     return kExitOk;
   }
-  fmt::print("model   {}\nthreads {}  repetitions {}\n", *path, pool.size(), a.reps);
+  fmt::print("model   {}\nthreads {}  repetitions {}\n", m.file().path(), pool.size(), a.reps);
   fmt::print("{:<8} {:>12} {:>10} {:>10}\n", "test", "median t/s", "min", "max");
   for (const auto& r : rows) {
     fmt::print("{:<8} {:>12.1f} {:>10.1f} {:>10.1f}\n", r.test, median(r.tps),

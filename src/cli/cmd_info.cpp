@@ -10,18 +10,12 @@
 #include "bie/gguf/ggml_type_info.h"
 #include "bie/gguf/gguf_file.h"
 #include "bie/model/model.h"
+#include "bie/planner/plan_report.h"
 #include "cli/commands.h"
 
 namespace bie::cli {
 
 namespace {
-
-std::string human_bytes(uint64_t b) {
-  if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1ull << 30));
-  if (b >= (1ull << 20)) return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1ull << 20));
-  if (b >= (1ull << 10)) return fmt::format("{:.2f} KiB", static_cast<double>(b) / (1ull << 10));
-  return fmt::format("{} B", b);
-}
 
 std::string meta_str(const gguf::GgufFile& f, const std::string& key) {
   const gguf::KeyValue* kv = f.find(key);
@@ -55,7 +49,8 @@ int info(const std::string& model_arg, bool show_tensors) {
 
   fmt::print("file            {}\n", *path);
   fmt::print("size            {} (GGUF v{}, {} tensors, {} metadata keys)\n",
-             human_bytes(f.file_size()), f.version(), f.tensors().size(), f.metadata().size());
+             planner::format_bytes(static_cast<double>(f.file_size())), f.version(),
+             f.tensors().size(), f.metadata().size());
   fmt::print("name            {}\n", meta_str(f, "general.name"));
   fmt::print("architecture    {}{}\n", arch.empty() ? "-" : arch,
              supported ? "" : "  (not supported by bie run)");
@@ -88,10 +83,11 @@ int info(const std::string& model_arg, bool show_tensors) {
     params += static_cast<uint64_t>(t.n_elements());
   }
   fmt::print("parameters      {:.1f} M, {} of tensor data ({:.2f} bits per weight)\n", params / 1e6,
-             human_bytes(total),
+             planner::format_bytes(static_cast<double>(total)),
              params ? 8.0 * static_cast<double>(total) / static_cast<double>(params) : 0.0);
   for (const auto& [name, e] : by_type) {
-    fmt::print("  {:<8} {:>4} tensors  {}\n", name, e.first, human_bytes(e.second));
+    fmt::print("  {:<8} {:>4} tensors  {}\n", name, e.first,
+               planner::format_bytes(static_cast<double>(e.second)));
   }
   const gguf::Array* toks = f.get_array("tokenizer.ggml.tokens");
   fmt::print("tokenizer       {} (pre '{}'), {} tokens, bos {}, eos {}, add_bos {}\n",

@@ -53,14 +53,9 @@ int run(const RunArgs& a) {
     std::fprintf(stderr, "bie run: give a prompt with -p TEXT or -f FILE\n");
     return kExitBadInput;
   }
-  auto path = resolve_model_path(a.model);
-  if (!path.ok()) {
-    std::fprintf(stderr, "bie run: %s\n", path.error().c_str());
-    return kExitFailure;
-  }
   LoadOptions lo;
   lo.max_batch_tokens = a.batch;
-  auto model = load_model(*path, lo);
+  auto model = load_named_model(a.model, lo);
   if (!model.ok()) {
     std::fprintf(stderr, "bie run: %s\n", model.error().c_str());
     return kExitFailure;

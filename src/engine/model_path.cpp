@@ -44,4 +44,10 @@ Result<std::string> resolve_model_path(const std::string& arg) {
   return arg;
 }
 
+Result<std::unique_ptr<Model>> load_named_model(const std::string& arg, LoadOptions opts) {
+  auto path = resolve_model_path(arg);
+  if (!path.ok()) return Error{path.error()};
+  return load_model(*path, opts);
+}
+
 }  // namespace bie
