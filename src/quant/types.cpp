@@ -4,30 +4,13 @@
 #include <cctype>
 
 #include "bie/backend/cpu_features.h"
+#include "bie/gguf/ggml_type_info.h"
 #include "bie/quant/traits.h"
 #include "quant/quant_internal.h"
 
 namespace bie::quant {
 
 namespace {
-
-struct NameEntry {
-  std::string_view name;
-  bool known;  // false: an id ggml used once and removed
-};
-
-constexpr std::array<NameEntry, kGgmlTypeIdLimit> kNames = {{
-    {"f32", true},         {"f16", true},         {"q4_0", true},        {"q4_1", true},
-    {"q4_2", false},       {"q4_3", false},       {"q5_0", true},        {"q5_1", true},
-    {"q8_0", true},        {"q8_1", true},        {"q2_K", true},        {"q3_K", true},
-    {"q4_K", true},        {"q5_K", true},        {"q6_K", true},        {"q8_K", true},
-    {"iq2_xxs", true},     {"iq2_xs", true},      {"iq3_xxs", true},     {"iq1_s", true},
-    {"iq4_nl", true},      {"iq3_s", true},       {"iq2_s", true},       {"iq4_xs", true},
-    {"i8", true},          {"i16", true},         {"i32", true},         {"i64", true},
-    {"f64", true},         {"iq1_m", true},       {"bf16", true},        {"q4_0_4_4", false},
-    {"q4_0_4_8", false},   {"q4_0_8_8", false},   {"tq1_0", true},       {"tq2_0", true},
-    {"iq4_nl_4_4", false}, {"iq4_nl_4_8", false}, {"iq4_nl_8_8", false}, {"mxfp4", true},
-}};
 
 bool in_range(GgmlType t) {
   const auto i = static_cast<int32_t>(t);
@@ -53,21 +36,23 @@ const TypeTraits* lookup(const TypeTraits* table, GgmlType t) {
 
 }  // namespace
 
+// Names and the set of known ids come from the GGUF format's type table (one table of ggml ids).
 std::string_view type_name(GgmlType type) {
-  return in_range(type) ? kNames[static_cast<size_t>(type)].name : std::string_view("unknown");
+  const auto info =
+      in_range(type) ? gguf::ggml_type_info(static_cast<uint32_t>(type)) : std::nullopt;
+  return info ? info->name : std::string_view("unknown");
 }
 
 std::optional<GgmlType> type_from_name(std::string_view name) {
   for (int32_t i = 0; i < kGgmlTypeIdLimit; ++i) {
-    if (kNames[static_cast<size_t>(i)].known && iequal(kNames[static_cast<size_t>(i)].name, name)) {
-      return static_cast<GgmlType>(i);
-    }
+    const auto info = gguf::ggml_type_info(static_cast<uint32_t>(i));
+    if (info && iequal(info->name, name)) return static_cast<GgmlType>(i);
   }
   return std::nullopt;
 }
 
 bool is_known(GgmlType type) {
-  return in_range(type) && kNames[static_cast<size_t>(type)].known;
+  return in_range(type) && gguf::ggml_type_info(static_cast<uint32_t>(type)).has_value();
 }
 
 bool is_supported(GgmlType type) {

@@ -51,7 +51,7 @@ enum class GgmlType : int32_t {
 // Number of ids we know a name for (ids >= this are unknown).
 inline constexpr int32_t kGgmlTypeIdLimit = 40;
 
-// "q4_K", "f16", ... (ggml's spelling); "unknown" for ids ggml never assigned.
+// "q4_K", "f16", ... (ggml's spelling); "unknown" for ids ggml never assigned or removed.
 [[nodiscard]] std::string_view type_name(GgmlType type);
 
 // Inverse of type_name, case-insensitive; std::nullopt when no known type has that name.
