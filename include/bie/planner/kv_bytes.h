@@ -22,6 +22,9 @@ struct KvLayout {
   int block_size = 16;
   int sink_tokens = 8;
   int window_tokens = 128;
+  // --kv-rotate: K rows and query heads pass through a normalised Walsh–Hadamard transform per
+  // head before K is stored and before scores (kv/kv_format_rotate.h). Costs no bytes.
+  bool rotate = false;
 
   // Whether sink/window blocks are FP16 while the rest is in k/v (see uses_fp16_sink_window).
   [[nodiscard]] bool mixed() const { return uses_fp16_sink_window(k) || uses_fp16_sink_window(v); }
