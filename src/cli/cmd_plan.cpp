@@ -10,6 +10,7 @@
 
 #include "bie/engine/model_path.h"
 #include "bie/planner/device_profile.h"
+#include "bie/planner/kv_layout_flags.h"
 #include "bie/planner/plan_report.h"
 #include "bie/planner/planner.h"
 #include "bie/planner/presets.h"
@@ -135,34 +136,17 @@ int run_plan(const PlanFlags& f) {
   req.pcie_gbs = f.pcie_gbs;
   req.compare_formats = !f.no_compare;
 
-  req.layout.block_size = f.block_size;
-  req.layout.sink_tokens = f.kv_sink_tokens;
-  req.layout.window_tokens = f.kv_window_tokens;
-  if (f.block_size < 1 || f.block_size > 4096) {
-    return fail(fmt::format("--paged-block-size must be in 1..4096, got {}", f.block_size));
-  }
-  const auto parse = [&](const std::string& name) {
-    return planner::parse_kv_format(name, f.kv_group_size, f.block_size);
-  };
-  auto both = parse(f.kv_dtype);
-  if (!both) return fail(both.error());
-  req.layout.k = req.layout.v = both.value();
-  if (both->type == planner::KvType::kInt4Channel) {
-    // KIVI: keys per channel, values per token.
-    auto v = parse("int4_asym");
-    if (!v) return fail(v.error());
-    req.layout.v = v.value();
-  }
-  if (!f.kv_dtype_k.empty()) {
-    auto k = parse(f.kv_dtype_k);
-    if (!k) return fail(k.error());
-    req.layout.k = k.value();
-  }
-  if (!f.kv_dtype_v.empty()) {
-    auto v = parse(f.kv_dtype_v);
-    if (!v) return fail(v.error());
-    req.layout.v = v.value();
-  }
+  planner::KvLayoutFlags lf;
+  lf.dtype = f.kv_dtype;
+  lf.dtype_k = f.kv_dtype_k;
+  lf.dtype_v = f.kv_dtype_v;
+  lf.group_size = f.kv_group_size;
+  lf.block_size = f.block_size;
+  lf.sink_tokens = f.kv_sink_tokens;
+  lf.window_tokens = f.kv_window_tokens;
+  auto layout = planner::resolve_kv_layout(lf);
+  if (!layout) return fail(layout.error());
+  req.layout = *layout;
 
   req.speculative_draft_tokens = f.draft_tokens;
   if (!f.draft_model.empty() || !f.draft_preset.empty()) {

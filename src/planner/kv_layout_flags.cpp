@@ -1,0 +1,58 @@
+#include "bie/planner/kv_layout_flags.h"
+
+#include <fmt/format.h>
+
+namespace bie::planner {
+
+Result<KvLayout> resolve_kv_layout(const KvLayoutFlags& f) {
+  if (f.block_size < 1 || f.block_size > 4096) {
+    return Error{fmt::format("--paged-block-size must be in 1..4096, got {}", f.block_size)};
+  }
+  KvLayout l;
+  l.block_size = f.block_size;
+  l.sink_tokens = f.sink_tokens;
+  l.window_tokens = f.window_tokens;
+  const auto parse = [&](const std::string& flag, const std::string& name) -> Result<KvFormat> {
+    auto r = parse_kv_format(name, f.group_size, f.block_size);
+    if (!r) return Error{fmt::format("{}: {}", flag, r.error())};
+    return r;
+  };
+  if (f.dtype == "int4_channel") {
+    auto k = parse("--kv-cache-dtype", "int4_channel");
+    if (!k) return Error{k.error()};
+    auto v = parse("--kv-cache-dtype", "int4_asym");
+    if (!v) return Error{v.error()};
+    l.k = *k;
+    l.v = *v;
+  } else {
+    auto both = parse("--kv-cache-dtype", f.dtype == "int4" ? "int4_asym" : f.dtype);
+    if (!both) return Error{both.error()};
+    l.k = l.v = *both;
+  }
+  if (!f.dtype_k.empty()) {
+    auto k = parse("--kv-cache-dtype-k", f.dtype_k);
+    if (!k) return Error{k.error()};
+    l.k = *k;
+  }
+  if (!f.dtype_v.empty()) {
+    auto v = parse("--kv-cache-dtype-v", f.dtype_v);
+    if (!v) return Error{v.error()};
+    l.v = *v;
+  }
+  if (l.v.type == KvType::kInt4Channel) {
+    return Error{
+        "--kv-cache-dtype-v: int4_channel is a key format (per-channel scales); use "
+        "int4_asym for values"};
+  }
+  l.rotate = f.rotate.value_or(l.k.type == KvType::kInt4Asym);
+  return l;
+}
+
+std::string kv_layout_label(const KvLayout& l) {
+  std::string s = l.k == l.v ? kv_format_name(l.k)
+                             : fmt::format("k={} v={}", kv_format_name(l.k), kv_format_name(l.v));
+  if (l.rotate) s += " +rotate";
+  return s;
+}
+
+}  // namespace bie::planner

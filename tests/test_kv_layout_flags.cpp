@@ -1,0 +1,76 @@
+#include <gtest/gtest.h>
+
+#include "bie/planner/kv_layout_flags.h"
+
+namespace bie::planner {
+namespace {
+
+KvLayout resolve(KvLayoutFlags f) {
+  auto r = resolve_kv_layout(f);
+  EXPECT_TRUE(r.ok()) << r.error();
+  return r.ok() ? *r : KvLayout{};
+}
+
+TEST(KvLayoutFlags, F16IsTheDefault) {
+  const KvLayout l = resolve({});
+  EXPECT_EQ(l.k, kKvF16);
+  EXPECT_EQ(l.v, kKvF16);
+  EXPECT_FALSE(l.rotate);
+  EXPECT_EQ(kv_layout_label(l), "f16");
+}
+
+TEST(KvLayoutFlags, Int4AsymIsTheRotatedRecipe) {
+  KvLayoutFlags f;
+  f.dtype = "int4_asym";
+  const KvLayout l = resolve(f);
+  EXPECT_EQ(l.k, (KvFormat{KvType::kInt4Asym, 64}));
+  EXPECT_EQ(l.v, (KvFormat{KvType::kInt4Asym, 64}));
+  EXPECT_TRUE(l.rotate);
+  EXPECT_EQ(kv_layout_label(l), "int4_asym_g64 +rotate");
+  f.dtype = "int4";
+  f.group_size = 32;
+  EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt4Asym, 32}));
+  f.rotate = false;
+  EXPECT_FALSE(resolve(f).rotate);
+}
+
+TEST(KvLayoutFlags, Int4ChannelKeysWithPerTokenValues) {
+  KvLayoutFlags f;
+  f.dtype = "int4_channel";
+  f.block_size = 32;
+  const KvLayout l = resolve(f);
+  EXPECT_EQ(l.k, (KvFormat{KvType::kInt4Channel, 32}));
+  EXPECT_EQ(l.v, (KvFormat{KvType::kInt4Asym, 64}));
+  EXPECT_FALSE(l.rotate);
+  EXPECT_EQ(kv_layout_label(l), "k=int4_channel_t32 v=int4_asym_g64");
+}
+
+TEST(KvLayoutFlags, PerTensorFlagsOverride) {
+  KvLayoutFlags f;
+  f.dtype = "int8";
+  f.dtype_v = "fp8";
+  f.rotate = true;
+  const KvLayout l = resolve(f);
+  EXPECT_EQ(l.k.type, KvType::kInt8);
+  EXPECT_EQ(l.v.type, KvType::kFp8E4M3);
+  EXPECT_TRUE(l.rotate);
+}
+
+TEST(KvLayoutFlags, ErrorsNameTheFlag) {
+  KvLayoutFlags f;
+  f.dtype = "int3";
+  auto r = resolve_kv_layout(f);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("--kv-cache-dtype"), std::string::npos) << r.error();
+  f = {};
+  f.dtype_v = "int4_channel";
+  r = resolve_kv_layout(f);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("--kv-cache-dtype-v"), std::string::npos) << r.error();
+  f = {};
+  f.block_size = 0;
+  EXPECT_FALSE(resolve_kv_layout(f).ok());
+}
+
+}  // namespace
+}  // namespace bie::planner
