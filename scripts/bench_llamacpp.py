@@ -9,6 +9,9 @@ Measures, each as the median of --runs runs after one warm-up run:
                 starting from an empty KV cache
   tg128         decode of 128 tokens, one token per llama_decode, greedy, after a 1-token prompt
                 (the same shape as llama-bench's tg128)
+  --depth D     (list) also: tg at context depth D — the cache is first filled with D prompt tokens
+                (untimed, like llama-bench -d), then --tg tokens are decoded and timed
+  --type-k/-v   KV cache types (f16, q8_0, q4_0); quantised V needs --flash-attn on
 Times come from llama.cpp's own counters (llama_perf_context: t_p_eval_ms / t_eval_ms), which
 exclude Python overhead; wall-clock tok/s around the same calls is reported next to them.
 Peak RSS is resource.getrusage(RUSAGE_SELF).ru_maxrss of this process (model is mmapped, so it
@@ -34,6 +37,9 @@ try:
     from llama_cpp import Llama
 except ImportError:  # pragma: no cover
     sys.exit("bench_llamacpp: llama_cpp not importable; run scripts/setup_reference.sh and use its python")
+
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+            "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 
 LLAMA_CPP_COMMIT_BY_VERSION = {"0.3.36": "0c1e57098"}  # from llama-cpp-python's CHANGELOG
 
@@ -73,10 +79,13 @@ def run_pp(llm: Llama, toks: list[int]) -> tuple[float, float]:
     return perf_tps, len(toks) / wall
 
 
-def run_tg(llm: Llama, n_gen: int) -> tuple[float, float]:
+def run_tg(llm: Llama, n_gen: int, depth: int = 0) -> tuple[float, float]:
     clear(llm)
-    first = llm.token_bos() if llm.token_bos() >= 0 else prompt_tokens(llm, 1)[0]
-    llm.eval([first])
+    if depth > 0:
+        llm.eval(prompt_tokens(llm, depth))
+    else:
+        first = llm.token_bos() if llm.token_bos() >= 0 else prompt_tokens(llm, 1)[0]
+        llm.eval([first])
     llama_cpp.llama_perf_context_reset(llm.ctx)
     n_vocab = llm.n_vocab()
     t0 = time.perf_counter()
@@ -111,6 +120,12 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--pp", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--tg", type=int, default=128)
+    ap.add_argument("--depth", type=int, nargs="*", default=[],
+                    help="also time tg at these context depths (cache pre-filled, untimed)")
+    ap.add_argument("--type-k", default="f16", choices=sorted(KV_TYPES))
+    ap.add_argument("--type-v", default="f16", choices=sorted(KV_TYPES))
+    ap.add_argument("--flash-attn", choices=["on", "off"], default="off",
+                    help="llama-cpp-python's flash_attn (its default is off)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args()
 
@@ -118,6 +133,8 @@ def main() -> int:
     t0 = time.perf_counter()
     llm = Llama(model_path=path, n_ctx=args.n_ctx, n_threads=args.threads,
                 n_threads_batch=args.threads, n_batch=args.n_batch, n_ubatch=args.n_batch,
+                type_k=KV_TYPES[args.type_k], type_v=KV_TYPES[args.type_v],
+                flash_attn=args.flash_attn == "on",
                 logits_all=False, verbose=False)
     load_s = time.perf_counter() - t0
 
@@ -137,12 +154,20 @@ def main() -> int:
                     "tok_s_wall": statistics.median(r[1] for r in runs),
                     "runs_tok_s": [round(r[0], 2) for r in runs]})
 
+    for d in args.depth:
+        runs = [run_tg(llm, args.tg, d) for _ in range(args.runs)]
+        results.append({"test": f"tg{args.tg}@d{d}", "n_tokens": args.tg, "depth": d,
+                         "tok_s": statistics.median(r[0] for r in runs),
+                         "tok_s_wall": statistics.median(r[1] for r in runs),
+                         "runs_tok_s": [round(r[0], 2) for r in runs]})
+
     maxrss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     ver = getattr(llama_cpp, "__version__", "unknown")
     report = {
         "model": os.path.basename(path),
         "model_bytes": os.path.getsize(path),
-        "threads": args.threads, "n_batch": args.n_batch, "n_ctx": args.n_ctx, "runs": args.runs,
+        "threads": args.threads, "type_k": args.type_k, "type_v": args.type_v,
+        "flash_attn": args.flash_attn, "n_batch": args.n_batch, "n_ctx": args.n_ctx, "runs": args.runs,
         "llama_cpp_python_version": ver,
         "llama_cpp_commit": LLAMA_CPP_COMMIT_BY_VERSION.get(ver, "unknown"),
         "cpu": cpu_model(), "nproc": os.cpu_count(),
@@ -157,11 +182,11 @@ def main() -> int:
         print(json.dumps(report, indent=1))
         return 0
     print(f"llama.cpp {report['llama_cpp_commit']} via llama-cpp-python {ver} | {report['model']} | "
-          f"threads {args.threads} | n_batch {args.n_batch} | median of {args.runs}")
+          f"threads {args.threads} | KV {args.type_k}/{args.type_v} FA {args.flash_attn} | n_batch {args.n_batch} | median of {args.runs}")
     print(f"CPU: {report['cpu']} ({report['nproc']} logical)")
-    print(f"{'test':<8} {'tok/s':>10} {'tok/s wall':>11}   runs (tok/s, llama.cpp timers)")
+    print(f"{'test':<12} {'tok/s':>10} {'tok/s wall':>11}   runs (tok/s, llama.cpp timers)")
     for r in report["results"]:
-        print(f"{r['test']:<8} {r['tok_s']:>10.2f} {r['tok_s_wall']:>11.2f}   {r['runs_tok_s']}")
+        print(f"{r['test']:<12} {r['tok_s']:>10.2f} {r['tok_s_wall']:>11.2f}   {r['runs_tok_s']}")
     print(f"peak RSS: {report['peak_rss_mib']} MiB   load: {report['load_s']} s")
     return 0
 
