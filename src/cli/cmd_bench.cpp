@@ -1,5 +1,7 @@
-// bie bench: llama-bench-style throughput — prompt processing (pp N) and decode (tg N) tokens/s,
-// median over repetitions, plus peak resident memory.
+// bie bench: llama-bench-style throughput — prompt processing (pp N) and decode (tg N) tokens/s
+// at context depths (-d: the cache holds that many tokens first), for one or more KV regimes
+// (--kv-cache-dtype f16,int8,...), median over repetitions, plus KV bytes and peak resident
+// memory. Regimes run interleaved within each repetition so machine noise hits them equally.
 #include <fmt/format.h>
 #include <sys/resource.h>
 
@@ -9,12 +11,16 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "bie/backend/thread_pool.h"
+#include "bie/engine/generate.h"
+#include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
-#include "bie/kv/contiguous_kv_cache.h"
 #include "bie/model/model.h"
+#include "bie/planner/plan_report.h"
 #include "cli/commands.h"
+#include "cli/kv_options.h"
 
 namespace bie::cli {
 
@@ -24,14 +30,27 @@ struct BenchArgs {
   std::string model = "default";
   std::vector<int32_t> prompt_lengths = {128, 512};
   int32_t n_decode = 128;
+  std::vector<int32_t> depths = {0};
   int32_t reps = 5;
   int32_t threads = 0;
-  int32_t batch = 512;
   bool json = false;
+  KvCliFlags kv;
 };
 
-struct Row {
-  std::string test;
+// One regime's cache and what the report says about it.
+struct Regime {
+  std::string name;  // as given in the --kv-cache-dtype list
+  KvSetup setup;
+};
+
+// One (regime, depth, test) cell of the results.
+struct Cell {
+  size_t regime = 0;
+  int32_t depth = 0;
+  std::string test;  // "pp512", "tg128"
+  int32_t n = 0;
+  bool decode = false;
+  uint64_t kv_bytes_at_depth = 0;  // blocks held after filling `depth` tokens
   std::vector<double> tps;
 };
 
@@ -41,71 +60,115 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-int bench(const BenchArgs& a) {
-  LoadOptions lo;
-  lo.max_batch_tokens = a.batch;
-  auto model = load_named_model(a.model, lo);
-  if (!model.ok()) {
-    std::fprintf(stderr, "bie bench: %s\n", model.error().c_str());
-    return kExitFailure;
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
   }
-  Model& m = **model;
-  ThreadPool pool(a.threads > 0 ? a.threads : default_thread_count());
+  return out;
+}
+
+// Runs `tokens` through the model in chunks as generate() cuts them (block-aligned).
+Status feed(Model& m, KvCache& kv, ThreadPool& pool, std::span<const int32_t> tokens, int64_t chunk,
+            int64_t align, std::vector<float>& logits) {
+  for (size_t off = 0; off < tokens.size();) {
+    const auto len = static_cast<size_t>(
+        prefill_chunk_len(kv.n_tokens(), static_cast<int64_t>(tokens.size() - off), chunk, align));
+    if (Status s = m.forward(tokens.subspan(off, len), kv, pool, logits); !s) return s;
+    off += len;
+  }
+  return {};
+}
+
+int bench(const BenchArgs& a) {
+  const auto fail = [](int code, const std::string& msg) {
+    std::fprintf(stderr, "bie bench: %s\n", msg.c_str());
+    return code;
+  };
+  auto base = to_engine_options(a.kv);
+  if (!base) return fail(kExitBadInput, base.error());
+  const std::vector<std::string> names = split_list(a.kv.opts.kv.dtype);
+  if (names.empty()) return fail(kExitBadInput, "--kv-cache-dtype: give at least one format");
+  const int32_t max_depth = *std::max_element(a.depths.begin(), a.depths.end());
   const int32_t max_pp = a.prompt_lengths.empty()
-                             ? 1
+                             ? 0
                              : *std::max_element(a.prompt_lengths.begin(), a.prompt_lengths.end());
-  ContiguousKvCache kv(m.hparams().kv_geometry(), std::max(max_pp, a.n_decode + 1));
+  if (base->max_model_len == 0) base->max_model_len = max_depth + std::max(max_pp, a.n_decode) + 1;
+  if (max_depth + std::max(max_pp, a.n_decode) > base->max_model_len) {
+    return fail(kExitBadInput,
+                fmt::format("depth {} + test {} tokens exceed --max-model-len {}", max_depth,
+                            std::max(max_pp, a.n_decode), base->max_model_len));
+  }
+
+  LoadOptions lo;
+  lo.max_batch_tokens = static_cast<int32_t>(base->chunked_prefill_size);
+  auto model = load_named_model(a.model, lo);
+  if (!model.ok()) return fail(kExitFailure, model.error());
+  Model& m = **model;
+
+  std::vector<Regime> regimes;
+  for (const std::string& name : names) {
+    KvEngineOptions o = *base;
+    o.kv.dtype = name;
+    auto s = setup_kv_cache(m, o);
+    if (!s) return fail(kExitBadInput, fmt::format("regime {}: {}", name, s.error()));
+    regimes.push_back({name, std::move(s).value()});
+  }
+  for (const Regime& r : regimes) {  // start-up reports once every regime is known to fit
+    const std::string text = format_kv_report(r.setup.report);
+    std::fwrite(text.data(), 1, text.size(), stderr);
+  }
+
+  ThreadPool pool(a.threads > 0 ? a.threads : default_thread_count());
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> tok(0, m.hparams().n_vocab - 1);
+  const auto random_tokens = [&](int32_t n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = tok(rng);
+    return t;
+  };
   std::vector<float> logits;
   using clock = std::chrono::steady_clock;
 
-  std::vector<Row> rows;
+  std::vector<Cell> cells;
+  for (int32_t d : a.depths) {
+    for (size_t ri = 0; ri < regimes.size(); ++ri) {
+      for (int32_t n : a.prompt_lengths)
+        cells.push_back({ri, d, fmt::format("pp{}", n), n, false, 0, {}});
+      if (a.n_decode > 0) {
+        cells.push_back({ri, d, fmt::format("tg{}", a.n_decode), a.n_decode, true, 0, {}});
+      }
+    }
+  }
   // One warm-up forward so page faults of the mmapped weights are not timed.
-  {
-    const int32_t t[1] = {tok(rng)};
-    if (Status s = m.forward(t, kv, pool, logits); !s) {
-      std::fprintf(stderr, "bie bench: %s\n", s.error().c_str());
-      return kExitFailure;
-    }
-    (void)kv.truncate(0);  // the contiguous cache always can
+  for (Regime& r : regimes) {
+    if (Status s = feed(m, *r.setup.cache, pool, random_tokens(1), 1, 1, logits); !s)
+      return fail(kExitFailure, s.error());
+    if (Status s = r.setup.cache->truncate(0); !s) return fail(kExitFailure, s.error());
   }
-  for (int32_t n : a.prompt_lengths) {
-    Row row{fmt::format("pp{}", n), {}};
-    std::vector<int32_t> prompt(static_cast<size_t>(n));
-    for (int r = 0; r < a.reps; ++r) {
-      for (auto& t : prompt) t = tok(rng);
-      (void)kv.truncate(0);  // the contiguous cache always can
+  // Repetition-major, regime innermost: every regime sees the same stretch of machine noise.
+  for (int rep = 0; rep < a.reps; ++rep) {
+    for (Cell& c : cells) {
+      PagedKvCache& kv = *regimes[c.regime].setup.cache;
+      if (Status s = kv.truncate(0); !s) return fail(kExitFailure, s.error());
+      const int64_t align = regimes[c.regime].setup.report.layout.block_size;
+      const std::vector<int32_t> fill = random_tokens(c.depth);
+      if (Status s = feed(m, kv, pool, fill, base->chunked_prefill_size, align, logits); !s)
+        return fail(kExitFailure, s.error());
+      c.kv_bytes_at_depth = kv_held_bytes(kv);
+      const std::vector<int32_t> test = random_tokens(c.n);
       const auto t0 = clock::now();
-      for (int32_t off = 0; off < n; off += a.batch) {
-        const int32_t len = std::min(a.batch, n - off);
-        if (Status s = m.forward(std::span<const int32_t>(prompt).subspan(static_cast<size_t>(off),
-                                                                          static_cast<size_t>(len)),
-                                 kv, pool, logits);
-            !s) {
-          std::fprintf(stderr, "bie bench: %s\n", s.error().c_str());
-          return kExitFailure;
-        }
-      }
-      row.tps.push_back(n / std::chrono::duration<double>(clock::now() - t0).count());
+      const Status s =
+          feed(m, kv, pool, test, c.decode ? 1 : base->chunked_prefill_size, align, logits);
+      const double sec = std::chrono::duration<double>(clock::now() - t0).count();
+      if (!s) return fail(kExitFailure, s.error());
+      c.tps.push_back(c.n / sec);
     }
-    rows.push_back(std::move(row));
   }
-  if (a.n_decode > 0) {
-    Row row{fmt::format("tg{}", a.n_decode), {}};
-    for (int r = 0; r < a.reps; ++r) {
-      (void)kv.truncate(0);  // the contiguous cache always can
-      const auto t0 = clock::now();
-      for (int32_t i = 0; i < a.n_decode; ++i) {
-        const int32_t t[1] = {tok(rng)};
-        if (Status s = m.forward(t, kv, pool, logits); !s) {
-          std::fprintf(stderr, "bie bench: %s\n", s.error().c_str());
-          return kExitFailure;
-        }
-      }
-      row.tps.push_back(a.n_decode / std::chrono::duration<double>(clock::now() - t0).count());
-    }
-    rows.push_back(std::move(row));
+  for (Regime& r : regimes) {
+    if (Status s = r.setup.cache->check_integrity(); !s) return fail(kExitFailure, s.error());
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -115,20 +178,36 @@ int bench(const BenchArgs& a) {
     nlohmann::json j;
     j["model"] = m.file().path();
     j["threads"] = pool.size();
+    j["repetitions"] = a.reps;
+    j["chunked_prefill_size"] = base->chunked_prefill_size;
     j["peak_rss_mib"] = peak_mib;
-    for (const auto& r : rows) {
-      j["results"].push_back(
-          {{"test", r.test}, {"median_tps", median(r.tps)}, {"runs_tps", r.tps}});
+    j["results"] = nlohmann::json::array();
+    for (const Cell& c : cells) {
+      const KvSetupReport& r = regimes[c.regime].setup.report;
+      j["results"].push_back({{"regime", regimes[c.regime].name},
+                              {"layout", r.layout_label},
+                              {"depth", c.depth},
+                              {"test", c.test},
+                              {"n", c.n},
+                              {"median_tps", median(c.tps)},
+                              {"runs_tps", c.tps},
+                              {"kv_bytes_per_token", r.bytes_per_token},
+                              {"kv_bytes_at_depth", c.kv_bytes_at_depth}});
     }
     fmt::print("{}\n", j.dump(1));
     return kExitOk;
   }
-  fmt::print("model   {}\nthreads {}  repetitions {}\n", m.file().path(), pool.size(), a.reps);
-  fmt::print("{:<8} {:>12} {:>10} {:>10}\n", "test", "median t/s", "min", "max");
-  for (const auto& r : rows) {
-    fmt::print("{:<8} {:>12.1f} {:>10.1f} {:>10.1f}\n", r.test, median(r.tps),
-               *std::min_element(r.tps.begin(), r.tps.end()),
-               *std::max_element(r.tps.begin(), r.tps.end()));
+  fmt::print("model   {}\nthreads {}  repetitions {}  chunk {}\n", m.file().path(), pool.size(),
+             a.reps, base->chunked_prefill_size);
+  fmt::print("{:<14} {:>6} {:>7} {:>11} {:>9} {:>9} {:>11} {:>12}\n", "regime", "depth", "test",
+             "median t/s", "min", "max", "KV B/token", "KV at depth");
+  for (const Cell& c : cells) {
+    const KvSetupReport& r = regimes[c.regime].setup.report;
+    fmt::print("{:<14} {:>6} {:>7} {:>11.1f} {:>9.1f} {:>9.1f} {:>11} {:>12}\n",
+               regimes[c.regime].name, c.depth, c.test, median(c.tps),
+               *std::min_element(c.tps.begin(), c.tps.end()),
+               *std::max_element(c.tps.begin(), c.tps.end()), r.bytes_per_token,
+               planner::format_bytes(static_cast<double>(c.kv_bytes_at_depth)));
   }
   fmt::print("peak RSS {:.1f} MiB\n", peak_mib);
   return kExitOk;
@@ -143,17 +222,21 @@ void add_bench_command(CLI::App& root, int* rc) {
   cmd->add_option("-p,--n-prompt", a->prompt_lengths, "Prompt lengths to time (pp tests)")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("-n,--n-gen", a->n_decode, "Tokens to decode (tg test; 0: skip)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 16));
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("-d,--depth", a->depths,
+                  "Context depths: tokens in the cache before each test (comma list)")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 22));
   cmd->add_option("-r,--repetitions", a->reps, "Runs per test (median reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
   cmd->add_option("-t,--threads", a->threads, "Threads (0: all cores)")->check(CLI::Range(0, 1024));
-  cmd->add_option("-b,--batch-size", a->batch, "Prompt tokens per forward")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 8192));
+  add_kv_engine_flags(cmd, a->kv,
+                      "KV format, or a comma list of regimes to compare (f16,int8,int4_asym,...)");
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a, rc] { *rc = bench(*a); });
 }

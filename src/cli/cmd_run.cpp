@@ -1,5 +1,6 @@
 // bie run: generate text from a prompt, streaming it to stdout, then a line of timings.
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -10,12 +11,14 @@
 
 #include "bie/backend/thread_pool.h"
 #include "bie/engine/generate.h"
+#include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
-#include "bie/kv/contiguous_kv_cache.h"
 #include "bie/model/model.h"
+#include "bie/planner/plan_report.h"
 #include "bie/tokenizer/stream_decoder.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "cli/commands.h"
+#include "cli/kv_options.h"
 
 namespace bie::cli {
 
@@ -26,8 +29,7 @@ struct RunArgs {
   std::string prompt;
   std::string prompt_file;
   int32_t n_predict = 128;
-  int32_t ctx_size = 0;
-  int32_t batch = 512;
+  KvCliFlags kv;
   int32_t threads = 0;
   int64_t seed = -1;
   bool ignore_eos = false;
@@ -53,14 +55,24 @@ int run(const RunArgs& a) {
     std::fprintf(stderr, "bie run: give a prompt with -p TEXT or -f FILE\n");
     return kExitBadInput;
   }
+  auto opts = to_engine_options(a.kv);
+  if (!opts) {
+    std::fprintf(stderr, "bie run: %s\n", opts.error().c_str());
+    return kExitBadInput;
+  }
   LoadOptions lo;
-  lo.max_batch_tokens = a.batch;
+  lo.max_batch_tokens = static_cast<int32_t>(opts->chunked_prefill_size);
   auto model = load_named_model(a.model, lo);
   if (!model.ok()) {
     std::fprintf(stderr, "bie run: %s\n", model.error().c_str());
     return kExitFailure;
   }
   Model& m = **model;
+  auto kv = setup_kv_cache(m, *opts);
+  if (!kv) {
+    std::fprintf(stderr, "bie run: %s\n", kv.error().c_str());
+    return kExitBadInput;
+  }
   auto tok = tokenizer::Tokenizer::from_gguf(m.file());
   if (!tok.ok()) {
     std::fprintf(stderr, "bie run: %s\n", tok.error().c_str());
@@ -74,14 +86,19 @@ int run(const RunArgs& a) {
   GenerateRequest req;
   req.prompt = tk.encode(prompt, eo);
   req.max_tokens = a.n_predict;
-  req.prefill_chunk = a.batch;
+  req.prefill_chunk = static_cast<int32_t>(opts->chunked_prefill_size);
+  req.prefill_align = kv->report.layout.block_size;
   req.sampling = a.sampling;
   req.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : std::random_device{}();
   if (!a.ignore_eos) req.stop_tokens = tk.vocab().eog_ids();
 
-  const int32_t n_ctx =
-      a.ctx_size > 0 ? a.ctx_size : std::min<int32_t>(m.hparams().n_ctx_train, 4096);
-  ContiguousKvCache kv(m.hparams().kv_geometry(), n_ctx);
+  if (static_cast<int64_t>(req.prompt.size()) > kv->report.max_model_len) {
+    std::fprintf(stderr, "bie run: the prompt has %zu tokens, more than --max-model-len %lld\n",
+                 req.prompt.size(), static_cast<long long>(kv->report.max_model_len));
+    return kExitBadInput;
+  }
+  const std::string report = format_kv_report(kv->report);  // the one start-up report
+  std::fwrite(report.data(), 1, report.size(), stderr);
   ThreadPool pool(a.threads > 0 ? a.threads : default_thread_count());
 
   if (a.show_prompt) {
@@ -89,7 +106,7 @@ int run(const RunArgs& a) {
     std::fflush(stdout);
   }
   tokenizer::StreamDecoder dec(tk);
-  auto stats = generate(m, kv, pool, req, [&](int32_t id) {
+  auto stats = generate(m, *kv->cache, pool, req, [&](int32_t id) {
     const std::string piece = dec.push(id);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
@@ -103,12 +120,16 @@ int run(const RunArgs& a) {
     std::fprintf(stderr, "bie run: %s\n", stats.error().c_str());
     return kExitFailure;
   }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
   std::fprintf(stderr,
                "prompt: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s | threads %d | "
-               "seed %llu | finish: %s\n",
+               "seed %llu | finish: %s | KV held %s | peak RSS %.1f MiB\n",
                static_cast<long long>(stats->n_prompt), stats->prompt_tps(),
                static_cast<long long>(stats->n_generated), stats->decode_tps(), pool.size(),
-               static_cast<unsigned long long>(req.sampling.seed), stats->finish_reason.c_str());
+               static_cast<unsigned long long>(req.sampling.seed), stats->finish_reason.c_str(),
+               planner::format_bytes(static_cast<double>(kv_held_bytes(*kv->cache))).c_str(),
+               static_cast<double>(ru.ru_maxrss) / 1024.0);
   return kExitOk;
 }
 
@@ -124,11 +145,8 @@ void add_run_command(CLI::App& root, int* rc) {
   cmd->add_option("-n,--n-predict", args->n_predict, "Tokens to generate")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("-c,--ctx-size", args->ctx_size, "Context size (0: min(model's, 4096))")
-      ->check(CLI::Range(0, 1 << 22));
-  cmd->add_option("-b,--batch-size", args->batch, "Prompt tokens per forward pass")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 8192));
+  add_kv_engine_flags(cmd, args->kv,
+                      "KV format: f16, int8, fp8_e4m3, int4_asym[_gN], int4_channel, q8_0, q4_0");
   cmd->add_option("-t,--threads", args->threads, "Threads (0: all cores)")
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--seed", args->seed, "RNG seed (-1: random)");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <span>
 
@@ -14,27 +15,40 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 Status prefill(Model& model, KvCache& kv, ThreadPool& pool, const std::vector<int32_t>& prompt,
-               int32_t chunk, std::vector<float>& logits) {
+               int32_t chunk, int32_t align, std::vector<float>& logits) {
   if (prompt.empty()) return Error{"the prompt is empty (it must contain at least one token)"};
-  if (chunk <= 0) return Error{"prefill chunk must be > 0"};
+  if (chunk <= 0 || align <= 0) return Error{"prefill chunk and alignment must be > 0"};
   if (!kv.can_append(static_cast<int64_t>(prompt.size()))) {
     return Error{fmt::format("prompt of {} tokens does not fit in the context of {} tokens",
                              prompt.size(), kv.capacity() - kv.n_tokens())};
   }
   const std::span<const int32_t> all(prompt);
-  for (size_t off = 0; off < prompt.size(); off += static_cast<size_t>(chunk)) {
-    const size_t len = std::min(prompt.size() - off, static_cast<size_t>(chunk));
+  for (size_t off = 0; off < prompt.size();) {
+    const auto len = static_cast<size_t>(
+        prefill_chunk_len(kv.n_tokens(), static_cast<int64_t>(prompt.size() - off), chunk, align));
     if (Status s = model.forward(all.subspan(off, len), kv, pool, logits); !s) return s;
+    off += len;
   }
   return {};
 }
 }  // namespace
 
+int64_t prefill_chunk_len(int64_t pos, int64_t remaining, int64_t chunk, int64_t align) {
+  assert(remaining > 0 && chunk > 0 && align > 0);
+  int64_t len = std::min(remaining, chunk);
+  if (pos % align != 0) return std::min(len, align - pos % align);
+  if (len < remaining) {
+    const int64_t end = (pos + len) / align * align;
+    if (end > pos) len = end - pos;
+  }
+  return len;
+}
+
 Result<std::vector<float>> prompt_logits(Model& model, KvCache& kv, ThreadPool& pool,
-                                         const std::vector<int32_t>& prompt,
-                                         int32_t prefill_chunk) {
+                                         const std::vector<int32_t>& prompt, int32_t prefill_chunk,
+                                         int32_t prefill_align) {
   std::vector<float> logits;
-  if (Status s = prefill(model, kv, pool, prompt, prefill_chunk, logits); !s)
+  if (Status s = prefill(model, kv, pool, prompt, prefill_chunk, prefill_align, logits); !s)
     return Error{s.error()};
   return logits;
 }
@@ -47,7 +61,8 @@ Result<GenerationStats> generate(Model& model, KvCache& kv, ThreadPool& pool,
   stats.n_prompt = static_cast<int64_t>(req.prompt.size());
   std::vector<float> logits;
   const auto t0 = std::chrono::steady_clock::now();
-  if (Status s = prefill(model, kv, pool, req.prompt, req.prefill_chunk, logits); !s) {
+  if (Status s = prefill(model, kv, pool, req.prompt, req.prefill_chunk, req.prefill_align, logits);
+      !s) {
     return Error{s.error()};
   }
   stats.prompt_seconds = seconds_since(t0);

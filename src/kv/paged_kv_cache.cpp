@@ -130,34 +130,117 @@ uint8_t* PagedKvCache::block_data(const kv::BlockTableEntry& e) {
   return mgr_->pool(e.pool).data(e.block.index);
 }
 
+bool PagedKvCache::can_migrate_now(int64_t written_rows) const {
+  // Whole blocks, and blocks not written yet (store then writes them in the body format), can
+  // move at any time; a partly written one only if the body formats store rows independently.
+  if (written_rows <= 0 || written_rows >= cfg_.layout.block_size) return true;
+  const PoolFormat& f = format(kv::PoolKind::kBody);
+  return !f.tk->per_channel && !f.tv->per_channel;
+}
+
+std::optional<std::vector<int64_t>> PagedKvCache::plan_append(int64_t n) const {
+  assert(mgr_->has_sequence(kSeq) && n > 0);
+  const planner::KvLayout& l = cfg_.layout;
+  const int64_t B = l.block_size;
+  const int64_t n0 = n_tokens_;
+  // An unmixed layout has no window to leave: one append, as the manager plans it.
+  if (!l.mixed()) {
+    if (!mgr_->can_append(kSeq, n)) return std::nullopt;
+    return std::vector<int64_t>{n};
+  }
+  std::vector<int64_t> pieces;
+  for (int64_t x = n0; x < n0 + n;) {
+    const int64_t k = std::min(B - x % B, n0 + n - x);  // up to the next block boundary
+    pieces.push_back(k);
+    x += k;
+  }
+  // Dry run of append(): where each block lives after every piece and its migrations.
+  const kv::BlockTable& t = mgr_->table(kSeq);
+  std::vector<kv::PoolKind> where;
+  where.reserve(t.size() + pieces.size());
+  for (const kv::BlockTableEntry& e : t) where.push_back(e.pool);
+  int64_t free16 = mgr_->pool(kv::PoolKind::kFp16).num_available();
+  int64_t free_body = mgr_->pool(kv::PoolKind::kBody).num_available();
+  const auto role_is_fp16 = [&](int64_t i, int64_t len) {
+    return kv::block_role(l, 0, i, len) == kv::BlockRole::kFp16;
+  };
+  const auto migrate_exits_dry = [&](int64_t len, bool after_pass) {
+    for (size_t i = 0; i < where.size(); ++i) {
+      const int64_t b = static_cast<int64_t>(i);
+      if (where[i] != kv::PoolKind::kFp16 || role_is_fp16(b, len)) continue;
+      if (!after_pass && !can_migrate_now(std::clamp<int64_t>(n0 - b * B, 0, B))) continue;
+      if (free_body == 0) return false;
+      --free_body;
+      ++free16;
+      where[i] = kv::PoolKind::kBody;
+    }
+    return true;
+  };
+  int64_t x = n0;
+  for (const int64_t k : pieces) {
+    const int64_t x1 = x + k;
+    if (x % B == 0) {  // the piece starts a new block, in the pool of its role at x1
+      const bool f16 = role_is_fp16(x / B, x1);
+      int64_t& avail = f16 ? free16 : free_body;
+      if (avail == 0) return std::nullopt;
+      --avail;
+      where.push_back(f16 ? kv::PoolKind::kFp16 : kv::PoolKind::kBody);
+    }
+    if (!migrate_exits_dry(x1, false)) return std::nullopt;
+    x = x1;
+  }
+  // Blocks kept FP16 through the pass move after it (attend -> migrate_window_exits).
+  if (!migrate_exits_dry(n0 + n, true)) return std::nullopt;
+  return pieces;
+}
+
 bool PagedKvCache::can_append(int64_t n) const {
   if (n < 0 || n_tokens_ + n > cfg_.max_tokens) return false;
   if (n == 0) return true;
-  const std::vector<int32_t> toks = placeholder_tokens(n);
-  return mgr_->has_sequence(kSeq) ? mgr_->can_append(kSeq, n) : mgr_->can_allocate(toks);
+  if (!mgr_->has_sequence(kSeq)) return mgr_->can_allocate(placeholder_tokens(n));
+  return plan_append(n).has_value();
 }
 
 Status PagedKvCache::append(int64_t n) {
-  if (!can_append(n)) {
+  const bool first = !mgr_->has_sequence(kSeq);
+  std::optional<std::vector<int64_t>> pieces;
+  if (n > 0 && !first && n_tokens_ + n <= cfg_.max_tokens) pieces = plan_append(n);
+  if (!(pieces || (first && can_append(n)) || (n == 0))) {
     const kv::BlockPool& f16 = mgr_->pool(kv::PoolKind::kFp16);
     const kv::BlockPool& body = mgr_->pool(kv::PoolKind::kBody);
     return Error{fmt::format(
         "KV cache out of budget: {} tokens held, {} more requested (capacity {} tokens; FP16 "
-        "pool {} of {} blocks free, body pool {} of {} free; raise --ctx-size)",
+        "pool {} of {} blocks free, body pool {} of {} free; raise --max-model-len or the KV "
+        "memory)",
         n_tokens_, n, cfg_.max_tokens, f16.num_available(), f16.n_blocks(), body.num_available(),
         body.n_blocks())};
   }
   if (n == 0) return {};
-  const std::vector<int32_t> toks = placeholder_tokens(n);
-  if (!mgr_->has_sequence(kSeq)) {
-    auto r = mgr_->allocate(kSeq, toks);
+  if (!pieces) {  // the first tokens: the manager places every block by its role at once
+    auto r = mgr_->allocate(kSeq, placeholder_tokens(n));
     if (!r) return Error{r.error()};
-  } else {
+    n_tokens_ += n;
+    return {};
+  }
+  const int64_t written = n_tokens_;  // K/V of every earlier position is stored
+  for (const int64_t k : *pieces) {
+    std::vector<int32_t> toks(static_cast<size_t>(k));
+    const int64_t base = mgr_->num_tokens(kSeq);
+    for (int64_t i = 0; i < k; ++i) toks[static_cast<size_t>(i)] = static_cast<int32_t>(base + i);
     auto r = mgr_->append(kSeq, toks);
-    if (!r) return Error{r.error()};
+    if (!r) {  // unreachable after plan_append; keep the token count honest if it happens
+      n_tokens_ = mgr_->num_tokens(kSeq);
+      return Error{r.error()};
+    }
     for (const kv::KvCopy& c : *r) {  // copy-on-write of a shared last block (forks only)
       kv::BlockPool& p = mgr_->pool(c.pool);
       std::memcpy(p.data(c.dst.index), p.data(c.src.index), p.block_bytes());
+    }
+    if (cfg_.layout.mixed()) {
+      if (Status s = migrate_exits(written); !s) {
+        n_tokens_ = mgr_->num_tokens(kSeq);
+        return s;
+      }
     }
   }
   n_tokens_ += n;
@@ -281,20 +364,23 @@ void PagedKvCache::quantise_block(const kv::Migration& m, int rows) {
 }
 
 Status PagedKvCache::migrate_window_exits() {
+  return migrate_exits(n_tokens_);
+}
+
+Status PagedKvCache::migrate_exits(int64_t written_tokens) {
   if (!mgr_->has_sequence(kSeq)) return {};
-  const int B = cfg_.layout.block_size;
+  const int64_t B = cfg_.layout.block_size;
   for (const kv::WindowExit& x : mgr_->blocks_leaving_window(kSeq)) {
     if (x.drop) {  // sliding windows are not used by this cache (one global group)
       auto r = mgr_->drop(kSeq, x.logical);
       if (!r) return Error{r.error()};
       continue;
     }
+    const int64_t rows = std::clamp<int64_t>(written_tokens - x.logical * B, 0, B);
+    if (!can_migrate_now(rows)) continue;  // partly written per-channel tile: after the pass
     auto m = mgr_->begin_migration(kSeq, x.logical);
     if (!m) return Error{m.error()};
-    if (m->needs_quantise) {
-      const int rows = static_cast<int>(std::min<int64_t>(B, n_tokens_ - x.logical * B));
-      quantise_block(*m, rows);
-    }
+    if (m->needs_quantise && rows > 0) quantise_block(*m, static_cast<int>(rows));
     auto r = mgr_->migrate(kSeq, x.logical, m->dst);
     if (!r) return Error{r.error()};
   }

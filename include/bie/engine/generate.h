@@ -22,7 +22,16 @@ struct GenerateRequest {
   int32_t max_tokens = 128;
   std::vector<int32_t> stop_tokens;  // end-of-generation ids (EOS, EOT); not emitted
   int32_t prefill_chunk = 512;       // tokens per prefill forward
+  // Chunk boundaries fall on multiples of this (the paged cache's block size; 1: anywhere), so a
+  // chunk never starts inside a block it pushes out of the FP16 window (see PagedKvCache).
+  int32_t prefill_align = 1;
 };
+
+// Tokens of the next prefill forward at cache position `pos` with `remaining` prompt tokens left:
+// up to `chunk`; a chunk that starts inside an `align`-token block ends at that block's end; a
+// chunk that is not the last ends on a block boundary when it can.
+[[nodiscard]] int64_t prefill_chunk_len(int64_t pos, int64_t remaining, int64_t chunk,
+                                        int64_t align);
 
 struct GenerationStats {
   int64_t n_prompt = 0;
@@ -52,6 +61,7 @@ using TokenCallback = std::function<bool(int32_t token)>;
 // Runs `prompt` and returns the logits after it (n_vocab floats). Helper for golden tests.
 [[nodiscard]] Result<std::vector<float>> prompt_logits(Model& model, KvCache& kv, ThreadPool& pool,
                                                        const std::vector<int32_t>& prompt,
-                                                       int32_t prefill_chunk = 512);
+                                                       int32_t prefill_chunk = 512,
+                                                       int32_t prefill_align = 1);
 
 }  // namespace bie

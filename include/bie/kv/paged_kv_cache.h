@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,13 @@ class PagedKvCache final : public KvCache {
   [[nodiscard]] const KvGeometry& geometry() const override { return cfg_.geometry; }
   [[nodiscard]] int64_t n_tokens() const override { return n_tokens_; }
   [[nodiscard]] int64_t capacity() const override { return cfg_.max_tokens; }
+  // A later chunk is appended to the manager block by block, and between blocks every block that
+  // has left the FP16 window is moved to the body pool (written blocks re-quantised, blocks of the
+  // chunk not yet written just re-pointed; store then writes them in the body format). So a chunk
+  // never holds old window blocks and new window blocks in FP16 at once, and pools planned for
+  // max_tokens hold any chunking. One exception: a chunk that starts inside a block and pushes
+  // that partly written block out of the window keeps it FP16 until the pass ends when K is
+  // per-channel (int4_channel tiles are written whole); that needs one FP16 block of slack.
   [[nodiscard]] bool can_append(int64_t n) const override;
   [[nodiscard]] Status append(int64_t n) override;
   void store(int il, int64_t pos0, int64_t n, const float* k, const float* v) override;
@@ -82,6 +90,12 @@ class PagedKvCache final : public KvCache {
   [[nodiscard]] uint8_t* block_data(const kv::BlockTableEntry& e);
   void quantise_block(const kv::Migration& m, int rows);
   [[nodiscard]] std::vector<int32_t> placeholder_tokens(int64_t n) const;
+  // The manager appends append(n) makes (first up to a block boundary, then one block at a time);
+  // nullopt when the pools cannot hold them with the migrations in between.
+  [[nodiscard]] std::optional<std::vector<int64_t>> plan_append(int64_t n) const;
+  // Whether a block with `written` of its rows stored may move to the body pool now.
+  [[nodiscard]] bool can_migrate_now(int64_t written_rows) const;
+  [[nodiscard]] Status migrate_exits(int64_t written_tokens);
 
   PagedKvCacheConfig cfg_;
   std::unique_ptr<kv::BlockManager> mgr_;

@@ -1,0 +1,94 @@
+// The engine's memory set-up, shared by `bie run`, `bie bench` and `bie quality`: from the loaded
+// model and the KV/engine options, the memory budget (weights + prefill workspace + KV pools), the
+// paged KV cache built with the pools that fit, and the one start-up report. Budget numbers come
+// from the planner (planner::make_plan, kv_pool_plan, kv_max_tokens), so `bie plan` and the engine
+// cannot disagree. Pure functions except setup_kv_cache (allocates the pools); thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "bie/common/result.h"
+#include "bie/kv/paged_kv_cache.h"
+#include "bie/model/model.h"
+#include "bie/planner/kv_layout_flags.h"
+#include "bie/planner/model_geometry.h"
+
+namespace bie {
+
+constexpr int64_t kDefaultMaxModelLen = 8192;  // cap on the default --max-model-len
+
+struct KvEngineOptions {
+  planner::KvLayoutFlags kv;           // --kv-cache-dtype[-k|-v], --kv-group-size, ... --kv-rotate
+  int64_t max_model_len = 0;           // 0: min(model's n_ctx_train, kDefaultMaxModelLen)
+  int64_t max_num_seqs = 1;            // sequences held at once (the CLI runs one)
+  int64_t chunked_prefill_size = 512;  // tokens per forward pass; sizes the workspace
+  // --kv-cache-memory: the KV pools get exactly this many bytes (filled with blocks, not capped
+  // at max_model_len x max_num_seqs); the device budget below is then not consulted.
+  std::optional<uint64_t> kv_cache_memory;
+  double gpu_memory_utilization = 0.9;    // share of device memory the engine may use
+  std::optional<uint64_t> device_memory;  // default: physical RAM (MemTotal)
+};
+
+// Everything the start-up report prints; also what tests compare with the planner.
+struct KvSetupReport {
+  std::string layout_label;  // planner::kv_layout_label
+  planner::KvLayout layout;
+  int64_t max_model_len = 0;
+  int64_t max_num_seqs = 1;
+  int64_t chunked_prefill_size = 0;
+  bool explicit_kv_memory = false;
+  uint64_t device_bytes = 0;     // 0 with --kv-cache-memory
+  double utilization = 0;        // 0 with --kv-cache-memory
+  uint64_t usable_bytes = 0;     // device x utilization
+  uint64_t weights_bytes = 0;    // exact, from the GGUF tensor infos
+  uint64_t workspace_bytes = 0;  // planner::activation_bytes(chunk, seqs)
+  uint64_t kv_budget_bytes = 0;  // usable - weights - workspace, or --kv-cache-memory
+  int64_t fp16_blocks = 0;
+  int64_t body_blocks = 0;
+  uint64_t fp16_block_bytes = 0;
+  uint64_t body_block_bytes = 0;
+  uint64_t bytes_per_token = 0;  // body format, all layers (planner::kv_bytes_per_token)
+  uint64_t seq_bytes = 0;        // pools one max_model_len sequence needs (kv_pool_plan)
+  int64_t tokens_fit = 0;        // longest single sequence the pools' bytes hold
+  int64_t max_concurrency = 0;   // sequences of max_model_len the pools' bytes hold
+
+  [[nodiscard]] uint64_t kv_pool_bytes() const {
+    return static_cast<uint64_t>(fp16_blocks) * fp16_block_bytes +
+           static_cast<uint64_t>(body_blocks) * body_block_bytes;
+  }
+};
+
+// Sizes pools for a model of geometry g (weights_bytes resident, trained context n_ctx_train).
+// Errors (one line each, naming the flag to change): a bad layout, max_model_len beyond what the
+// RoPE was trained for is allowed but must be >= 1, weights + workspace over the budget, a KV
+// budget that cannot hold max_num_seqs sequences of max_model_len.
+[[nodiscard]] Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g,
+                                                  uint64_t weights_bytes, int64_t n_ctx_train,
+                                                  const KvEngineOptions& opts);
+
+struct KvSetup {
+  std::unique_ptr<PagedKvCache> cache;  // one sequence of up to max_model_len tokens
+  KvSetupReport report;
+};
+
+// plan_kv_setup for a loaded model, then the PagedKvCache with exactly the report's pools.
+[[nodiscard]] Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts);
+
+// Bytes of the blocks the cache holds now (active blocks of both pools).
+[[nodiscard]] uint64_t kv_held_bytes(const PagedKvCache& kv);
+
+// The start-up report: three lines (budget, KV pools, capacity), each ending in '\n'.
+[[nodiscard]] std::string format_kv_report(const KvSetupReport& r);
+
+// "512MiB", "2GiB", "1.5G", "64k", "1000000": K/M/G/T and KiB/MiB/GiB/TiB are binary (2^10...),
+// KB/MB/GB/TB decimal (10^3...), no suffix or B is bytes. Case-insensitive; no negatives.
+[[nodiscard]] Result<uint64_t> parse_byte_size(std::string_view text);
+
+// Physical memory (MemTotal from /proc/meminfo), or an error if it cannot be read.
+[[nodiscard]] Result<uint64_t> physical_memory_bytes();
+
+}  // namespace bie

@@ -1,0 +1,29 @@
+// The KV/engine flags `bie run`, `bie bench` and `bie quality` share (same names as `bie plan`):
+// registration on a sub-command and conversion into KvEngineOptions. CLI-only; not thread-safe.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "bie/common/result.h"
+#include "bie/engine/kv_setup.h"
+
+namespace bie::cli {
+
+struct KvCliFlags {
+  KvEngineOptions opts;
+  std::string kv_cache_memory;  // byte-size strings, parsed by to_engine_options
+  std::string device_memory;
+};
+
+// Registers --kv-cache-dtype[-k|-v], --kv-group-size, --paged-block-size, --kv-sink-tokens,
+// --kv-window(-tokens), --kv-rotate/--no-kv-rotate, -c/--ctx-size/--max-model-len,
+// --max-num-seqs, -b/--batch-size/--chunked-prefill-size, --kv-cache-memory,
+// --gpu-memory-utilization, --device-memory. `dtype_help` describes --kv-cache-dtype (bench
+// accepts a comma list there).
+void add_kv_engine_flags(CLI::App* cmd, KvCliFlags& f, const std::string& dtype_help);
+
+// The options with byte sizes parsed; errors name the flag.
+[[nodiscard]] Result<KvEngineOptions> to_engine_options(const KvCliFlags& f);
+
+}  // namespace bie::cli

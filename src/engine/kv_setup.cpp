@@ -1,0 +1,224 @@
+#include "bie/engine/kv_setup.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <string>
+
+#include "bie/planner/device_profile.h"
+#include "bie/planner/kv_bytes.h"
+#include "bie/planner/plan_report.h"
+#include "bie/planner/planner.h"
+
+namespace bie {
+
+namespace {
+
+std::string bytes(uint64_t b) {
+  return planner::format_bytes(static_cast<double>(b));
+}
+
+}  // namespace
+
+Result<uint64_t> parse_byte_size(std::string_view text) {
+  const auto bad = [&] {
+    return Error{fmt::format(
+        "'{}' is not a byte size (examples: 1073741824, 512MiB, 2GiB, 1.5G, 800MB)", text)};
+  };
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
+  const std::string num(text.substr(0, i));
+  if (num.empty() || std::count(num.begin(), num.end(), '.') > 1 || num == ".") return bad();
+  std::string unit;
+  for (char c : text.substr(i))
+    unit += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mul = 0;
+  if (unit.empty() || unit == "b") {
+    mul = 1;
+  } else {
+    const std::string prefixes = "kmgt";
+    const size_t p = prefixes.find(unit[0]);
+    if (p == std::string::npos) return bad();
+    const std::string rest = unit.substr(1);
+    if (rest.empty() || rest == "ib") {
+      mul = std::pow(1024.0, static_cast<double>(p + 1));
+    } else if (rest == "b") {
+      mul = std::pow(1000.0, static_cast<double>(p + 1));
+    } else {
+      return bad();
+    }
+  }
+  const double v = std::stod(num) * mul;
+  if (!(v >= 0) || v >= 1.8e19) return bad();
+  return static_cast<uint64_t>(std::llround(v));
+}
+
+Result<uint64_t> physical_memory_bytes() {
+  auto cpu = planner::cpu_device_profile(/*measure=*/false);
+  if (!cpu) return Error{cpu.error()};
+  return static_cast<uint64_t>(cpu->memory_gib * static_cast<double>(planner::kGiB));
+}
+
+Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t weights_bytes,
+                                    int64_t n_ctx_train, const KvEngineOptions& o) {
+  KvSetupReport r;
+  auto layout = planner::resolve_kv_layout(o.kv);
+  if (!layout) return Error{layout.error()};
+  if (Status s = planner::check_kv_layout(g, *layout); !s) return Error{s.error()};
+  if (layout->rotate) {
+    for (const planner::LayerKv& l : g.layers) {
+      const int d = l.head_dim_k;
+      if (d < 1 || d > 4096 || (d & (d - 1)) != 0) {
+        return Error{fmt::format(
+            "--kv-rotate needs a power-of-two key head dimension, this model's is {} (pass "
+            "--no-kv-rotate)",
+            d)};
+      }
+    }
+  }
+  r.layout = *layout;
+  r.layout_label = planner::kv_layout_label(r.layout);
+  if (o.max_model_len < 0) return Error{"--max-model-len must be >= 1"};
+  r.max_model_len = o.max_model_len > 0
+                        ? o.max_model_len
+                        : std::min<int64_t>(n_ctx_train > 0 ? n_ctx_train : kDefaultMaxModelLen,
+                                            kDefaultMaxModelLen);
+  if (o.max_num_seqs < 1) return Error{"--max-num-seqs must be >= 1"};
+  if (o.chunked_prefill_size < 1) return Error{"--chunked-prefill-size must be >= 1"};
+  r.max_num_seqs = o.max_num_seqs;
+  r.chunked_prefill_size = o.chunked_prefill_size;
+  r.weights_bytes = weights_bytes;
+  r.workspace_bytes = planner::activation_bytes(g, o.chunked_prefill_size, o.max_num_seqs);
+  r.bytes_per_token = planner::kv_bytes_per_token(g, r.layout.k, r.layout.v);
+  r.seq_bytes = planner::kv_pool_plan(g, r.layout, r.max_model_len, 1).total_bytes();
+
+  if (o.kv_cache_memory) {
+    r.explicit_kv_memory = true;
+    r.kv_budget_bytes = *o.kv_cache_memory;
+  } else {
+    if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1)) {
+      return Error{fmt::format("--gpu-memory-utilization must be in (0, 1], got {}",
+                               o.gpu_memory_utilization)};
+    }
+    if (o.device_memory) {
+      r.device_bytes = *o.device_memory;
+    } else {
+      auto ram = physical_memory_bytes();
+      if (!ram) return Error{ram.error() + " (give --device-memory or --kv-cache-memory)"};
+      r.device_bytes = *ram;
+    }
+    r.utilization = o.gpu_memory_utilization;
+    r.usable_bytes =
+        static_cast<uint64_t>(static_cast<double>(r.device_bytes) * o.gpu_memory_utilization);
+    const uint64_t fixed = r.weights_bytes + r.workspace_bytes;
+    if (fixed >= r.usable_bytes) {
+      return Error{fmt::format(
+          "weights ({}) + workspace ({}) do not fit the memory budget {} ({:.2f} x {}); raise "
+          "--gpu-memory-utilization or --device-memory, or lower --chunked-prefill-size",
+          bytes(r.weights_bytes), bytes(r.workspace_bytes), bytes(r.usable_bytes), r.utilization,
+          bytes(r.device_bytes))};
+    }
+    r.kv_budget_bytes = r.usable_bytes - fixed;
+  }
+  r.max_concurrency = r.seq_bytes > 0 ? static_cast<int64_t>(r.kv_budget_bytes / r.seq_bytes) : 0;
+  r.tokens_fit =
+      planner::kv_max_tokens(g, r.layout, r.kv_budget_bytes, 1, planner::kMaxPlanContext);
+  if (r.max_concurrency < r.max_num_seqs) {
+    return Error{fmt::format(
+        "the KV budget {} holds {} of the {} sequence(s) of --max-model-len {} asked for at {} "
+        "(one needs {}; {} tokens fit); lower --max-model-len or the KV dtype, or raise {}",
+        bytes(r.kv_budget_bytes), r.max_concurrency, r.max_num_seqs, r.max_model_len,
+        r.layout_label, bytes(r.seq_bytes), r.tokens_fit,
+        r.explicit_kv_memory ? "--kv-cache-memory" : "--gpu-memory-utilization / --device-memory")};
+  }
+
+  const planner::KvPoolPlan want =
+      planner::kv_pool_plan(g, r.layout, r.max_model_len, r.max_num_seqs);
+  if (want.groups.size() != 1) {
+    return Error{"the paged KV cache supports models without sliding-window layers only"};
+  }
+  const planner::KvGroupPool& p = want.groups[0];
+  r.fp16_block_bytes = p.fp16_block_bytes;
+  r.body_block_bytes = p.body_block_bytes;
+  r.fp16_blocks = p.fp16_blocks;
+  r.body_blocks = p.body_blocks;
+  if (r.explicit_kv_memory) {
+    // Fill the given bytes: FP16 blocks for every sequence of max_model_len that fits, the rest
+    // as body blocks (an unmixed layout has only body blocks).
+    const planner::KvPoolPlan all =
+        planner::kv_pool_plan(g, r.layout, r.max_model_len, r.max_concurrency);
+    r.fp16_blocks = all.groups[0].fp16_blocks;
+    const uint64_t fp16_total = static_cast<uint64_t>(r.fp16_blocks) * r.fp16_block_bytes;
+    r.body_blocks =
+        r.body_block_bytes > 0
+            ? static_cast<int64_t>((r.kv_budget_bytes - fp16_total) / r.body_block_bytes)
+            : 0;
+  }
+  return r;
+}
+
+Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts) {
+  auto g = planner::geometry_from_gguf(model.file());
+  if (!g) return Error{g.error()};
+  auto r = plan_kv_setup(*g, model.weight_bytes(), model.hparams().n_ctx_train, opts);
+  if (!r) return Error{r.error()};
+  PagedKvCacheConfig c;
+  c.geometry = model.hparams().kv_geometry();
+  c.layout = r->layout;
+  c.max_tokens = r->max_model_len;
+  auto cache = PagedKvCache::create(c, r->fp16_blocks, r->body_blocks);
+  if (!cache) return Error{cache.error()};
+  KvSetup s;
+  s.cache = std::move(cache).value();
+  s.report = std::move(r).value();
+  return s;
+}
+
+uint64_t kv_held_bytes(const PagedKvCache& kv) {
+  uint64_t sum = 0;
+  for (const kv::PoolKind p : {kv::PoolKind::kFp16, kv::PoolKind::kBody}) {
+    const kv::BlockPool& pool = kv.manager().pool(p);
+    sum += static_cast<uint64_t>(pool.num_active()) * pool.block_bytes();
+  }
+  return sum;
+}
+
+std::string format_kv_report(const KvSetupReport& r) {
+  std::string s;
+  if (r.explicit_kv_memory) {
+    s += fmt::format(
+        "memory: weights {} + workspace {} (chunk {}) + KV pools {} (--kv-cache-memory {})\n",
+        bytes(r.weights_bytes), bytes(r.workspace_bytes), r.chunked_prefill_size,
+        bytes(r.kv_pool_bytes()), bytes(r.kv_budget_bytes));
+  } else {
+    s += fmt::format(
+        "memory: budget {} ({:.2f} x {}) = weights {} + workspace {} (chunk {}) + KV {} (pools "
+        "{})\n",
+        bytes(r.usable_bytes), r.utilization, bytes(r.device_bytes), bytes(r.weights_bytes),
+        bytes(r.workspace_bytes), r.chunked_prefill_size, bytes(r.kv_budget_bytes),
+        bytes(r.kv_pool_bytes()));
+  }
+  s += fmt::format("kv: {}, block {}, ", r.layout_label, r.layout.block_size);
+  if (r.layout.mixed()) {
+    s += fmt::format(
+        "sink {} + window {} tokens FP16: FP16 pool {} x {} = {}, body pool {} x {} = {}\n",
+        r.layout.sink_tokens, r.layout.window_tokens, r.fp16_blocks, bytes(r.fp16_block_bytes),
+        bytes(static_cast<uint64_t>(r.fp16_blocks) * r.fp16_block_bytes), r.body_blocks,
+        bytes(r.body_block_bytes),
+        bytes(static_cast<uint64_t>(r.body_blocks) * r.body_block_bytes));
+  } else {
+    s += fmt::format("pool {} x {} = {}\n", r.body_blocks, bytes(r.body_block_bytes),
+                     bytes(static_cast<uint64_t>(r.body_blocks) * r.body_block_bytes));
+  }
+  s += fmt::format(
+      "kv: {} per token; max-model-len {} needs {} per sequence; the KV budget fits {} tokens "
+      "(one sequence), {} sequences of {} (max-num-seqs {})\n",
+      bytes(r.bytes_per_token), r.max_model_len, bytes(r.seq_bytes), r.tokens_fit,
+      r.max_concurrency, r.max_model_len, r.max_num_seqs);
+  return s;
+}
+
+}  // namespace bie

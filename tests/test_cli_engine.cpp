@@ -1,0 +1,107 @@
+// End-to-end checks of the engine flags of `bie run` / `bie bench`: each mistake is one clear
+// stderr line and exit code 2; the start-up report appears once; bench at depths emits JSON.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "support/paths.h"
+#include "support/run_cmd.h"
+#include "support/tiny_llama.h"
+
+namespace bie {
+namespace {
+
+using test::run_cmd;
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+void expect_bad_input(const std::string& args, const std::string& needle) {
+  const auto r = run_cmd(test::bie_bin() + " " + args);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << args << "\n" << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+}
+
+TEST(CliEngine, KvBudgetTooSmall) {
+  expect_bad_input("run -m default -p hi --kv-cache-memory 1MiB",
+                   "holds 0 of the 1 sequence(s) of --max-model-len 8192");
+  expect_bad_input("run -m default -p hi --kv-cache-memory 1MiB", "raise --kv-cache-memory");
+  expect_bad_input("bench -m default -p 8 -n 0 -r 1 --kv-cache-memory 4k", "--kv-cache-memory");
+}
+
+TEST(CliEngine, WeightsOverBudget) {
+  expect_bad_input("run -m default -p hi --device-memory 50MiB", "do not fit the memory budget");
+  expect_bad_input("run -m default -p hi --gpu-memory-utilization 1.5",
+                   "--gpu-memory-utilization must be in (0, 1]");
+}
+
+TEST(CliEngine, BadDtype) {
+  expect_bad_input("run -m default -p hi --kv-cache-dtype int5", "--kv-cache-dtype");
+  expect_bad_input("run -m default -p hi --kv-cache-dtype-v int4_channel", "key format");
+  expect_bad_input("bench -m default -p 8 -n 0 -r 1 --kv-cache-dtype f16,int5", "regime int5");
+}
+
+TEST(CliEngine, BadByteSizes) {
+  expect_bad_input("run -m default -p hi --kv-cache-memory 12XB", "not a byte size");
+  expect_bad_input("run -m default -p hi --kv-cache-memory -1", "");
+  expect_bad_input("run -m default -p hi --device-memory lots", "--device-memory");
+}
+
+TEST(CliEngine, RotateNeedsPowerOfTwoHeadDim) {
+  test::TinyLlama t;  // n_embd 96 / 2 heads: head_dim 48
+  t.n_embd = 96;
+  t.n_head = 2;
+  t.n_head_kv = 1;
+  const std::string path = std::filesystem::temp_directory_path() / "bie_cli_engine_d48.gguf";
+  t.gguf().write(path);
+  expect_bad_input("run -m " + path + " -p hi --kv-cache-dtype int8 --kv-rotate",
+                   "power-of-two key head dimension, this model's is 48");
+}
+
+TEST(CliEngine, PromptLongerThanMaxModelLen) {
+  expect_bad_input("run -m default -p 'one two three four five six seven eight' -c 4",
+                   "more than --max-model-len 4");
+}
+
+TEST(CliEngine, RunPrintsOneReportAndPeakRss) {
+  const auto r = run_cmd(test::bie_bin() +
+                         " run -m default -p 'The capital of France is' -n 4 --temp 0 -t 2 "
+                         "--kv-cache-dtype int4_channel --max-model-len 256");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count_lines(r.err), 4) << r.err;  // three report lines, then the timings
+  EXPECT_NE(r.err.find("memory: budget"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("kv: k=int4_channel_t16 v=int4_asym_g64"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("peak RSS"), std::string::npos) << r.err;
+}
+
+TEST(CliEngine, BenchAtDepthsEmitsJson) {
+  const auto r = run_cmd(test::bie_bin() +
+                         " bench -m default -p 16 -n 4 -d 0,40 -r 1 -t 2 "
+                         "--kv-cache-dtype f16,int4_asym,int4_channel --kv-window 16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 12u);  // 3 regimes x 2 depths x (pp16, tg4)
+  for (const auto& row : j["results"]) {
+    EXPECT_GT(row["median_tps"].get<double>(), 0.0);
+    EXPECT_GT(row["kv_bytes_per_token"].get<uint64_t>(), 0u);
+    const int depth = row["depth"].get<int>();
+    const uint64_t at = row["kv_bytes_at_depth"].get<uint64_t>();
+    if (depth == 0) {
+      EXPECT_EQ(at, 0u);
+    } else {
+      EXPECT_GT(at, 0u);
+    }
+  }
+  // f16 stores 2 bytes per value; int4_asym_g64 (4 bits + a scale and zero per 64) less than a
+  // third of that.
+  EXPECT_LT(j["results"][2]["kv_bytes_per_token"].get<uint64_t>() * 3,
+            j["results"][0]["kv_bytes_per_token"].get<uint64_t>());
+}
+
+}  // namespace
+}  // namespace bie
