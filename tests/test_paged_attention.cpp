@@ -13,9 +13,14 @@
 #include "bie/attention/paged_attention.h"
 #include "bie/backend/cpu_features.h"
 #include "bie/backend/thread_pool.h"
+#include "bie/engine/generate.h"
+#include "bie/kv/contiguous_kv_cache.h"
 #include "bie/kv/kv_format.h"
 #include "bie/kv/kv_format_rotate.h"
 #include "bie/kv/paged_kv_cache.h"
+#include "bie/model/model.h"
+#include "bie/tokenizer/tokenizer.h"
+#include "support/paths.h"
 
 namespace bie::attention {
 namespace {
@@ -376,6 +381,97 @@ TEST(PagedCacheRotate, F16RotatedEqualsUnrotated) {
   const double e = max_diff(outs[0].data(), outs[1].data(), outs[0].size());
   EXPECT_LT(e, 3e-3);
   EXPECT_GT(e, 0.0);  // the rotation did happen (different fp16 rounding of K)
+}
+
+// Drives SmolLM2 through a ContiguousKvCache and feeds the same real K/V/queries to paged caches:
+// paged[0] all-f16 (the baseline), the others quantised. Accumulates each one's attention output
+// error against paged[0] over all layers and positions.
+class TeeKvCache final : public KvCache {
+ public:
+  TeeKvCache(const KvGeometry& g, int64_t max_tokens,
+             std::vector<std::unique_ptr<PagedKvCache>> paged)
+      : inner_(g, max_tokens), paged_(std::move(paged)), err_(paged_.size(), 0.0) {}
+  const KvGeometry& geometry() const override { return inner_.geometry(); }
+  int64_t n_tokens() const override { return inner_.n_tokens(); }
+  int64_t capacity() const override { return inner_.capacity(); }
+  bool can_append(int64_t n) const override { return inner_.can_append(n); }
+  Status append(int64_t n) override {
+    for (auto& p : paged_) {
+      if (Status s = p->append(n); !s) return s;
+    }
+    return inner_.append(n);
+  }
+  void store(int il, int64_t pos0, int64_t n, const float* k, const float* v) override {
+    for (auto& p : paged_) p->store(il, pos0, n, k, v);
+    inner_.store(il, pos0, n, k, v);
+  }
+  void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
+              ThreadPool& pool) override {
+    const size_t len = static_cast<size_t>(n * n_head * geometry().head_dim);
+    std::vector<std::vector<float>> outs(paged_.size(), std::vector<float>(len));
+    for (size_t i = 0; i < paged_.size(); ++i) {
+      paged_[i]->attend(il, pos0, n, q, n_head, scale, outs[i].data(), pool);
+    }
+    for (size_t i = 1; i < paged_.size(); ++i) {
+      for (size_t j = 0; j < len; ++j) {
+        const double e = outs[i][j] - outs[0][j];
+        err_[i] += e * e;
+      }
+    }
+    inner_.attend(il, pos0, n, q, n_head, scale, out, pool);
+  }
+  Status truncate(int64_t n) override { return inner_.truncate(n); }
+  const std::vector<double>& errors() const { return err_; }
+
+ private:
+  ContiguousKvCache inner_;
+  std::vector<std::unique_ptr<PagedKvCache>> paged_;
+  std::vector<double> err_;
+};
+
+// int4_asym_g64 keys (V kept f16 to isolate K) on real SmolLM2 keys: the Hadamard rotation
+// spreads the outlier channels, so the attention output is closer to f16's.
+TEST(PagedCacheRotate, RotationReducesInt4KeyErrorOnSmolLM2) {
+  auto m = load_model(test::smollm2_path());
+  ASSERT_TRUE(m.ok()) << m.error() << " (run scripts/fetch_models.sh)";
+  Model& model = **m;
+  auto tok = tokenizer::Tokenizer::from_gguf(model.file());
+  ASSERT_TRUE(tok.ok());
+  const std::string text =
+      test::read_file(test::source_dir() + "/../shared/data/tinyshakespeare.txt").substr(0, 2000);
+  std::vector<int32_t> ids;
+  for (auto t : tok->encode(text)) ids.push_back(static_cast<int32_t>(t));
+  ASSERT_GE(ids.size(), 256u);
+  ids.resize(256);
+  const KvGeometry g = model.hparams().kv_geometry();
+  std::vector<std::unique_ptr<PagedKvCache>> paged;
+  for (int i = 0; i < 3; ++i) {
+    PagedKvCacheConfig cfg;
+    cfg.geometry = g;
+    cfg.layout.k = i == 0 ? planner::kKvF16 : fmt("int4_asym_g64");
+    cfg.layout.window_tokens = i == 0 ? 128 : 16;  // quantise all but the sink and 16 tokens
+    cfg.layout.rotate = i == 2;
+    cfg.max_tokens = 256;
+    auto r = PagedKvCache::create(cfg);
+    ASSERT_TRUE(r.ok()) << r.error();
+    paged.push_back(std::move(r).value());
+  }
+  TeeKvCache tee(g, 256, std::move(paged));
+  ThreadPool pool(2);
+  // Prefill 64 tokens, then decode token by token (planner-exact pools, docs/kv-cache.md §8).
+  auto a = prompt_logits(model, tee, pool, std::vector<int32_t>(ids.begin(), ids.begin() + 64));
+  ASSERT_TRUE(a.ok()) << a.error();
+  std::vector<float> logits;
+  for (size_t i = 64; i < ids.size(); ++i) {
+    ASSERT_TRUE(model.forward(std::span<const int32_t>(&ids[i], 1), tee, pool, logits).ok());
+  }
+  const double plain = tee.errors()[1], rotated = tee.errors()[2];
+  std::printf(
+      "  SmolLM2 int4_asym_g64 K, attention output squared error vs f16: plain %.4g, "
+      "rotated %.4g (ratio %.2f)\n",
+      plain, rotated, rotated / plain);
+  EXPECT_GT(plain, 0.0);
+  EXPECT_LT(rotated, 0.8 * plain);
 }
 
 TEST(PagedCacheRotate, NeedsPowerOfTwoHeadDim) {

@@ -22,6 +22,16 @@ inline float round_fp16(float x) {
   return quant::fp16_to_fp32(quant::fp32_to_fp16(x));
 }
 
+// A block's tiles are a few hundred bytes each, one block (all layers) apart: too short and too
+// far apart for the hardware prefetcher, so the next block's K and V tiles of this head are
+// requested while the current block is computed.
+void prefetch_tiles(const PagedBlockView& bv, int kv_head) {
+  const uint8_t* k = bv.k + static_cast<size_t>(kv_head) * bv.k_tile_bytes;
+  const uint8_t* v = bv.v + static_cast<size_t>(kv_head) * bv.v_tile_bytes;
+  for (size_t o = 0; o < bv.k_tile_bytes; o += 64) __builtin_prefetch(k + o);
+  for (size_t o = 0; o < bv.v_tile_bytes; o += 64) __builtin_prefetch(v + o);
+}
+
 void generic_score(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* const* q,
                    int n_rows, float* s, int s_stride) {
   const int d = bv.gk.head_dim;
@@ -78,6 +88,7 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
     if (kv0 >= vis_end) break;
     const int rows = static_cast<int>(std::min<int64_t>(B, vis_end - kv0));
     const PagedBlockView& bv = t.blocks[b];
+    if (b + 1 < t.block_end && (b + 1) * B < vis_end) prefetch_tiles(t.blocks[b + 1], t.kv_head);
     const uint8_t* kt = bv.k + static_cast<size_t>(t.kv_head) * bv.k_tile_bytes;
     kern.score(bv, kt, rows, bv.k_f16 ? qh : qf, R, s, B);
     for (int r = 0; r < R; ++r) {

@@ -31,6 +31,10 @@ using planner::KvType;
 constexpr int kMaxHeadDim = 512;
 constexpr int kFuse = 4;  // tile rows per pass over a block
 
+// Loops over the R fused rows must be unrolled so that their accumulators live in registers
+// (GCC at -O2 keeps a[R] on the stack otherwise).
+#define BIE_UNROLL _Pragma("GCC unroll 8")
+
 inline float hsum(__m256 acc) {
   __m128 lo = _mm256_castps256_ps128(acc);
   __m128 hi = _mm256_extractf128_ps(acc, 1);
@@ -85,11 +89,14 @@ void f16_score(int d, const uint8_t* tile, int rows, const float* const* q, floa
   for (int j = 0; j < rows; ++j) {
     const uint8_t* row = tile + j * rb;
     __m256 a[R];
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
     for (int c = 0; c < d; c += 8) {
       const __m256 k = load8_f16(row + 2 * c);
+      BIE_UNROLL
       for (int r = 0; r < R; ++r) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c), k, a[r]);
     }
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) s[r * ss + j] = hsum(a[r]);
   }
 }
@@ -102,16 +109,19 @@ void scaled_score(int d, const uint8_t* tile, int rows, const float* const* q, f
   for (int j = 0; j < rows; ++j) {
     const uint8_t* row = tile + j * rb;
     __m256 a[R], b[R];
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
     for (int c = 0; c < d; c += 16) {
       const __m256 k0 = kFp8 ? load8_e4m3_div256(row + 2 + c) : load8_i8(row + 2 + c);
       const __m256 k1 = kFp8 ? load8_e4m3_div256(row + 10 + c) : load8_i8(row + 10 + c);
+      BIE_UNROLL
       for (int r = 0; r < R; ++r) {
         a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c), k0, a[r]);
         b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c + 8), k1, b[r]);
       }
     }
     const float sc = f16c(row) * unit;
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) s[r * ss + j] = hsum(_mm256_add_ps(a[r], b[r])) * sc;
   }
 }
@@ -123,6 +133,7 @@ void int4_score(int d, int G, const uint8_t* tile, int rows, const float* const*
   const int half = G / 2, ng = d / G;
   const size_t gb = kv::detail::group_bytes_int4(G), rb = kv::detail::row_bytes_int4(d, G);
   float qsum[R][kMaxHeadDim / 32];
+  BIE_UNROLL
   for (int r = 0; r < R; ++r) {
     for (int b = 0; b < ng; ++b) {
       __m256 t = _mm256_setzero_ps();
@@ -134,6 +145,7 @@ void int4_score(int d, int G, const uint8_t* tile, int rows, const float* const*
     const uint8_t* row = tile + j * rb;
     __m256 tot[R];
     float z[R];
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) {
       tot[r] = _mm256_setzero_ps();
       z[r] = 0.0f;
@@ -141,10 +153,12 @@ void int4_score(int d, int G, const uint8_t* tile, int rows, const float* const*
     for (int b = 0; b < ng; ++b) {
       const uint8_t* grp = row + b * gb;
       __m256 a[R], c2[R];
+      BIE_UNROLL
       for (int r = 0; r < R; ++r) a[r] = c2[r] = _mm256_setzero_ps();
       for (int k = 0; k < half; k += 8) {
         __m256 lo, hi;
         load8_nibbles(grp + 4 + k, &lo, &hi);
+        BIE_UNROLL
         for (int r = 0; r < R; ++r) {
           const float* qg = q[r] + b * G;
           a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + k), lo, a[r]);
@@ -153,11 +167,13 @@ void int4_score(int d, int G, const uint8_t* tile, int rows, const float* const*
       }
       const __m256 sc = _mm256_set1_ps(f16c(grp));
       const float zz = f16c(grp + 2);
+      BIE_UNROLL
       for (int r = 0; r < R; ++r) {
         tot[r] = _mm256_fmadd_ps(_mm256_add_ps(a[r], c2[r]), sc, tot[r]);
         z[r] += zz * qsum[r][b];
       }
     }
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) s[r * ss + j] = hsum(tot[r]) + z[r];
   }
 }
@@ -170,29 +186,35 @@ void chan_score(int d, const uint8_t* tile, int rows, const float* const* q, flo
   alignas(32) float qs[R][kMaxHeadDim];
   float zt[R];
   __m256 vz[R];
+  BIE_UNROLL
   for (int r = 0; r < R; ++r) vz[r] = _mm256_setzero_ps();
   for (int c = 0; c < d; c += 8) {
     __m256 sc, zc;
     load8_params(tile + 4 * c, &sc, &zc);
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 qc = _mm256_loadu_ps(q[r] + c);
       _mm256_store_ps(qs[r] + c, _mm256_mul_ps(qc, sc));
       vz[r] = _mm256_fmadd_ps(qc, zc, vz[r]);
     }
   }
+  BIE_UNROLL
   for (int r = 0; r < R; ++r) zt[r] = hsum(vz[r]);
   for (int j = 0; j < rows; ++j) {
     const uint8_t* row = tile + kv::detail::chan_row_offset(d, j);
     __m256 a[R], b[R];
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
     for (int k = 0; k < half; k += 8) {
       __m256 lo, hi;
       load8_nibbles(row + k, &lo, &hi);
+      BIE_UNROLL
       for (int r = 0; r < R; ++r) {
         a[r] = _mm256_fmadd_ps(_mm256_load_ps(qs[r] + k), lo, a[r]);
         b[r] = _mm256_fmadd_ps(_mm256_load_ps(qs[r] + half + k), hi, b[r]);
       }
     }
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) s[r * ss + j] = hsum(_mm256_add_ps(a[r], b[r])) + zt[r];
   }
 }
@@ -224,6 +246,7 @@ void score_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
 template <int R, class Decode, class Weight>
 inline void accum_pair(int rows, float* const* acc, int c0, int c1, Decode decode, Weight w) {
   __m256 a0[R], a1[R];
+  BIE_UNROLL
   for (int r = 0; r < R; ++r) {
     a0[r] = _mm256_loadu_ps(acc[r] + c0);
     a1[r] = _mm256_loadu_ps(acc[r] + c1);
@@ -231,12 +254,14 @@ inline void accum_pair(int rows, float* const* acc, int c0, int c1, Decode decod
   for (int j = 0; j < rows; ++j) {
     __m256 v0, v1;
     decode(j, &v0, &v1);
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 wr = _mm256_set1_ps(w(r, j));
       a0[r] = _mm256_fmadd_ps(wr, v0, a0[r]);
       a1[r] = _mm256_fmadd_ps(wr, v1, a1[r]);
     }
   }
+  BIE_UNROLL
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(acc[r] + c0, a0[r]);
     _mm256_storeu_ps(acc[r] + c1, a1[r]);
@@ -264,6 +289,7 @@ void scaled_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, 
   float w[R][64];  // p times the row scale, for the block's rows (block_size <= 64 fused)
   for (int j = 0; j < rows; ++j) {
     const float sc = f16c(tile + j * rb) * unit;
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) w[r][j] = p[r * ps + j] * sc;
   }
   for (int c = 0; c < d; c += 16) {
@@ -290,11 +316,13 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
     for (int j = 0; j < rows; ++j) {
       const uint8_t* grp = tile + j * rb + b * gb;
       const float sc = f16c(grp), zz = f16c(grp + 2);
+      BIE_UNROLL
       for (int r = 0; r < R; ++r) {
         w[r][j] = p[r * ps + j] * sc;
         zsum[r] += p[r * ps + j] * zz;
       }
     }
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 z = _mm256_set1_ps(zsum[r]);
       float* a = acc[r] + b * G;
@@ -320,6 +348,7 @@ void chan_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, fl
   alignas(32) float tmp[R][kMaxHeadDim];
   float* t[R];
   float psum[R] = {};
+  BIE_UNROLL
   for (int r = 0; r < R; ++r) {
     t[r] = tmp[r];
     std::memset(tmp[r], 0, sizeof(float) * static_cast<size_t>(d));
@@ -336,6 +365,7 @@ void chan_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, fl
   for (int c = 0; c < d; c += 8) {
     __m256 sc, zc;
     load8_params(tile + 4 * c, &sc, &zc);
+    BIE_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 base = _mm256_fmadd_ps(zc, _mm256_set1_ps(psum[r]), _mm256_loadu_ps(acc[r] + c));
       _mm256_storeu_ps(acc[r] + c, _mm256_fmadd_ps(sc, _mm256_load_ps(tmp[r] + c), base));
