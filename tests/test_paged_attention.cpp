@@ -92,22 +92,24 @@ Blocks make_blocks(const Shape& s, int64_t n_tokens, KvFormat kf, KvFormat vf, I
 }
 
 // Runs queries q_pos0 .. q_pos0 + n_q - 1 of KV head hk as `splits` split tasks + merge.
+// q and the result: [n_q, n_kv * group, head_dim].
 std::vector<float> run_tile(const detail::TileKernels& kern, const Blocks& bl, const Shape& s,
                             int64_t q_pos0, int n_q, int hk, int splits, float scale,
-                            const std::vector<float>& q) {
-  const int d = s.head_dim, G = s.group, rows = n_q * G;
+                            const std::vector<float>& q, int n_kv = 1) {
+  const int d = s.head_dim, G = s.group, rows = n_q * n_kv * G;
   PagedAttnTile t;
   t.blocks = bl.views.data();
   t.block_size = s.block_size;
   t.q_pos0 = q_pos0;
   t.n_q = n_q;
   t.kv_head = hk;
+  t.n_kv = n_kv;
   t.group = G;
   t.head_dim = d;
   t.scale = scale;
   t.q = q.data();
-  t.q_stride = static_cast<int64_t>(G) * d;
-  std::vector<float> scratch(paged_attn_scratch_floats(n_q, G, d, s.block_size));
+  t.q_stride = static_cast<int64_t>(n_kv) * G * d;
+  std::vector<float> scratch(paged_attn_scratch_floats(rows, d, s.block_size));
   std::vector<float> pbuf(paged_partial_floats(rows, d) * static_cast<size_t>(splits));
   std::vector<PagedAttnPartial> parts;
   const int64_t nb = (q_pos0 + n_q + s.block_size - 1) / s.block_size;
@@ -118,7 +120,7 @@ std::vector<float> run_tile(const detail::TileKernels& kern, const Blocks& bl, c
     detail::attend_paged_tile_with(kern, t, scratch.data(), parts.back());
   }
   std::vector<float> out(static_cast<size_t>(rows) * d, -1.0f);
-  merge_paged_partials(parts.data(), splits, n_q, G, d, out.data(), static_cast<int64_t>(G) * d);
+  merge_paged_partials(parts.data(), splits, n_q, n_kv, G, d, out.data(), t.q_stride);
   return out;
 }
 
@@ -190,6 +192,19 @@ TEST(PagedAttention, DecodeMatchesReferenceEveryFormatLengthGroupSplit) {
                 << " group=" << group << " splits=" << splits;
             ++checked;
           }
+          // Both KV heads in one task (adjacent tiles read as one run), 2 splits.
+          std::vector<float> q2(2 * q.size());
+          for (float& x : q2) x = nd(rng);
+          const auto out2 = run_tile(kern, bl, s, n - 1, 1, 0, 2, scale, q2, 2);
+          for (int h = 0; h < 2; ++h) {
+            std::vector<float> ref2(q.size());
+            attend_paged_reference(bl.views.data(), 16, n, h, group, s.head_dim, scale,
+                                   q2.data() + h * q.size(), ref2.data());
+            EXPECT_LT(max_diff(out2.data() + h * q.size(), ref2.data(), ref2.size()),
+                      tolerance(bl.any_f16))
+                << c.k << "/" << c.v << " n=" << n << " group=" << group << " both heads, head "
+                << h;
+          }
         }
       }
     }
@@ -258,6 +273,15 @@ TEST(PagedAttention, SplitPlan) {
   EXPECT_EQ(plan_kv_splits(4, 8192, 2), 1);  // already balanced
   EXPECT_EQ(plan_kv_splits(96, 8192, 2), 1);
   EXPECT_EQ(plan_kv_splits(1, 8192, 4), 4);
+  // Tasks: all 3 KV heads together with 2 splits at 8k on 2 threads; per head at 512.
+  const PagedTaskPlan a = plan_paged_tasks(1, 3, 8192, 2);
+  EXPECT_EQ(a.heads_per_task, 3);
+  EXPECT_EQ(a.splits, 2);
+  const PagedTaskPlan b = plan_paged_tasks(1, 3, 512, 2);
+  EXPECT_EQ(b.heads_per_task, 1);
+  EXPECT_EQ(b.splits, 1);
+  EXPECT_EQ(plan_paged_tasks(1, 3, 512, 1).heads_per_task, 3);   // one thread: fuse the heads
+  EXPECT_EQ(plan_paged_tasks(32, 3, 512, 2).heads_per_task, 3);  // prefill: enough tiles
 }
 
 // ---- PagedKvCache end to end ------------------------------------------------------------------

@@ -15,7 +15,7 @@ void f16_dot_dense_order_avx2(int head_dim, const float* q, const uint8_t* tile,
 
 namespace {
 
-// Pointer arrays live on the stack; PagedKvCache keeps n_q * group within this.
+// Pointer arrays live on the stack; PagedKvCache keeps n_q * n_kv * group within this.
 constexpr int kMaxTileRows = 256;
 
 inline float round_fp16(float x) {
@@ -25,11 +25,11 @@ inline float round_fp16(float x) {
 // A block's tiles are a few hundred bytes each, one block (all layers) apart: too short and too
 // far apart for the hardware prefetcher, so the next block's K and V tiles of this head are
 // requested while the current block is computed.
-void prefetch_tiles(const PagedBlockView& bv, int kv_head) {
+void prefetch_tiles(const PagedBlockView& bv, int kv_head, int n_kv) {
   const uint8_t* k = bv.k + static_cast<size_t>(kv_head) * bv.k_tile_bytes;
   const uint8_t* v = bv.v + static_cast<size_t>(kv_head) * bv.v_tile_bytes;
-  for (size_t o = 0; o < bv.k_tile_bytes; o += 64) __builtin_prefetch(k + o);
-  for (size_t o = 0; o < bv.v_tile_bytes; o += 64) __builtin_prefetch(v + o);
+  for (size_t o = 0; o < n_kv * bv.k_tile_bytes; o += 64) __builtin_prefetch(k + o);
+  for (size_t o = 0; o < n_kv * bv.v_tile_bytes; o += 64) __builtin_prefetch(v + o);
 }
 
 void generic_score(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* const* q,
@@ -65,16 +65,17 @@ TileKernels generic_kernels() {
 void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, float* scratch,
                             const PagedAttnPartial& part) {
   const int d = t.head_dim, B = t.block_size, G = t.group;
-  const int R = t.n_q * G;
-  assert(t.n_q >= 1 && t.n_q <= kMaxTileQ && R <= kMaxTileRows && d <= 512);
+  const int QG = t.n_q * G;   // rows per KV head
+  const int R = t.n_kv * QG;  // row r = (h, i, g): KV head h, query i, group head g
+  assert(t.n_q >= 1 && t.n_q <= kMaxTileQ && t.n_kv >= 1 && R <= kMaxTileRows && d <= 512);
   float* qr = scratch;    // [R, d] queries rounded to fp16 (for FP16 K tiles)
   float* s = qr + R * d;  // [R, B] one block's scores, then its weights exp(s - m)
   const float* qf[kMaxTileRows];
   const float* qh[kMaxTileRows];
   float* acc[kMaxTileRows];
   for (int r = 0; r < R; ++r) {
-    const int i = r / G, g = r % G;
-    qf[r] = t.q + i * t.q_stride + static_cast<int64_t>(g) * d;
+    const int h = r / QG, i = r % QG / G, g = r % G;
+    qf[r] = t.q + i * t.q_stride + static_cast<int64_t>(h * G + g) * d;
     for (int c = 0; c < d; ++c) qr[r * d + c] = round_fp16(qf[r][c]);
     qh[r] = qr + r * d;
     acc[r] = part.acc + static_cast<int64_t>(r) * d;
@@ -88,12 +89,17 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
     if (kv0 >= vis_end) break;
     const int rows = static_cast<int>(std::min<int64_t>(B, vis_end - kv0));
     const PagedBlockView& bv = t.blocks[b];
-    if (b + 1 < t.block_end && (b + 1) * B < vis_end) prefetch_tiles(t.blocks[b + 1], t.kv_head);
-    const uint8_t* kt = bv.k + static_cast<size_t>(t.kv_head) * bv.k_tile_bytes;
-    kern.score(bv, kt, rows, bv.k_f16 ? qh : qf, R, s, B);
+    if (b + 1 < t.block_end && (b + 1) * B < vis_end) {
+      prefetch_tiles(t.blocks[b + 1], t.kv_head, t.n_kv);
+    }
+    // The tile's KV heads' K tiles are adjacent in the block: one sequential read.
+    for (int h = 0; h < t.n_kv; ++h) {
+      const uint8_t* kt = bv.k + static_cast<size_t>(t.kv_head + h) * bv.k_tile_bytes;
+      kern.score(bv, kt, rows, (bv.k_f16 ? qh : qf) + h * QG, QG, s + h * QG * B, B);
+    }
     for (int r = 0; r < R; ++r) {
       float* sr = s + r * B;
-      const int i = r / G;
+      const int i = r % QG / G;
       const int lim = static_cast<int>(std::clamp<int64_t>(t.q_pos0 + i + 1 - kv0, 0, rows));
       if (lim == 0) {  // the whole block is in this query's future
         std::fill(sr, sr + rows, 0.0f);
@@ -119,8 +125,10 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
       part.l[r] += sum;
       part.m[r] = m_new;
     }
-    const uint8_t* vt = bv.v + static_cast<size_t>(t.kv_head) * bv.v_tile_bytes;
-    kern.accum(bv, vt, rows, s, B, acc, R);
+    for (int h = 0; h < t.n_kv; ++h) {
+      const uint8_t* vt = bv.v + static_cast<size_t>(t.kv_head + h) * bv.v_tile_bytes;
+      kern.accum(bv, vt, rows, s + h * QG * B, B, acc + h * QG, QG);
+    }
   }
 }
 
@@ -141,17 +149,32 @@ int plan_kv_splits(int64_t tiles, int64_t visible_tokens, int n_threads) {
   return best;
 }
 
+PagedTaskPlan plan_paged_tasks(int64_t tiles, int n_kv_heads, int64_t visible_tokens,
+                               int n_threads) {
+  // Makespans in units of one (tile, KV head) over the whole context.
+  const auto span = [&](int64_t tasks, int s, int heads) {
+    return static_cast<double>((tasks * s + n_threads - 1) / n_threads) / s * heads;
+  };
+  const int s_all = plan_kv_splits(tiles, visible_tokens, n_threads);
+  const int s_one = plan_kv_splits(tiles * n_kv_heads, visible_tokens, n_threads);
+  if (span(tiles, s_all, n_kv_heads) <= span(tiles * n_kv_heads, s_one, 1) + 1e-9) {
+    return PagedTaskPlan{n_kv_heads, s_all};
+  }
+  return PagedTaskPlan{1, s_one};
+}
+
 void attend_paged_tile(const PagedAttnTile& t, float* scratch, const PagedAttnPartial& part) {
   static const detail::TileKernels kKernels =
       has_avx2() ? detail::avx2_kernels() : detail::generic_kernels();
   detail::attend_paged_tile_with(kKernels, t, scratch, part);
 }
 
-void merge_paged_partials(const PagedAttnPartial* parts, int n_parts, int n_q, int group,
+void merge_paged_partials(const PagedAttnPartial* parts, int n_parts, int n_q, int n_kv, int group,
                           int head_dim, float* out, int64_t out_stride) {
-  const int d = head_dim;
-  for (int r = 0; r < n_q * group; ++r) {
-    float* o = out + (r / group) * out_stride + static_cast<int64_t>(r % group) * d;
+  const int d = head_dim, QG = n_q * group;
+  for (int r = 0; r < n_kv * QG; ++r) {
+    const int h = r / QG, i = r % QG / group, g = r % group;
+    float* o = out + i * out_stride + static_cast<int64_t>(h * group + g) * d;
     float M = -INFINITY;
     for (int p = 0; p < n_parts; ++p) M = std::max(M, parts[p].m[r]);
     std::fill(o, o + d, 0.0f);

@@ -245,17 +245,21 @@ void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n
     for (int64_t r = 0; r < n * n_head; ++r) kv::hadamard_rotate(q_rot_.data() + r * d, d);
     q = q_rot_.data();
   }
-  // Tasks: (query tile x KV head x split). A tile of up to kMaxTileQ queries reads each block
+  // Tasks: (query tile x KV heads x split). A tile of up to kMaxTileQ queries reads each block
   // once for all its rows; splits cut long contexts so that one decode token fills every thread.
   const int tile_q =
       static_cast<int>(std::min<int64_t>({attention::kMaxTileQ, n, std::max(1, 128 / group)}));
   const int64_t n_tiles = (n + tile_q - 1) / tile_q;
-  const int splits = attention::plan_kv_splits(n_tiles * H, n_ctx, pool.size());
-  const int64_t n_tasks = n_tiles * H * splits;
-  const int rows = tile_q * group;
+  attention::PagedTaskPlan plan = attention::plan_paged_tasks(n_tiles, H, n_ctx, pool.size());
+  if (tile_q * H * group > 256)
+    plan = attention::PagedTaskPlan{1, attention::plan_kv_splits(n_tiles * H, n_ctx, pool.size())};
+  const int hpt = plan.heads_per_task, splits = plan.splits;
+  const int head_tasks = H / hpt;
+  const int64_t n_tasks = n_tiles * head_tasks * splits;
+  const int rows = tile_q * hpt * group;
   const size_t part_floats = attention::paged_partial_floats(rows, d);
   partials_.resize(static_cast<size_t>(n_tasks) * part_floats);
-  const size_t per_thread = attention::paged_attn_scratch_floats(tile_q, group, d, B);
+  const size_t per_thread = attention::paged_attn_scratch_floats(rows, d, B);
   scratch_.resize(static_cast<size_t>(pool.size()) * per_thread);
   const auto partial = [&](int64_t task) {
     return attention::partial_at(partials_.data() + static_cast<size_t>(task) * part_floats, rows,
@@ -265,8 +269,8 @@ void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n
     float* sc = scratch_.data() + static_cast<size_t>(ith) * per_thread;
     for (int64_t task = begin; task < end; ++task) {
       const int sp = static_cast<int>(task % splits);
-      const int hk = static_cast<int>(task / splits % H);
-      const int64_t tile = task / splits / H;
+      const int ht = static_cast<int>(task / splits % head_tasks);
+      const int64_t tile = task / splits / head_tasks;
       attention::PagedAttnTile a;
       a.blocks = views_.data();
       a.block_size = B;
@@ -275,27 +279,29 @@ void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n
       const int64_t nb = (a.q_pos0 + a.n_q + B - 1) / B;  // blocks the tile can see
       a.block_begin = nb * sp / splits;
       a.block_end = nb * (sp + 1) / splits;
-      a.kv_head = hk;
+      a.kv_head = ht * hpt;
+      a.n_kv = hpt;
       a.group = group;
       a.head_dim = d;
       a.scale = scale;
-      a.q = q + (a.q_pos0 - pos0) * q_stride + static_cast<int64_t>(hk) * group * d;
+      a.q = q + (a.q_pos0 - pos0) * q_stride + static_cast<int64_t>(a.kv_head) * group * d;
       a.q_stride = q_stride;
       attention::attend_paged_tile(a, sc, partial(task));
     }
   });
-  // Merge each (tile, KV head)'s splits into out.
-  pool.parallel_for(n_tiles * H, [&](int64_t begin, int64_t end, int) {
+  // Merge each (tile, KV heads)'s splits into out.
+  pool.parallel_for(n_tiles * head_tasks, [&](int64_t begin, int64_t end, int) {
     std::array<attention::PagedAttnPartial, attention::kMaxKvSplits> parts;
     for (int64_t th = begin; th < end; ++th) {
-      const int64_t tile = th / H;
-      const int hk = static_cast<int>(th % H);
-      for (int sp = 0; sp < splits; ++sp)
+      const int64_t tile = th / head_tasks;
+      const int ht = static_cast<int>(th % head_tasks);
+      for (int sp = 0; sp < splits; ++sp) {
         parts[static_cast<size_t>(sp)] = partial(th * splits + sp);
+      }
       const int n_q = static_cast<int>(std::min<int64_t>(tile_q, n - tile * tile_q));
       attention::merge_paged_partials(
-          parts.data(), splits, n_q, group, d,
-          out + tile * tile_q * q_stride + static_cast<int64_t>(hk) * group * d, q_stride);
+          parts.data(), splits, n_q, hpt, group, d,
+          out + tile * tile_q * q_stride + static_cast<int64_t>(ht * hpt) * group * d, q_stride);
     }
   });
   if (il == cfg_.geometry.n_layer - 1 && n_ctx == n_tokens_) {

@@ -41,7 +41,8 @@ struct PagedBlockView {
 inline constexpr int kMaxTileQ = 16;
 
 // One task: queries at positions q_pos0 .. q_pos0 + n_q - 1 (query i sees keys 0 .. q_pos0 + i,
-// the causal mask) for the group of KV head kv_head, over blocks [block_begin, block_end).
+// the causal mask) for the groups of KV heads kv_head .. kv_head + n_kv - 1, over blocks
+// [block_begin, block_end). Several KV heads per task read their adjacent tiles as one run.
 struct PagedAttnTile {
   const PagedBlockView* blocks = nullptr;  // the sequence's logical blocks
   int block_size = 16;
@@ -50,16 +51,18 @@ struct PagedAttnTile {
   int64_t block_begin = 0;
   int64_t block_end = 0;  // blocks past the last query's position are skipped
   int kv_head = 0;
-  int group = 1;  // query heads kv_head * group .. + group - 1
+  int n_kv = 1;
+  int group = 1;  // KV head kv_head + h serves query heads (kv_head + h) * group .. + group - 1
   int head_dim = 0;
   float scale = 1.0f;
-  // Query i, group head g at q + i * q_stride + g * head_dim (q points at the group's first head).
+  // Query i, KV head h, group head g at q + i * q_stride + (h * group + g) * head_dim (q points at
+  // the first query head of KV head kv_head).
   const float* q = nullptr;
   int64_t q_stride = 0;
 };
 
-// A tile's online-softmax state; row r = i * group + g. A row that saw no key has m = -inf,
-// l = 0, acc = 0.
+// A tile's online-softmax state; row r = (h * n_q + i) * group + g. A row that saw no key has m =
+// -inf, l = 0, acc = 0.
 struct PagedAttnPartial {
   float* m = nullptr;    // [rows] running max of the scaled scores
   float* l = nullptr;    // [rows] sum of exp(s - m)
@@ -74,11 +77,11 @@ struct PagedAttnPartial {
   return PagedAttnPartial{base, base + rows, base + 2 * rows};
 }
 
-// Scratch floats attend_paged_tile needs: bounded by one block, independent of the context.
-[[nodiscard]] inline size_t paged_attn_scratch_floats(int n_q, int group, int head_dim,
-                                                      int block_size) {
-  const size_t rows = static_cast<size_t>(n_q) * static_cast<size_t>(group);
-  return rows * (static_cast<size_t>(head_dim) + 2 * static_cast<size_t>(block_size));
+// Scratch floats attend_paged_tile needs for `rows` = n_q * n_kv * group rows: bounded by one
+// block, independent of the context.
+[[nodiscard]] inline size_t paged_attn_scratch_floats(int rows, int head_dim, int block_size) {
+  return static_cast<size_t>(rows) *
+         (static_cast<size_t>(head_dim) + 2 * static_cast<size_t>(block_size));
 }
 
 // Split-K: how many chunks to cut each tile's visible context into so that tiles * splits tasks
@@ -89,15 +92,25 @@ inline constexpr int64_t kMinSplitTokens = 512;
 inline constexpr int kMaxKvSplits = 8;
 [[nodiscard]] int plan_kv_splits(int64_t tiles, int64_t visible_tokens, int n_threads);
 
+// How PagedKvCache cuts one layer's attention into tasks: each task takes `heads_per_task` KV
+// heads (all of them, so a block's adjacent tiles are read as one run, unless per-head tasks
+// balance the threads better) and one of `splits` chunks of the context.
+struct PagedTaskPlan {
+  int heads_per_task = 1;
+  int splits = 1;
+};
+[[nodiscard]] PagedTaskPlan plan_paged_tasks(int64_t tiles, int n_kv_heads, int64_t visible_tokens,
+                                             int n_threads);
+
 // Runs the tile over its block range into `part` (overwritten).
 // note: call only if 1 <= n_q <= kMaxTileQ, head_dim <= 512, every block in range that holds a
 // visible position has tiles
 void attend_paged_tile(const PagedAttnTile& t, float* scratch, const PagedAttnPartial& part);
 
-// out row r (query i = r / group, head g = r % group, at out + i * out_stride + g * head_dim) =
-// the exact combination of the parts' rows: sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+// out row r = (h, i, g), at out + i * out_stride + (h * group + g) * head_dim, = the exact
+// combination of the parts' rows: sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
 // A row no part saw is written as zeros.
-void merge_paged_partials(const PagedAttnPartial* parts, int n_parts, int n_q, int group,
+void merge_paged_partials(const PagedAttnPartial* parts, int n_parts, int n_q, int n_kv, int group,
                           int head_dim, float* out, int64_t out_stride);
 
 // Scalar reference twin: one query token, plain and slow. Dequantises every visible row with the
