@@ -6,9 +6,10 @@
 // Names: BM_PagedAttnDecode/<regime>/<depth>/<threads>; regimes 0 f16, 1 int8, 2 fp8_e4m3,
 // 3 int4_asym_g64 + rotate (--kv-cache-dtype int4_asym), 4 K int4_channel_t16 / V int4_asym_g64.
 // Quantised regimes keep the default FP16 sink (8) and window (128). bytes/s counts the K/V
-// bytes one token's attention reads.
+// bytes one token's attention reads. BM_PagedAttnDecodeCold: the same from DRAM (see there).
 #include <benchmark/benchmark.h>
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -90,6 +91,39 @@ void BM_PagedAttnDecode(benchmark::State& state) {
   state.SetLabel(std::string(kRegimes[regime].k) + "/" + kRegimes[regime].v +
                  (kRegimes[regime].rotate ? "+rot" : ""));
 }
+
+// The same with a cold cache: before each token, 512 MiB are written so that the KV comes from
+// DRAM, as in a real decode step where the model's weights and the other layers pass through the
+// cache between two uses of a layer's KV (this machine's LLC holds all of an 8k f16 cache).
+void BM_PagedAttnDecodeCold(benchmark::State& state) {
+  const int regime = static_cast<int>(state.range(0));
+  const int64_t depth = state.range(1);
+  bie::PagedKvCache* c = cache_for(regime, depth);
+  if (c == nullptr) {
+    state.SkipWithError("cache setup failed");
+    return;
+  }
+  bie::ThreadPool pool(static_cast<int>(state.range(2)));
+  static std::vector<uint8_t> evict(size_t{512} << 20);
+  std::vector<float> q(kHeads * kHeadDim, 0.5f), out(q.size());
+  uint8_t tick = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::memset(evict.data(), ++tick, evict.size());
+    state.ResumeTiming();
+    for (int il = 0; il < kLayers; ++il) {
+      c->attend(il, depth - 1, 1, q.data(), kHeads, 0.125f, out.data(), pool);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(std::string(kRegimes[regime].k) + "/" + kRegimes[regime].v +
+                 (kRegimes[regime].rotate ? "+rot" : "") + " cold");
+}
+
+BENCHMARK(BM_PagedAttnDecodeCold)
+    ->ArgsProduct({{0, 3, 4}, {512, 8192}, {1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(8);
 
 BENCHMARK(BM_PagedAttnDecode)
     ->ArgsProduct({{0, 1, 2, 3, 4}, {512, 2048, 8192}, {1, 2}})
