@@ -50,8 +50,28 @@ void generic_accum(const PagedBlockView& bv, const uint8_t* tile, int rows, cons
   for (int r = 0; r < n_rows; ++r) bv.tv->axpy(bv.gv, p + r * p_stride, tile, 0, rows, acc[r]);
 }
 
-void generic_exp(float* x, int n) {
-  for (int j = 0; j < n; ++j) x[j] = std::exp(x[j]);
+void generic_update(float* sr, int rows, int lim, float scale, float* m, float* l, float* acc,
+                    int d) {
+  float mx = -INFINITY;
+  for (int j = 0; j < lim; ++j) {
+    sr[j] *= scale;
+    mx = std::max(mx, sr[j]);
+  }
+  const float m_old = *m;
+  const float m_new = std::max(m_old, mx);
+  float sum = 0.0f;
+  for (int j = 0; j < lim; ++j) {
+    sr[j] = std::exp(sr[j] - m_new);
+    sum += sr[j];
+  }
+  std::fill(sr + lim, sr + rows, 0.0f);
+  if (m_new > m_old) {  // rescale what was accumulated against the old max
+    const float alpha = std::exp(m_old - m_new);  // 0 when m_old = -inf
+    *l *= alpha;
+    for (int c = 0; c < d; ++c) acc[c] *= alpha;
+  }
+  *l += sum;
+  *m = m_new;
 }
 
 }  // namespace
@@ -59,7 +79,7 @@ void generic_exp(float* x, int n) {
 namespace detail {
 
 TileKernels generic_kernels() {
-  return TileKernels{generic_score, generic_accum, generic_exp};
+  return TileKernels{generic_score, generic_accum, generic_update};
 }
 
 void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, float* scratch,
@@ -105,25 +125,7 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
         std::fill(sr, sr + rows, 0.0f);
         continue;
       }
-      float mx = -INFINITY;
-      for (int j = 0; j < lim; ++j) {
-        sr[j] *= t.scale;
-        mx = std::max(mx, sr[j]);
-      }
-      const float m_old = part.m[r];
-      const float m_new = std::max(m_old, mx);
-      for (int j = 0; j < lim; ++j) sr[j] -= m_new;
-      kern.exp(sr, lim);
-      std::fill(sr + lim, sr + rows, 0.0f);
-      float sum = 0.0f;
-      for (int j = 0; j < lim; ++j) sum += sr[j];
-      if (m_new > m_old) {  // rescale what was accumulated against the old max
-        const float alpha = std::exp(m_old - m_new);  // 0 when m_old = -inf
-        part.l[r] *= alpha;
-        for (int c = 0; c < d; ++c) acc[r][c] *= alpha;
-      }
-      part.l[r] += sum;
-      part.m[r] = m_new;
+      kern.update(sr, rows, lim, t.scale, part.m + r, part.l + r, acc[r], d);
     }
     for (int h = 0; h < t.n_kv; ++h) {
       const uint8_t* vt = bv.v + static_cast<size_t>(t.kv_head + h) * bv.v_tile_bytes;

@@ -469,15 +469,51 @@ inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(below, y);
 }
 
-void avx2_exp(float* x, int n) {
-  int j = 0;
-  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, exp8(_mm256_loadu_ps(x + j)));
-  if (j < n) {
-    alignas(32) float t[8] = {};
-    std::memcpy(t, x + j, sizeof(float) * static_cast<size_t>(n - j));
-    _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
-    std::memcpy(x + j, t, sizeof(float) * static_cast<size_t>(n - j));
+// generic_update in 8 lanes; the partial last vector is padded with -inf (exp8 gives 0).
+void avx2_update(float* sr, int rows, int lim, float scale, float* m, float* l, float* acc, int d) {
+  const int full = lim & ~7;
+  const __m256 vs = _mm256_set1_ps(scale);
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  for (int j = 0; j < full; j += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(sr + j), vs);
+    _mm256_storeu_ps(sr + j, x);
+    vmax = _mm256_max_ps(vmax, x);
   }
+  alignas(32) float tail[8];
+  if (full < lim) {
+    for (int t = 0; t < 8; ++t) tail[t] = full + t < lim ? sr[full + t] * scale : -INFINITY;
+    vmax = _mm256_max_ps(vmax, _mm256_load_ps(tail));
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float m_old = *m;
+  const float m_new = std::max(m_old, _mm_cvtss_f32(m4));
+  const __m256 vm = _mm256_set1_ps(m_new);
+  __m256 vsum = _mm256_setzero_ps();
+  for (int j = 0; j < full; j += 8) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + j), vm));
+    _mm256_storeu_ps(sr + j, p);
+    vsum = _mm256_add_ps(vsum, p);
+  }
+  if (full < lim) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_load_ps(tail), vm));
+    vsum = _mm256_add_ps(vsum, p);
+    _mm256_store_ps(tail, p);
+    std::memcpy(sr + full, tail, sizeof(float) * static_cast<size_t>(lim - full));
+  }
+  for (int j = lim; j < rows; ++j) sr[j] = 0.0f;
+  if (m_new > m_old) {  // rescale what was accumulated against the old max
+    const float alpha = std::exp(m_old - m_new);  // 0 when m_old = -inf
+    *l *= alpha;
+    const __m256 va = _mm256_set1_ps(alpha);
+    int c = 0;
+    for (; c + 8 <= d; c += 8)
+      _mm256_storeu_ps(acc + c, _mm256_mul_ps(_mm256_loadu_ps(acc + c), va));
+    for (; c < d; ++c) acc[c] *= alpha;
+  }
+  *l += hsum(vsum);
+  *m = m_new;
 }
 
 }  // namespace
@@ -497,7 +533,7 @@ void f16_dot_dense_order_avx2(int head_dim, const float* q, const uint8_t* tile,
 
 namespace detail {
 TileKernels avx2_kernels() {
-  return TileKernels{avx2_score, avx2_accum, avx2_exp};
+  return TileKernels{avx2_score, avx2_accum, avx2_update};
 }
 }  // namespace detail
 

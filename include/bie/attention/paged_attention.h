@@ -128,17 +128,21 @@ using ScoreBlockFn = void (*)(const PagedBlockView& bv, const uint8_t* tile, int
 // acc[r][0..d) += sum_j p[r * p_stride + j] * V row j.
 using AccumBlockFn = void (*)(const PagedBlockView& bv, const uint8_t* tile, int rows,
                               const float* p, int p_stride, float* const* acc, int n_rows);
-// x[j] = exp(x[j]) for j < n.
-using ExpFn = void (*)(float* x, int n);
+// One row's online-softmax step over a block: s[0, lim) are raw scores of visible keys
+// (lim >= 1), s[lim, rows) masked. Scales the scores, raises the running max *m, rescales *l and
+// acc[head_dim] by exp(m_old - m_new) when it grows, and leaves the weights exp(s - m_new) in
+// s[0, lim) (0 in s[lim, rows)) with their sum added to *l.
+using UpdateRowFn = void (*)(float* s, int rows, int lim, float scale, float* m, float* l,
+                             float* acc, int head_dim);
 struct TileKernels {
   ScoreBlockFn score;
   AccumBlockFn accum;
-  ExpFn exp;
+  UpdateRowFn update;
 };
-// Format-generic kernels: the traits' dot/axpy per row, std::exp.
+// Format-generic kernels: the traits' dot/axpy per row, scalar softmax with std::exp.
 [[nodiscard]] TileKernels generic_kernels();
-// Fused AVX2 kernels (decode once per block row, all tile rows at once), or the generic ones
-// where a block's format or head_dim (% 16) is not covered.
+// Fused AVX2 kernels (decode once per block row, all tile rows at once; vector softmax step), or
+// the generic ones where a block's format or head_dim (% 16) is not covered.
 [[nodiscard]] TileKernels avx2_kernels();
 void attend_paged_tile_with(const TileKernels& k, const PagedAttnTile& t, float* scratch,
                             const PagedAttnPartial& part);
