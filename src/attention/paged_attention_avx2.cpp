@@ -342,9 +342,35 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
   const int half = G / 2, ng = d / G;
   const size_t gb = kv::detail::group_bytes_int4(G), rb = kv::detail::row_bytes_int4(d, G);
   float w[R][64];
+  // Row offsets for gathering 8 rows' (scale, zero) pairs at once.
+  const __m256i rowoff = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32(static_cast<int>(rb)));
   for (int b = 0; b < ng; ++b) {
-    float zsum[R] = {};
-    for (int j = 0; j < rows; ++j) {
+    __m256 zacc[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) zacc[r] = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= rows; j += 8) {
+      // 8 x (scale | zero << 16) -> 8 scales, 8 zeros.
+      const __m256i g =
+          _mm256_i32gather_epi32(reinterpret_cast<const int*>(tile + j * rb + b * gb), rowoff, 1);
+      const __m256i sz = _mm256_permute4x64_epi64(
+          _mm256_packus_epi32(_mm256_and_si256(g, _mm256_set1_epi32(0xFFFF)),
+                              _mm256_srli_epi32(g, 16)),
+          _MM_SHUFFLE(3, 1, 2, 0));
+      const __m256 sc = _mm256_cvtph_ps(_mm256_castsi256_si128(sz));
+      const __m256 zz = _mm256_cvtph_ps(_mm256_extracti128_si256(sz, 1));
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256 pv = _mm256_loadu_ps(p + r * ps + j);
+        _mm256_storeu_ps(w[r] + j, _mm256_mul_ps(pv, sc));
+        zacc[r] = _mm256_fmadd_ps(pv, zz, zacc[r]);
+      }
+    }
+    float zsum[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) zsum[r] = hsum(zacc[r]);
+    for (; j < rows; ++j) {
       const uint8_t* grp = tile + j * rb + b * gb;
       const float sc = f16c(grp), zz = f16c(grp + 2);
       BIE_UNROLL
