@@ -165,6 +165,34 @@ void int4_score(int d, int G, const uint8_t* tile, int rows, const float* const*
       qsum[r][b] = hsum(t);
     }
   }
+  if (ng == 1) {
+    // One group per row (head_dim == G, SmolLM2's d 64 with g64): the scale and zero apply after
+    // the horizontal sum, s = scale * sum(q n) + zero * sum(q).
+    for (int j = 0; j < rows; ++j) {
+      const uint8_t* row = tile + j * rb;
+      __m256 a[R];
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
+      for (int k = 0; k < half; k += 8) {
+        __m256 lo, hi;
+        load8_nibbles(row + 4 + k, &lo, &hi);
+        BIE_UNROLL
+        for (int r = 0; r < R; ++r) {
+          a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + k), lo, a[r]);
+          a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + half + k), hi, a[r]);
+        }
+      }
+      const float sc = f16c(row), zz = f16c(row + 2);
+      float mul[R], add[R];
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        mul[r] = sc;
+        add[r] = zz * qsum[r][0];
+      }
+      store_sums<R>(a, mul, add, s + j, ss);
+    }
+    return;
+  }
   for (int j = 0; j < rows; ++j) {
     const uint8_t* row = tile + j * rb;
     __m256 tot[R];
