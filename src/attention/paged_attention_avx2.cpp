@@ -1,14 +1,607 @@
+// AVX2+FMA+F16C kernels of the fused paged attention: a block's K (V) rows are decoded once into
+// fp32 lanes and used by up to 4 tile rows (query heads of the group, queries of a prefill tile)
+// at once, with q, partial sums and accumulators in registers. Nibbles are widened straight from
+// memory (vpmovzxbd: 8 bytes -> low nibbles with one AND, high nibbles with one shift), so an
+// int4 row costs a few shuffles and FMAs per 16 values. Formats or head widths not covered here
+// (head_dim % 16 != 0) use the generic per-row traits kernels.
+// note: everything here runs only after has_avx2().
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstring>
+
 #include "bie/attention/paged_attention.h"
+#include "kv/kv_format_internal.h"
 
 namespace bie::attention {
 
 // scores[j] = q . row j of an f16 tile, summed exactly as attend_one_head_avx2 sums: one 8-lane
-// FMA accumulator over head_dim, then the same horizontal sum. Keeps the paged f16 path
-// bit-identical to ContiguousKvCache (kv::f16_dot's two accumulators move SmolLM2's logits by
-// up to 0.8, past the golden bar).
+// FMA accumulator over head_dim, then the same horizontal sum. Keeps the f16 K dot in
+// ContiguousKvCache's order (kv::f16_dot's two accumulators move SmolLM2's logits by up to 0.8,
+// past the golden bar).
 // note: call only if head_dim % 8 == 0 and the CPU has AVX2+FMA+F16C
+void f16_dot_dense_order_avx2(int head_dim, const float* q, const uint8_t* tile, int n,
+                              float* scores);
+
+namespace {
+
+using planner::KvType;
+constexpr int kMaxHeadDim = 512;
+constexpr int kFuse = 4;  // tile rows per pass over a block
+
+// Loops over the R fused rows must be unrolled so that their accumulators live in registers
+// (GCC at -O2 keeps a[R] on the stack otherwise).
+#define BIE_UNROLL _Pragma("GCC unroll 8")
+
+inline float hsum(__m256 acc) {
+  __m128 lo = _mm256_castps256_ps128(acc);
+  __m128 hi = _mm256_extractf128_ps(acc, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+inline float f16c(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return _cvtsh_ss(h);
+}
+
+inline __m256 load8_f16(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load8_i8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+// 8 e4m3 codes -> values / 256 (kv_format_avx2.cpp's identity; the caller folds 256 in).
+inline __m256 load8_e4m3_div256(const uint8_t* p) {
+  const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x80)), 8),
+                                 _mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x7F)), 7));
+  return _mm256_cvtph_ps(h);
+}
+// 8 bytes of nibbles -> low nibbles (lo) and high nibbles (hi) as 8 fp32 each.
+inline void load8_nibbles(const uint8_t* p, __m256* lo, __m256* hi) {
+  const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  *lo = _mm256_cvtepi32_ps(_mm256_and_si256(x, _mm256_set1_epi32(0x0F)));
+  *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(x, 4));
+}
+// Interleaved (scale, zero) fp16 pairs of 8 channels -> 8 scales and 8 zeros.
+inline void load8_params(const uint8_t* p, __m256* scale, __m256* zero) {
+  const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  const __m256 s = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+  const __m256 z = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+  *scale = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
+  *zero = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(z), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+// ---- scores: s[r * ss + j] = q[r] . K row j, R rows of the tile at once ----------------------
+
+// s[r * ss] = mul[r] * (sum of v[r]'s lanes) + add[r] for r < R, the R horizontal sums done
+// together (3 vhaddps for 4 vectors instead of 4 separate reductions). Not for FP16 K tiles,
+// whose sums must keep dense_attention's order.
+template <int R>
+inline void store_sums(const __m256* v, const float* mul, const float* add, float* s, int ss) {
+  const __m256 z = _mm256_setzero_ps();
+  for (int r0 = 0; r0 < R; r0 += 4) {
+    const __m256 a = v[r0], b = r0 + 1 < R ? v[r0 + 1] : z;
+    const __m256 c = r0 + 2 < R ? v[r0 + 2] : z, e = r0 + 3 < R ? v[r0 + 3] : z;
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, e));
+    alignas(16) float t[4];
+    _mm_store_ps(t, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    for (int k = 0; k < 4 && r0 + k < R; ++k) {
+      s[(r0 + k) * ss] = mul[r0 + k] * t[k] + add[r0 + k];
+    }
+  }
+}
+
+// FP16: per row and query one 8-lane accumulator in channel order (dense_attention's order).
+template <int R>
+void f16_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
+  const size_t rb = kv::detail::row_bytes_f16(d);
+  for (int j = 0; j < rows; ++j) {
+    const uint8_t* row = tile + j * rb;
+    __m256 a[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 8) {
+      const __m256 k = load8_f16(row + 2 * c);
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c), k, a[r]);
+    }
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) s[r * ss + j] = hsum(a[r]);
+  }
+}
+
+// int8 / fp8: codes times q, then the row scale.
+template <int R, bool kFp8>
+void scaled_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
+  const size_t rb = kv::detail::row_bytes_scaled(d);
+  const float unit = kFp8 ? 256.0f : 1.0f;
+  for (int j = 0; j < rows; ++j) {
+    const uint8_t* row = tile + j * rb;
+    __m256 a[R], b[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 16) {
+      const __m256 k0 = kFp8 ? load8_e4m3_div256(row + 2 + c) : load8_i8(row + 2 + c);
+      const __m256 k1 = kFp8 ? load8_e4m3_div256(row + 10 + c) : load8_i8(row + 10 + c);
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c), k0, a[r]);
+        b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c + 8), k1, b[r]);
+      }
+    }
+    const float sc = f16c(row) * unit;
+    float mul[R], add[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      a[r] = _mm256_add_ps(a[r], b[r]);
+      mul[r] = sc;
+      add[r] = 0.0f;
+    }
+    store_sums<R>(a, mul, add, s + j, ss);
+  }
+}
+
+// int4_asym gG: per group s * sum(q n) + z * sum(q); sum(q) per group is shared by all rows.
+template <int R>
+void int4_score(int d, int G, const uint8_t* tile, int rows, const float* const* q, float* s,
+                int ss) {
+  const int half = G / 2, ng = d / G;
+  const size_t gb = kv::detail::group_bytes_int4(G), rb = kv::detail::row_bytes_int4(d, G);
+  float qsum[R][kMaxHeadDim / 32];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    for (int b = 0; b < ng; ++b) {
+      __m256 t = _mm256_setzero_ps();
+      for (int c = 0; c < G; c += 8) t = _mm256_add_ps(t, _mm256_loadu_ps(q[r] + b * G + c));
+      qsum[r][b] = hsum(t);
+    }
+  }
+  if (ng == 1) {
+    // One group per row (head_dim == G, SmolLM2's d 64 with g64): the scale and zero apply after
+    // the horizontal sum, s = scale * sum(q n) + zero * sum(q).
+    for (int j = 0; j < rows; ++j) {
+      const uint8_t* row = tile + j * rb;
+      __m256 a[R];
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
+      for (int k = 0; k < half; k += 8) {
+        __m256 lo, hi;
+        load8_nibbles(row + 4 + k, &lo, &hi);
+        BIE_UNROLL
+        for (int r = 0; r < R; ++r) {
+          a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + k), lo, a[r]);
+          a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + half + k), hi, a[r]);
+        }
+      }
+      const float sc = f16c(row), zz = f16c(row + 2);
+      float mul[R], add[R];
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        mul[r] = sc;
+        add[r] = zz * qsum[r][0];
+      }
+      store_sums<R>(a, mul, add, s + j, ss);
+    }
+    return;
+  }
+  for (int j = 0; j < rows; ++j) {
+    const uint8_t* row = tile + j * rb;
+    __m256 tot[R];
+    float z[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      tot[r] = _mm256_setzero_ps();
+      z[r] = 0.0f;
+    }
+    for (int b = 0; b < ng; ++b) {
+      const uint8_t* grp = row + b * gb;
+      __m256 a[R], c2[R];
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) a[r] = c2[r] = _mm256_setzero_ps();
+      for (int k = 0; k < half; k += 8) {
+        __m256 lo, hi;
+        load8_nibbles(grp + 4 + k, &lo, &hi);
+        BIE_UNROLL
+        for (int r = 0; r < R; ++r) {
+          const float* qg = q[r] + b * G;
+          a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + k), lo, a[r]);
+          c2[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + half + k), hi, c2[r]);
+        }
+      }
+      const __m256 sc = _mm256_set1_ps(f16c(grp));
+      const float zz = f16c(grp + 2);
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        tot[r] = _mm256_fmadd_ps(_mm256_add_ps(a[r], c2[r]), sc, tot[r]);
+        z[r] += zz * qsum[r][b];
+      }
+    }
+    float mul[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) mul[r] = 1.0f;
+    store_sums<R>(tot, mul, z, s + j, ss);
+  }
+}
+
+// int4_channel: per tile, fold the channel scales into the queries (qs = q * scale) and the zero
+// points into one constant per query; a row is then a plain dot of qs with its nibbles.
+template <int R>
+void chan_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
+  const int half = d / 2;
+  alignas(32) float qs[R][kMaxHeadDim];
+  float zt[R];
+  __m256 vz[R];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) vz[r] = _mm256_setzero_ps();
+  for (int c = 0; c < d; c += 8) {
+    __m256 sc, zc;
+    load8_params(tile + 4 * c, &sc, &zc);
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 qc = _mm256_loadu_ps(q[r] + c);
+      _mm256_store_ps(qs[r] + c, _mm256_mul_ps(qc, sc));
+      vz[r] = _mm256_fmadd_ps(qc, zc, vz[r]);
+    }
+  }
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) zt[r] = hsum(vz[r]);
+  for (int j = 0; j < rows; ++j) {
+    const uint8_t* row = tile + kv::detail::chan_row_offset(d, j);
+    __m256 a[R], b[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
+    for (int k = 0; k < half; k += 8) {
+      __m256 lo, hi;
+      load8_nibbles(row + k, &lo, &hi);
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        a[r] = _mm256_fmadd_ps(_mm256_load_ps(qs[r] + k), lo, a[r]);
+        b[r] = _mm256_fmadd_ps(_mm256_load_ps(qs[r] + half + k), hi, b[r]);
+      }
+    }
+    float mul[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      a[r] = _mm256_add_ps(a[r], b[r]);
+      mul[r] = 1.0f;
+    }
+    store_sums<R>(a, mul, zt, s + j, ss);
+  }
+}
+
+template <int R>
+void score_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* const* q,
+             float* s, int ss) {
+  const int d = bv.gk.head_dim;
+  switch (bv.tk->type) {
+    case KvType::kF16:
+      return f16_score<R>(d, tile, rows, q, s, ss);
+    case KvType::kInt8:
+      return scaled_score<R, false>(d, tile, rows, q, s, ss);
+    case KvType::kFp8E4M3:
+      return scaled_score<R, true>(d, tile, rows, q, s, ss);
+    case KvType::kInt4Asym:
+      return int4_score<R>(d, bv.gk.group, tile, rows, q, s, ss);
+    case KvType::kInt4Channel:
+      return chan_score<R>(d, tile, rows, q, s, ss);
+    default:
+      assert(false);
+  }
+}
+
+// ---- values: acc[r][c] += sum_j p[r * ps + j] * V row j ---------------------------------------
+
+// Channels [c0, c0 + 8) and [c1, c1 + 8) of R accumulators over all rows: decode(j) gives the
+// row's two 8-channel vectors, w(r, j) the weight.
+template <int R, class Decode, class Weight>
+inline void accum_pair(int rows, float* const* acc, int c0, int c1, Decode decode, Weight w) {
+  __m256 a0[R], a1[R];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    a0[r] = _mm256_loadu_ps(acc[r] + c0);
+    a1[r] = _mm256_loadu_ps(acc[r] + c1);
+  }
+  for (int j = 0; j < rows; ++j) {
+    __m256 v0, v1;
+    decode(j, &v0, &v1);
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 wr = _mm256_set1_ps(w(r, j));
+      a0[r] = _mm256_fmadd_ps(wr, v0, a0[r]);
+      a1[r] = _mm256_fmadd_ps(wr, v1, a1[r]);
+    }
+  }
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(acc[r] + c0, a0[r]);
+    _mm256_storeu_ps(acc[r] + c1, a1[r]);
+  }
+}
+
+template <int R>
+void f16_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, float* const* acc) {
+  const size_t rb = kv::detail::row_bytes_f16(d);
+  for (int c = 0; c < d; c += 16) {
+    accum_pair<R>(
+        rows, acc, c, c + 8,
+        [&](int j, __m256* v0, __m256* v1) {
+          *v0 = load8_f16(tile + j * rb + 2 * c);
+          *v1 = load8_f16(tile + j * rb + 2 * c + 16);
+        },
+        [&](int r, int j) { return p[r * ps + j]; });
+  }
+}
+
+template <int R, bool kFp8>
+void scaled_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, float* const* acc) {
+  const size_t rb = kv::detail::row_bytes_scaled(d);
+  const float unit = kFp8 ? 256.0f : 1.0f;
+  float w[R][64];  // p times the row scale, for the block's rows (block_size <= 64 fused)
+  for (int j = 0; j < rows; ++j) {
+    const float sc = f16c(tile + j * rb) * unit;
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) w[r][j] = p[r * ps + j] * sc;
+  }
+  for (int c = 0; c < d; c += 16) {
+    accum_pair<R>(
+        rows, acc, c, c + 8,
+        [&](int j, __m256* v0, __m256* v1) {
+          const uint8_t* codes = tile + j * rb + 2 + c;
+          *v0 = kFp8 ? load8_e4m3_div256(codes) : load8_i8(codes);
+          *v1 = kFp8 ? load8_e4m3_div256(codes + 8) : load8_i8(codes + 8);
+        },
+        [&](int r, int j) { return w[r][j]; });
+  }
+}
+
+// int4_asym: acc += (p s) n per channel, plus sum_j p z once per group.
+template <int R>
+void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int ps,
+                float* const* acc) {
+  const int half = G / 2, ng = d / G;
+  const size_t gb = kv::detail::group_bytes_int4(G), rb = kv::detail::row_bytes_int4(d, G);
+  float w[R][64];
+  // Row offsets for gathering 8 rows' (scale, zero) pairs at once.
+  const __m256i rowoff = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32(static_cast<int>(rb)));
+  for (int b = 0; b < ng; ++b) {
+    __m256 zacc[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) zacc[r] = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= rows; j += 8) {
+      // 8 x (scale | zero << 16) -> 8 scales, 8 zeros.
+      const __m256i g =
+          _mm256_i32gather_epi32(reinterpret_cast<const int*>(tile + j * rb + b * gb), rowoff, 1);
+      const __m256i sz = _mm256_permute4x64_epi64(
+          _mm256_packus_epi32(_mm256_and_si256(g, _mm256_set1_epi32(0xFFFF)),
+                              _mm256_srli_epi32(g, 16)),
+          _MM_SHUFFLE(3, 1, 2, 0));
+      const __m256 sc = _mm256_cvtph_ps(_mm256_castsi256_si128(sz));
+      const __m256 zz = _mm256_cvtph_ps(_mm256_extracti128_si256(sz, 1));
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256 pv = _mm256_loadu_ps(p + r * ps + j);
+        _mm256_storeu_ps(w[r] + j, _mm256_mul_ps(pv, sc));
+        zacc[r] = _mm256_fmadd_ps(pv, zz, zacc[r]);
+      }
+    }
+    float zsum[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) zsum[r] = hsum(zacc[r]);
+    for (; j < rows; ++j) {
+      const uint8_t* grp = tile + j * rb + b * gb;
+      const float sc = f16c(grp), zz = f16c(grp + 2);
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        w[r][j] = p[r * ps + j] * sc;
+        zsum[r] += p[r * ps + j] * zz;
+      }
+    }
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 z = _mm256_set1_ps(zsum[r]);
+      float* a = acc[r] + b * G;
+      for (int c = 0; c < G; c += 8)
+        _mm256_storeu_ps(a + c, _mm256_add_ps(_mm256_loadu_ps(a + c), z));
+    }
+    for (int k = 0; k < half; k += 8) {
+      accum_pair<R>(
+          rows, acc, b * G + k, b * G + half + k,
+          [&](int j, __m256* v0, __m256* v1) {
+            load8_nibbles(tile + j * rb + b * gb + 4 + k, v0, v1);
+          },
+          [&](int r, int j) { return w[r][j]; });
+    }
+  }
+}
+
+// int4_channel V (not a configured regime, kept for completeness): acc_c += scale_c *
+// sum_j p n + zero_c * sum_j p.
+template <int R>
+void chan_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, float* const* acc) {
+  const int half = d / 2;
+  alignas(32) float tmp[R][kMaxHeadDim];
+  float* t[R];
+  float psum[R] = {};
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    t[r] = tmp[r];
+    std::memset(tmp[r], 0, sizeof(float) * static_cast<size_t>(d));
+    for (int j = 0; j < rows; ++j) psum[r] += p[r * ps + j];
+  }
+  for (int k = 0; k < half; k += 8) {
+    accum_pair<R>(
+        rows, t, k, half + k,
+        [&](int j, __m256* v0, __m256* v1) {
+          load8_nibbles(tile + kv::detail::chan_row_offset(d, j) + k, v0, v1);
+        },
+        [&](int r, int j) { return p[r * ps + j]; });
+  }
+  for (int c = 0; c < d; c += 8) {
+    __m256 sc, zc;
+    load8_params(tile + 4 * c, &sc, &zc);
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 base = _mm256_fmadd_ps(zc, _mm256_set1_ps(psum[r]), _mm256_loadu_ps(acc[r] + c));
+      _mm256_storeu_ps(acc[r] + c, _mm256_fmadd_ps(sc, _mm256_load_ps(tmp[r] + c), base));
+    }
+  }
+}
+
+template <int R>
+void accum_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* p, int ps,
+             float* const* acc) {
+  const int d = bv.gv.head_dim;
+  switch (bv.tv->type) {
+    case KvType::kF16:
+      return f16_accum<R>(d, tile, rows, p, ps, acc);
+    case KvType::kInt8:
+      return scaled_accum<R, false>(d, tile, rows, p, ps, acc);
+    case KvType::kFp8E4M3:
+      return scaled_accum<R, true>(d, tile, rows, p, ps, acc);
+    case KvType::kInt4Asym:
+      return int4_accum<R>(d, bv.gv.group, tile, rows, p, ps, acc);
+    case KvType::kInt4Channel:
+      return chan_accum<R>(d, tile, rows, p, ps, acc);
+    default:
+      assert(false);
+  }
+}
+
+bool fused_ok(const kv::KvRowGeom& g, int rows) {
+  return g.head_dim % 16 == 0 && g.head_dim <= kMaxHeadDim && rows <= 64;
+}
+
+void avx2_score(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* const* q,
+                int n_rows, float* s, int ss) {
+  if (!fused_ok(bv.gk, rows)) {
+    return detail::generic_kernels().score(bv, tile, rows, q, n_rows, s, ss);
+  }
+  for (int r0 = 0; r0 < n_rows; r0 += kFuse) {
+    const float* const* qr = q + r0;
+    float* sr = s + r0 * ss;
+    switch (std::min(kFuse, n_rows - r0)) {
+      case 1:
+        score_r<1>(bv, tile, rows, qr, sr, ss);
+        break;
+      case 2:
+        score_r<2>(bv, tile, rows, qr, sr, ss);
+        break;
+      case 3:
+        score_r<3>(bv, tile, rows, qr, sr, ss);
+        break;
+      default:
+        score_r<4>(bv, tile, rows, qr, sr, ss);
+        break;
+    }
+  }
+}
+
+void avx2_accum(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* p, int ps,
+                float* const* acc, int n_rows) {
+  if (!fused_ok(bv.gv, rows)) {
+    return detail::generic_kernels().accum(bv, tile, rows, p, ps, acc, n_rows);
+  }
+  for (int r0 = 0; r0 < n_rows; r0 += kFuse) {
+    const float* pr = p + r0 * ps;
+    float* const* ar = acc + r0;
+    switch (std::min(kFuse, n_rows - r0)) {
+      case 1:
+        accum_r<1>(bv, tile, rows, pr, ps, ar);
+        break;
+      case 2:
+        accum_r<2>(bv, tile, rows, pr, ps, ar);
+        break;
+      case 3:
+        accum_r<3>(bv, tile, rows, pr, ps, ar);
+        break;
+      default:
+        accum_r<4>(bv, tile, rows, pr, ps, ar);
+        break;
+    }
+  }
+}
+
+// exp on 8 lanes (Cephes expf: range reduction by ln 2 in two parts, degree-5 polynomial,
+// exponent by integer add); ~1 ulp on [-87, 88], 0 below.
+inline __m256 exp8(__m256 x) {
+  const __m256 lo_lim = _mm256_set1_ps(-87.33654f);
+  const __m256 below = _mm256_cmp_ps(x, lo_lim, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo_lim), _mm256_set1_ps(88.3762626647949f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(fx), 23);
+  y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e));
+  return _mm256_andnot_ps(below, y);
+}
+
+// generic_update in 8 lanes; the partial last vector is padded with -inf (exp8 gives 0).
+void avx2_update(float* sr, int rows, int lim, float scale, float* m, float* l, float* acc, int d) {
+  const int full = lim & ~7;
+  const __m256 vs = _mm256_set1_ps(scale);
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  for (int j = 0; j < full; j += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(sr + j), vs);
+    _mm256_storeu_ps(sr + j, x);
+    vmax = _mm256_max_ps(vmax, x);
+  }
+  alignas(32) float tail[8];
+  if (full < lim) {
+    for (int t = 0; t < 8; ++t) tail[t] = full + t < lim ? sr[full + t] * scale : -INFINITY;
+    vmax = _mm256_max_ps(vmax, _mm256_load_ps(tail));
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float m_old = *m;
+  const float m_new = std::max(m_old, _mm_cvtss_f32(m4));
+  const __m256 vm = _mm256_set1_ps(m_new);
+  for (int j = 0; j < full; j += 8) {
+    _mm256_storeu_ps(sr + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + j), vm)));
+  }
+  if (full < lim) {
+    _mm256_store_ps(tail, exp8(_mm256_sub_ps(_mm256_load_ps(tail), vm)));
+    std::memcpy(sr + full, tail, sizeof(float) * static_cast<size_t>(lim - full));
+  }
+  for (int j = lim; j < rows; ++j) sr[j] = 0.0f;
+  if (m_new > m_old) {  // rescale what was accumulated against the old max
+    const float alpha = std::exp(m_old - m_new);  // 0 when m_old = -inf
+    *l *= alpha;
+    const __m256 va = _mm256_set1_ps(alpha);
+    int c = 0;
+    for (; c + 8 <= d; c += 8)
+      _mm256_storeu_ps(acc + c, _mm256_mul_ps(_mm256_loadu_ps(acc + c), va));
+    for (; c < d; ++c) acc[c] *= alpha;
+  }
+  // The sum in index order, as generic_update: SmolLM2's golden logits sit close enough to the
+  // 0.6 bar that a lane-wise sum order moved one past it.
+  float sum = 0.0f;
+  for (int j = 0; j < lim; ++j) sum += sr[j];
+  *l += sum;
+  *m = m_new;
+}
+
+}  // namespace
+
 void f16_dot_dense_order_avx2(int head_dim, const float* q, const uint8_t* tile, int n,
                               float* scores) {
   for (int j = 0; j < n; ++j) {
@@ -18,13 +611,14 @@ void f16_dot_dense_order_avx2(int head_dim, const float* q, const uint8_t* tile,
       const __m256 kf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + i)));
       acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kf, acc);
     }
-    __m128 lo = _mm256_castps256_ps128(acc);
-    __m128 hi = _mm256_extractf128_ps(acc, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    scores[j] = _mm_cvtss_f32(lo);
+    scores[j] = hsum(acc);
   }
 }
+
+namespace detail {
+TileKernels avx2_kernels() {
+  return TileKernels{avx2_score, avx2_accum, avx2_update};
+}
+}  // namespace detail
 
 }  // namespace bie::attention

@@ -6,6 +6,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "bie/kv/kv_format_rotate.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/model_geometry.h"
 
@@ -31,6 +32,11 @@ Status check_config(const PagedKvCacheConfig& cfg) {
     return Error{fmt::format("paged KV cache: head_dim {} > 512", cfg.geometry.head_dim)};
   }
   if (Status s = planner::check_kv_layout(planner_geometry(cfg.geometry), l); !s) return s;
+  const int d = cfg.geometry.head_dim;
+  if (l.rotate && (d & (d - 1)) != 0) {
+    return Error{
+        fmt::format("--kv-rotate needs a power-of-two head_dim, got {}; use --no-kv-rotate", d)};
+  }
   for (const planner::KvFormat f : {l.k, l.v}) {
     if (!kv::kv_format_supported(f)) {
       return Error{
@@ -267,8 +273,9 @@ void PagedKvCache::store(int il, int64_t pos0, int64_t n, const float* k, const 
       for (int pass = 0; pass < 2; ++pass) {
         const float* src = (pass == 0 ? k : v) + (p - pos0) * kv_dim + static_cast<int64_t>(h) * d;
         for (int r = 0; r < cnt; ++r) {
-          std::memcpy(rows_.data() + static_cast<size_t>(r) * d, src + r * kv_dim,
-                      static_cast<size_t>(d) * sizeof(float));
+          float* row = rows_.data() + static_cast<size_t>(r) * d;
+          std::memcpy(row, src + r * kv_dim, static_cast<size_t>(d) * sizeof(float));
+          if (pass == 0 && cfg_.layout.rotate) kv::hadamard_rotate(row, d);
         }
         if (pass == 0) {
           f.tk->store(kv::kv_row_geom(f.k, d), rows_.data(), layer + h * f.k_tile, t0, cnt);
@@ -282,13 +289,10 @@ void PagedKvCache::store(int il, int64_t pos0, int64_t n, const float* k, const 
   }
 }
 
-void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-                          float* out, ThreadPool& pool) {
+void PagedKvCache::build_views(int il, int64_t n_ctx) {
   const int B = cfg_.layout.block_size;
   const int d = cfg_.geometry.head_dim;
   const int H = cfg_.geometry.n_head_kv;
-  const int group = n_head / H;
-  const int64_t n_ctx = pos0 + n;
   const int64_t nb = (n_ctx + B - 1) / B;
   const kv::BlockTable& t = mgr_->table(kSeq);
   views_.resize(static_cast<size_t>(nb));
@@ -306,30 +310,81 @@ void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n
     bv.gk = kv::kv_row_geom(f.k, d);
     bv.gv = kv::kv_row_geom(f.v, d);
     bv.k_f16 = f.k.type == planner::KvType::kF16;
-    bv.v_f16 = f.v.type == planner::KvType::kF16;
   }
-  const int64_t per_thread = attention::paged_attn_scratch_floats(n_ctx, group, d, B);
-  scratch_.resize(static_cast<size_t>(pool.size()) * static_cast<size_t>(per_thread));
+}
+
+void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
+                          float* out, ThreadPool& pool) {
+  const int B = cfg_.layout.block_size;
+  const int d = cfg_.geometry.head_dim;
+  const int H = cfg_.geometry.n_head_kv;
+  const int group = n_head / H;
+  const int64_t n_ctx = pos0 + n;
   const int64_t q_stride = static_cast<int64_t>(n_head) * d;
-  pool.parallel_for(n * H, [&](int64_t begin, int64_t end, int ith) {
-    float* sc = scratch_.data() + static_cast<size_t>(ith) * static_cast<size_t>(per_thread);
+  build_views(il, n_ctx);
+  if (cfg_.layout.rotate) {
+    // Scores against rotated keys need rotated queries: (Hq).(Hk) = q.k.
+    q_rot_.assign(q, q + n * q_stride);
+    for (int64_t r = 0; r < n * n_head; ++r) kv::hadamard_rotate(q_rot_.data() + r * d, d);
+    q = q_rot_.data();
+  }
+  // Tasks: (query tile x KV heads x split). A tile of up to kMaxTileQ queries reads each block
+  // once for all its rows; splits cut long contexts so that one decode token fills every thread.
+  const int tile_q =
+      static_cast<int>(std::min<int64_t>({attention::kMaxTileQ, n, std::max(1, 128 / group)}));
+  const int64_t n_tiles = (n + tile_q - 1) / tile_q;
+  attention::PagedTaskPlan plan = attention::plan_paged_tasks(n_tiles, H, n_ctx, pool.size());
+  if (tile_q * H * group > 256)
+    plan = attention::PagedTaskPlan{1, attention::plan_kv_splits(n_tiles * H, n_ctx, pool.size())};
+  const int hpt = plan.heads_per_task, splits = plan.splits;
+  const int head_tasks = H / hpt;
+  const int64_t n_tasks = n_tiles * head_tasks * splits;
+  const int rows = tile_q * hpt * group;
+  const size_t part_floats = attention::paged_partial_floats(rows, d);
+  partials_.resize(static_cast<size_t>(n_tasks) * part_floats);
+  const size_t per_thread = attention::paged_attn_scratch_floats(rows, d, B);
+  scratch_.resize(static_cast<size_t>(pool.size()) * per_thread);
+  const auto partial = [&](int64_t task) {
+    return attention::partial_at(partials_.data() + static_cast<size_t>(task) * part_floats, rows,
+                                 d);
+  };
+  pool.parallel_for(n_tasks, [&](int64_t begin, int64_t end, int ith) {
+    float* sc = scratch_.data() + static_cast<size_t>(ith) * per_thread;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task / H;
-      const int hk = static_cast<int>(task % H);
-      attention::PagedAttnArgs a;
+      const int sp = static_cast<int>(task % splits);
+      const int ht = static_cast<int>(task / splits % head_tasks);
+      const int64_t tile = task / splits / head_tasks;
+      attention::PagedAttnTile a;
       a.blocks = views_.data();
       a.block_size = B;
-      a.n_kv_tokens = pos0 + i + 1;
-      a.kv_head = hk;
+      a.q_pos0 = pos0 + tile * tile_q;
+      a.n_q = static_cast<int>(std::min<int64_t>(tile_q, n - tile * tile_q));
+      const int64_t nb = (a.q_pos0 + a.n_q + B - 1) / B;  // blocks the tile can see
+      a.block_begin = nb * sp / splits;
+      a.block_end = nb * (sp + 1) / splits;
+      a.kv_head = ht * hpt;
+      a.n_kv = hpt;
       a.group = group;
       a.head_dim = d;
       a.scale = scale;
-      a.q = q + i * q_stride + static_cast<int64_t>(hk) * group * d;
-      a.out = out + i * q_stride + static_cast<int64_t>(hk) * group * d;
-      a.scores = sc;
-      a.qr = sc + group * n_ctx;
-      a.p = a.qr + group * d;
-      attention::attend_paged_group(a);
+      a.q = q + (a.q_pos0 - pos0) * q_stride + static_cast<int64_t>(a.kv_head) * group * d;
+      a.q_stride = q_stride;
+      attention::attend_paged_tile(a, sc, partial(task));
+    }
+  });
+  // Merge each (tile, KV heads)'s splits into out.
+  pool.parallel_for(n_tiles * head_tasks, [&](int64_t begin, int64_t end, int) {
+    std::array<attention::PagedAttnPartial, attention::kMaxKvSplits> parts;
+    for (int64_t th = begin; th < end; ++th) {
+      const int64_t tile = th / head_tasks;
+      const int ht = static_cast<int>(th % head_tasks);
+      for (int sp = 0; sp < splits; ++sp) {
+        parts[static_cast<size_t>(sp)] = partial(th * splits + sp);
+      }
+      const int n_q = static_cast<int>(std::min<int64_t>(tile_q, n - tile * tile_q));
+      attention::merge_paged_partials(
+          parts.data(), splits, n_q, hpt, group, d,
+          out + tile * tile_q * q_stride + static_cast<int64_t>(ht * hpt) * group * d, q_stride);
     }
   });
   if (il == cfg_.geometry.n_layer - 1 && n_ctx == n_tokens_) {

@@ -4,7 +4,9 @@
 // straight into body blocks that a prefill chunk places outside the window), blocks that leave
 // the window are re-quantised into the body pool with the format kernels after each forward pass,
 // and attention walks the block table with the formats' fused dot/axpy kernels
-// (attention/paged_attention.h). Prefix caching is off: the KvCache interface carries no token ids.
+// (attention/paged_attention.h), as (query tile x KV head x context split) tasks on the ThreadPool.
+// With layout.rotate, K rows and queries pass through kv::hadamard_rotate per head (V does not).
+// Prefix caching is off: the KvCache interface carries no token ids.
 // Not thread-safe (engine thread); attend() fans out over the ThreadPool it is given.
 //
 // Block layout (every pool): per layer il, the K tiles of KV heads 0..n_head_kv-1, then the V
@@ -89,6 +91,7 @@ class PagedKvCache final : public KvCache {
   [[nodiscard]] const PoolFormat& format(kv::PoolKind p) const { return fmt_[static_cast<int>(p)]; }
   [[nodiscard]] uint8_t* block_data(const kv::BlockTableEntry& e);
   void quantise_block(const kv::Migration& m, int rows);
+  void build_views(int il, int64_t n_ctx);
   [[nodiscard]] std::vector<int32_t> placeholder_tokens(int64_t n) const;
   // The manager appends append(n) makes (first up to a block boundary, then one block at a time);
   // nullopt when the pools cannot hold them with the migrations in between.
@@ -104,6 +107,8 @@ class PagedKvCache final : public KvCache {
   std::vector<float> rows_;                       // [block_size, head_dim] staging for store
   std::vector<attention::PagedBlockView> views_;  // per logical block, rebuilt per attend
   std::vector<float> scratch_;                    // per thread: paged_attn_scratch_floats
+  std::vector<float> partials_;                   // per task: paged_partial_floats
+  std::vector<float> q_rot_;                      // [n, n_head * head_dim] rotated queries
   std::string migration_error_;                   // sticky; reported by check_integrity
 };
 

@@ -1,0 +1,521 @@
+// Fused paged attention (online softmax, split-K, prefill tiles) against its scalar reference twin
+// (dequantise with load(), double softmax), for every KV format, mixed FP16/body tables, GQA
+// groups, split counts and causal prefill tiles; then PagedKvCache end to end (store + attend
+// through the cache, with and without --kv-rotate) against the same reference.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bie/attention/paged_attention.h"
+#include "bie/backend/cpu_features.h"
+#include "bie/backend/thread_pool.h"
+#include "bie/engine/generate.h"
+#include "bie/kv/contiguous_kv_cache.h"
+#include "bie/kv/kv_format.h"
+#include "bie/kv/kv_format_rotate.h"
+#include "bie/kv/paged_kv_cache.h"
+#include "bie/model/model.h"
+#include "bie/tokenizer/tokenizer.h"
+#include "support/paths.h"
+
+namespace bie::attention {
+namespace {
+
+using planner::KvFormat;
+using planner::KvType;
+
+constexpr KvFormat kF16{KvType::kF16, 0};
+
+KvFormat fmt(const char* name) {
+  auto f = planner::parse_kv_format(name);
+  EXPECT_TRUE(f.ok()) << name;
+  return f.value();
+}
+
+// A sequence's blocks in memory: block b stores K/V of tokens [bB, (b+1)B) for n_kv_heads heads,
+// in (k_fmt, v_fmt) or FP16 for sink/window blocks.
+struct Blocks {
+  std::vector<std::vector<uint8_t>> k, v;
+  std::vector<PagedBlockView> views;
+  bool any_f16 = false;
+};
+
+struct Shape {
+  int n_kv_heads = 2;
+  int group = 3;
+  int head_dim = 64;
+  int block_size = 16;
+};
+
+// fp16_blocks(b): whether block b is a sink/window block.
+template <class IsFp16>
+Blocks make_blocks(const Shape& s, int64_t n_tokens, KvFormat kf, KvFormat vf, IsFp16 fp16_block,
+                   std::mt19937& rng) {
+  const int d = s.head_dim, B = s.block_size, H = s.n_kv_heads;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  Blocks out;
+  const int64_t nb = (n_tokens + B - 1) / B;
+  std::vector<float> rows(static_cast<size_t>(B) * d);
+  for (int64_t b = 0; b < nb; ++b) {
+    const bool f16 = fp16_block(b);
+    const KvFormat k = f16 ? kF16 : kf, v = f16 ? kF16 : vf;
+    out.any_f16 |= (k.type == KvType::kF16 || v.type == KvType::kF16);
+    PagedBlockView bv;
+    bv.tk = kv::kv_traits(k.type);
+    bv.tv = kv::kv_traits(v.type);
+    bv.gk = kv::kv_row_geom(k, d);
+    bv.gv = kv::kv_row_geom(v, d);
+    bv.k_tile_bytes = kv::kv_tile_bytes(k, d, B);
+    bv.v_tile_bytes = kv::kv_tile_bytes(v, d, B);
+    bv.k_f16 = k.type == KvType::kF16;
+    out.k.emplace_back(bv.k_tile_bytes * H);
+    out.v.emplace_back(bv.v_tile_bytes * H);
+    for (int h = 0; h < H; ++h) {
+      // Keys with an outlier channel (as real keys have), values plain normal.
+      for (int i = 0; i < B * d; ++i)
+        rows[static_cast<size_t>(i)] = nd(rng) * (i % d == 5 ? 6.0f : 1.0f);
+      bv.tk->store(bv.gk, rows.data(), out.k.back().data() + h * bv.k_tile_bytes, 0, B);
+      for (float& x : rows) x = nd(rng);
+      bv.tv->store(bv.gv, rows.data(), out.v.back().data() + h * bv.v_tile_bytes, 0, B);
+    }
+    out.views.push_back(bv);
+  }
+  for (size_t b = 0; b < out.views.size(); ++b) {
+    out.views[b].k = out.k[b].data();
+    out.views[b].v = out.v[b].data();
+  }
+  return out;
+}
+
+// Runs queries q_pos0 .. q_pos0 + n_q - 1 of KV head hk as `splits` split tasks + merge.
+// q and the result: [n_q, n_kv * group, head_dim].
+std::vector<float> run_tile(const detail::TileKernels& kern, const Blocks& bl, const Shape& s,
+                            int64_t q_pos0, int n_q, int hk, int splits, float scale,
+                            const std::vector<float>& q, int n_kv = 1) {
+  const int d = s.head_dim, G = s.group, rows = n_q * n_kv * G;
+  PagedAttnTile t;
+  t.blocks = bl.views.data();
+  t.block_size = s.block_size;
+  t.q_pos0 = q_pos0;
+  t.n_q = n_q;
+  t.kv_head = hk;
+  t.n_kv = n_kv;
+  t.group = G;
+  t.head_dim = d;
+  t.scale = scale;
+  t.q = q.data();
+  t.q_stride = static_cast<int64_t>(n_kv) * G * d;
+  std::vector<float> scratch(paged_attn_scratch_floats(rows, d, s.block_size));
+  std::vector<float> pbuf(paged_partial_floats(rows, d) * static_cast<size_t>(splits));
+  std::vector<PagedAttnPartial> parts;
+  const int64_t nb = (q_pos0 + n_q + s.block_size - 1) / s.block_size;
+  for (int sp = 0; sp < splits; ++sp) {
+    parts.push_back(partial_at(pbuf.data() + paged_partial_floats(rows, d) * sp, rows, d));
+    t.block_begin = nb * sp / splits;
+    t.block_end = nb * (sp + 1) / splits;
+    detail::attend_paged_tile_with(kern, t, scratch.data(), parts.back());
+  }
+  std::vector<float> out(static_cast<size_t>(rows) * d, -1.0f);
+  merge_paged_partials(parts.data(), splits, n_q, n_kv, G, d, out.data(), t.q_stride);
+  return out;
+}
+
+struct Case {
+  const char* k;
+  const char* v;
+  bool mixed;  // block 0 and the last 2 blocks FP16
+};
+
+const Case kCases[] = {
+    {"f16", "f16", false},
+    {"fp8_e4m3", "fp8_e4m3", false},
+    {"int8", "int8", false},
+    {"int4_asym_g32", "int4_asym_g32", false},
+    {"int4_asym_g64", "int4_asym_g64", false},
+    {"int4_asym_g128", "int4_asym_g128", false},
+    {"int4_channel_t16", "int4_asym_g64", false},
+    {"int4_asym_g64", "int4_asym_g64", true},
+    {"int4_channel_t16", "int4_asym_g64", true},
+    {"int8", "fp8_e4m3", true},
+};
+
+// Largest |a - b| over all elements.
+double max_diff(const float* a, const float* b, size_t n) {
+  double m = 0.0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
+  return m;
+}
+
+// FP16 K tiles round q to fp16 (dense_attention's arithmetic): ~1e-3 off the unrounded
+// reference. Quantised tiles are exact dequantisation, off only by fp32 rounding.
+double tolerance(bool any_f16) {
+  return any_f16 ? 4e-3 : 2e-5;
+}
+
+std::vector<detail::TileKernels> kernel_sets() {
+  std::vector<detail::TileKernels> k = {detail::generic_kernels()};
+  if (has_avx2()) k.push_back(detail::avx2_kernels());
+  return k;
+}
+
+TEST(PagedAttention, DecodeMatchesReferenceEveryFormatLengthGroupSplit) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  int checked = 0;
+  for (const Case& c : kCases) {
+    for (int64_t n : {1, 15, 16, 17, 100, 1100}) {
+      for (int group : {1, 3, 4}) {
+        Shape s;
+        s.group = group;
+        s.head_dim = fmt(c.k).group == 128 ? 128 : 64;  // g128 needs two groups' width
+        const int64_t nb = (n + 15) / 16;
+        // Mixed: sink block 0 and a 32-token window; n < 48 has no body (window > context).
+        Blocks bl = make_blocks(
+            s, n, fmt(c.k), fmt(c.v), [&](int64_t b) { return c.mixed && (b == 0 || b >= nb - 2); },
+            rng);
+        std::vector<float> q(static_cast<size_t>(group) * s.head_dim);
+        for (float& x : q) x = nd(rng);
+        std::vector<float> ref(q.size());
+        const float scale = 0.125f;
+        const int hk = 1;
+        attend_paged_reference(bl.views.data(), 16, n, hk, group, s.head_dim, scale, q.data(),
+                               ref.data());
+        const auto kernels = kernel_sets();
+        for (size_t ki = 0; ki < kernels.size(); ++ki) {
+          const auto& kern = kernels[ki];
+          const double tol = tolerance(bl.any_f16);
+          for (int splits = 1; splits <= 4; ++splits) {
+            const auto out = run_tile(kern, bl, s, n - 1, 1, hk, splits, scale, q);
+            const double e = max_diff(out.data(), ref.data(), ref.size());
+            EXPECT_LT(e, tol) << c.k << "/" << c.v << (c.mixed ? " mixed" : "") << " n=" << n
+                              << " group=" << group << " splits=" << splits;
+            ++checked;
+          }
+          // Both KV heads in one task (adjacent tiles read as one run), 2 splits.
+          std::vector<float> q2(2 * q.size());
+          for (float& x : q2) x = nd(rng);
+          const auto out2 = run_tile(kern, bl, s, n - 1, 1, 0, 2, scale, q2, 2);
+          for (int h = 0; h < 2; ++h) {
+            std::vector<float> ref2(q.size());
+            attend_paged_reference(bl.views.data(), 16, n, h, group, s.head_dim, scale,
+                                   q2.data() + h * q.size(), ref2.data());
+            EXPECT_LT(max_diff(out2.data() + h * q.size(), ref2.data(), ref2.size()), tol)
+                << c.k << "/" << c.v << " n=" << n << " group=" << group << " both heads, head "
+                << h;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(checked, 10 * 6 * 3 * 4);
+}
+
+TEST(PagedAttention, PrefillTileCausalMask) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const Case& c : kCases) {
+    for (int64_t pos0 : {0, 5, 33, 700}) {
+      for (int n_q : {1, 7, 16}) {
+        Shape s;
+        s.group = 3;
+        s.head_dim = fmt(c.k).group == 128 ? 128 : 64;
+        const int64_t n = pos0 + n_q;
+        const int64_t nb = (n + 15) / 16;
+        Blocks bl = make_blocks(
+            s, n, fmt(c.k), fmt(c.v), [&](int64_t b) { return c.mixed && (b == 0 || b >= nb - 2); },
+            rng);
+        const int d = s.head_dim, G = s.group;
+        std::vector<float> q(static_cast<size_t>(n_q) * G * d);
+        for (float& x : q) x = nd(rng);
+        const auto kernels = kernel_sets();
+        for (size_t ki = 0; ki < kernels.size(); ++ki) {
+          const auto& kern = kernels[ki];
+          const double tol = tolerance(bl.any_f16);
+          for (int splits : {1, 3}) {
+            const auto out = run_tile(kern, bl, s, pos0, n_q, 0, splits, 0.125f, q);
+            for (int i = 0; i < n_q; ++i) {
+              std::vector<float> ref(static_cast<size_t>(G) * d);
+              attend_paged_reference(bl.views.data(), 16, pos0 + i + 1, 0, G, d, 0.125f,
+                                     q.data() + static_cast<size_t>(i) * G * d, ref.data());
+              const double e =
+                  max_diff(out.data() + static_cast<size_t>(i) * G * d, ref.data(), ref.size());
+              EXPECT_LT(e, tol) << c.k << "/" << c.v << " pos0=" << pos0 << " n_q=" << n_q
+                                << " query " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Kernels over a block where one query's scores are huge: the online max must rescale exactly.
+TEST(PagedAttention, PeakedScoresRescale) {
+  std::mt19937 rng(3);
+  Shape s;
+  s.group = 3;
+  Blocks bl = make_blocks(
+      s, 300, fmt("int8"), fmt("int8"), [](int64_t) { return false; }, rng);
+  std::vector<float> q(static_cast<size_t>(s.group) * s.head_dim, 0.0f);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = (i % 64 == 5) ? 40.0f : 0.1f;  // hits the outlier
+  std::vector<float> ref(q.size());
+  attend_paged_reference(bl.views.data(), 16, 300, 0, s.group, s.head_dim, 0.125f, q.data(),
+                         ref.data());
+  for (const auto& kern : kernel_sets()) {
+    const auto out = run_tile(kern, bl, s, 299, 1, 0, 2, 0.125f, q);
+    EXPECT_LT(max_diff(out.data(), ref.data(), ref.size()), 1e-4);
+  }
+}
+
+TEST(PagedAttention, SplitPlan) {
+  // Decode at 8k on 2 threads, 3 KV heads: 2 splits give 6 equal tasks.
+  EXPECT_EQ(plan_kv_splits(3, 8192, 2), 2);
+  EXPECT_EQ(plan_kv_splits(3, 500, 2), 1);   // too short to pay
+  EXPECT_EQ(plan_kv_splits(3, 8192, 1), 1);  // one thread: nothing to balance
+  EXPECT_EQ(plan_kv_splits(4, 8192, 2), 1);  // already balanced
+  EXPECT_EQ(plan_kv_splits(96, 8192, 2), 1);
+  EXPECT_EQ(plan_kv_splits(1, 8192, 4), 4);
+  // Tasks: all 3 KV heads together with 2 splits at 8k on 2 threads; per head at 512.
+  const PagedTaskPlan a = plan_paged_tasks(1, 3, 8192, 2);
+  EXPECT_EQ(a.heads_per_task, 3);
+  EXPECT_EQ(a.splits, 2);
+  const PagedTaskPlan b = plan_paged_tasks(1, 3, 512, 2);
+  EXPECT_EQ(b.heads_per_task, 1);
+  EXPECT_EQ(b.splits, 1);
+  EXPECT_EQ(plan_paged_tasks(1, 3, 512, 1).heads_per_task, 3);   // one thread: fuse the heads
+  EXPECT_EQ(plan_paged_tasks(32, 3, 512, 2).heads_per_task, 3);  // prefill: enough tiles
+}
+
+// ---- PagedKvCache end to end ------------------------------------------------------------------
+
+struct CacheCase {
+  const char* k;
+  const char* v;
+  int window;
+  bool rotate;
+};
+
+// The cache's attention of layer il for the last n queries vs the reference over its own storage.
+class PagedCacheAttention : public ::testing::TestWithParam<CacheCase> {};
+
+std::vector<PagedBlockView> cache_views(const PagedKvCache& c, int il) {
+  const KvGeometry& g = c.geometry();
+  const int d = g.head_dim, H = g.n_head_kv, B = c.layout().block_size;
+  std::vector<PagedBlockView> views;
+  for (const kv::BlockTableEntry& e : c.table()) {
+    const bool f16 = e.pool == kv::PoolKind::kFp16;
+    const KvFormat k = f16 ? kF16 : c.layout().k, v = f16 ? kF16 : c.layout().v;
+    PagedBlockView bv;
+    bv.tk = kv::kv_traits(k.type);
+    bv.tv = kv::kv_traits(v.type);
+    bv.gk = kv::kv_row_geom(k, d);
+    bv.gv = kv::kv_row_geom(v, d);
+    bv.k_tile_bytes = kv::kv_tile_bytes(k, d, B);
+    bv.v_tile_bytes = kv::kv_tile_bytes(v, d, B);
+    const size_t layer = H * (bv.k_tile_bytes + bv.v_tile_bytes);
+    bv.k = c.block_storage(e) + il * layer;
+    bv.v = bv.k + H * bv.k_tile_bytes;
+    views.push_back(bv);
+  }
+  return views;
+}
+
+TEST_P(PagedCacheAttention, StoreAndAttendMatchReference) {
+  const CacheCase cc = GetParam();
+  KvGeometry g{2, 3, 64};
+  const int n_head = 9, d = 64;
+  PagedKvCacheConfig cfg;
+  cfg.geometry = g;
+  cfg.layout.k = fmt(cc.k);
+  cfg.layout.v = fmt(cc.v);
+  cfg.layout.window_tokens = cc.window;
+  cfg.layout.rotate = cc.rotate;
+  cfg.max_tokens = 1400;
+  // Pools with slack: a second prefill chunk during which a block leaves the window needs one
+  // FP16 block more than the plan (docs/kv-cache.md §8).
+  auto r = cfg.layout.mixed() ? PagedKvCache::create(cfg, 40, 100) : PagedKvCache::create(cfg);
+  ASSERT_TRUE(r.ok()) << r.error();
+  PagedKvCache& c = **r;
+  ThreadPool pool(2);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t kv_dim = g.kv_dim(), q_dim = static_cast<int64_t>(n_head) * d;
+  // Prefill 1100 tokens in chunks of 550, then decode 3 tokens; check the last step of each.
+  for (int64_t chunk : {550, 550, 1, 1, 1}) {
+    const int64_t pos0 = c.n_tokens();
+    ASSERT_TRUE(c.append(chunk).ok());
+    std::vector<float> k(chunk * kv_dim), v(chunk * kv_dim), q(chunk * q_dim), out(chunk * q_dim);
+    for (float& x : k) x = nd(rng);
+    for (float& x : v) x = nd(rng);
+    for (float& x : q) x = nd(rng);
+    for (int il = 0; il < g.n_layer; ++il) {
+      c.store(il, pos0, chunk, k.data(), v.data());
+      const auto views = cache_views(c, il);  // before attend's migrations
+      c.attend(il, pos0, chunk, q.data(), n_head, 0.125f, out.data(), pool);
+      for (int64_t i : {int64_t{0}, chunk - 1}) {
+        for (int hk = 0; hk < g.n_head_kv; ++hk) {
+          std::vector<float> qg(q.begin() + i * q_dim + hk * 3 * d,
+                                q.begin() + i * q_dim + (hk + 1) * 3 * d);
+          if (cc.rotate) {
+            for (int h = 0; h < 3; ++h) kv::hadamard_rotate(qg.data() + h * d, d);
+          }
+          std::vector<float> ref(qg.size());
+          attend_paged_reference(views.data(), 16, pos0 + i + 1, hk, 3, d, 0.125f, qg.data(),
+                                 ref.data());
+          const bool any_f16 = true;  // sink/window blocks, or all-f16
+          EXPECT_LT(max_diff(out.data() + i * q_dim + hk * 3 * d, ref.data(), ref.size()),
+                    tolerance(any_f16))
+              << "pos " << pos0 + i << " layer " << il << " head " << hk;
+        }
+      }
+    }
+    ASSERT_TRUE(c.check_integrity().ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, PagedCacheAttention,
+                         ::testing::Values(CacheCase{"f16", "f16", 128, false},
+                                           CacheCase{"int4_asym_g64", "int4_asym_g64", 128, true},
+                                           CacheCase{"int4_channel_t16", "int4_asym_g64", 32,
+                                                     false},
+                                           CacheCase{"int8", "int8", 0, true}));
+
+// With f16 storage, rotation only changes fp16 rounding of K: outputs agree to float tolerance.
+TEST(PagedCacheRotate, F16RotatedEqualsUnrotated) {
+  KvGeometry g{1, 3, 64};
+  std::vector<float> outs[2];
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t n = 300, kv_dim = g.kv_dim(), q_dim = 9 * 64;
+  std::vector<float> k(n * kv_dim), v(n * kv_dim), q(n * q_dim);
+  for (float& x : k) x = nd(rng);
+  for (float& x : v) x = nd(rng);
+  for (float& x : q) x = nd(rng);
+  ThreadPool pool(2);
+  for (int rot = 0; rot < 2; ++rot) {
+    PagedKvCacheConfig cfg;
+    cfg.geometry = g;
+    cfg.layout.rotate = rot == 1;
+    cfg.max_tokens = n;
+    auto r = PagedKvCache::create(cfg);
+    ASSERT_TRUE(r.ok()) << r.error();
+    ASSERT_TRUE((*r)->append(n).ok());
+    (*r)->store(0, 0, n, k.data(), v.data());
+    outs[rot].resize(static_cast<size_t>(n * q_dim));
+    (*r)->attend(0, 0, n, q.data(), 9, 0.125f, outs[rot].data(), pool);
+  }
+  const double e = max_diff(outs[0].data(), outs[1].data(), outs[0].size());
+  EXPECT_LT(e, 3e-3);
+  EXPECT_GT(e, 0.0);  // the rotation did happen (different fp16 rounding of K)
+}
+
+// Drives SmolLM2 through a ContiguousKvCache and feeds the same real K/V/queries to paged caches:
+// paged[0] all-f16 (the baseline), the others quantised. Accumulates each one's attention output
+// error against paged[0] over all layers and positions.
+class TeeKvCache final : public KvCache {
+ public:
+  TeeKvCache(const KvGeometry& g, int64_t max_tokens,
+             std::vector<std::unique_ptr<PagedKvCache>> paged)
+      : inner_(g, max_tokens), paged_(std::move(paged)), err_(paged_.size(), 0.0) {}
+  const KvGeometry& geometry() const override { return inner_.geometry(); }
+  int64_t n_tokens() const override { return inner_.n_tokens(); }
+  int64_t capacity() const override { return inner_.capacity(); }
+  bool can_append(int64_t n) const override { return inner_.can_append(n); }
+  Status append(int64_t n) override {
+    for (auto& p : paged_) {
+      if (Status s = p->append(n); !s) return s;
+    }
+    return inner_.append(n);
+  }
+  void store(int il, int64_t pos0, int64_t n, const float* k, const float* v) override {
+    for (auto& p : paged_) p->store(il, pos0, n, k, v);
+    inner_.store(il, pos0, n, k, v);
+  }
+  void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
+              ThreadPool& pool) override {
+    const size_t len = static_cast<size_t>(n * n_head * geometry().head_dim);
+    std::vector<std::vector<float>> outs(paged_.size(), std::vector<float>(len));
+    for (size_t i = 0; i < paged_.size(); ++i) {
+      paged_[i]->attend(il, pos0, n, q, n_head, scale, outs[i].data(), pool);
+    }
+    for (size_t i = 1; i < paged_.size(); ++i) {
+      for (size_t j = 0; j < len; ++j) {
+        const double e = outs[i][j] - outs[0][j];
+        err_[i] += e * e;
+      }
+    }
+    inner_.attend(il, pos0, n, q, n_head, scale, out, pool);
+  }
+  Status truncate(int64_t n) override { return inner_.truncate(n); }
+  const std::vector<double>& errors() const { return err_; }
+
+ private:
+  ContiguousKvCache inner_;
+  std::vector<std::unique_ptr<PagedKvCache>> paged_;
+  std::vector<double> err_;
+};
+
+// int4_asym_g64 keys (V kept f16 to isolate K) on real SmolLM2 keys: the Hadamard rotation
+// spreads the outlier channels, so the attention output is closer to f16's.
+TEST(PagedCacheRotate, RotationReducesInt4KeyErrorOnSmolLM2) {
+  auto m = load_model(test::smollm2_path());
+  ASSERT_TRUE(m.ok()) << m.error() << " (run scripts/fetch_models.sh)";
+  Model& model = **m;
+  auto tok = tokenizer::Tokenizer::from_gguf(model.file());
+  ASSERT_TRUE(tok.ok());
+  const std::string text =
+      test::read_file(test::source_dir() + "/../shared/data/tinyshakespeare.txt").substr(0, 2000);
+  std::vector<int32_t> ids;
+  for (auto t : tok->encode(text)) ids.push_back(static_cast<int32_t>(t));
+  ASSERT_GE(ids.size(), 256u);
+  ids.resize(256);
+  const KvGeometry g = model.hparams().kv_geometry();
+  std::vector<std::unique_ptr<PagedKvCache>> paged;
+  for (int i = 0; i < 3; ++i) {
+    PagedKvCacheConfig cfg;
+    cfg.geometry = g;
+    cfg.layout.k = i == 0 ? planner::kKvF16 : fmt("int4_asym_g64");
+    cfg.layout.window_tokens = i == 0 ? 128 : 16;  // quantise all but the sink and 16 tokens
+    cfg.layout.rotate = i == 2;
+    cfg.max_tokens = 256;
+    auto r = PagedKvCache::create(cfg);
+    ASSERT_TRUE(r.ok()) << r.error();
+    paged.push_back(std::move(r).value());
+  }
+  TeeKvCache tee(g, 256, std::move(paged));
+  ThreadPool pool(2);
+  // Prefill 64 tokens, then decode token by token (planner-exact pools, docs/kv-cache.md §8).
+  auto a = prompt_logits(model, tee, pool, std::vector<int32_t>(ids.begin(), ids.begin() + 64));
+  ASSERT_TRUE(a.ok()) << a.error();
+  std::vector<float> logits;
+  for (size_t i = 64; i < ids.size(); ++i) {
+    ASSERT_TRUE(model.forward(std::span<const int32_t>(&ids[i], 1), tee, pool, logits).ok());
+  }
+  const double plain = tee.errors()[1], rotated = tee.errors()[2];
+  std::printf(
+      "  SmolLM2 int4_asym_g64 K, attention output squared error vs f16: plain %.4g, "
+      "rotated %.4g (ratio %.2f)\n",
+      plain, rotated, rotated / plain);
+  EXPECT_GT(plain, 0.0);
+  EXPECT_LT(rotated, 0.8 * plain);
+}
+
+TEST(PagedCacheRotate, NeedsPowerOfTwoHeadDim) {
+  PagedKvCacheConfig cfg;
+  cfg.geometry = KvGeometry{1, 2, 48};
+  cfg.layout.rotate = true;
+  cfg.max_tokens = 64;
+  auto r = PagedKvCache::create(cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("--kv-rotate needs a power-of-two head_dim, got 48"), std::string::npos)
+      << r.error();
+  cfg.layout.rotate = false;
+  EXPECT_TRUE(PagedKvCache::create(cfg).ok());
+}
+
+}  // namespace
+}  // namespace bie::attention
