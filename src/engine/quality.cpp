@@ -107,14 +107,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A cache for one sequence of max_tokens. The planner's pools hold the most FP16 blocks a
+// sequence has at rest (sinks + window); a prefill chunk adds its own window blocks before the
+// old window is re-quantised after the forward, so the FP16 pool gets one chunk of headroom
+// (PagedKvCache::create(cfg) alone refuses the second 512-token chunk once the window is full).
 Result<std::unique_ptr<PagedKvCache>> make_cache(const Model& model,
+                                                 const planner::ModelGeometry& g,
                                                  const planner::KvLayout& layout,
-                                                 int64_t max_tokens) {
+                                                 int64_t max_tokens, int32_t batch) {
   PagedKvCacheConfig c;
   c.geometry = model.hparams().kv_geometry();
   c.layout = layout;
   c.max_tokens = max_tokens;
-  return PagedKvCache::create(c);
+  const planner::KvPoolPlan plan = planner::kv_pool_plan(g, layout, max_tokens, 1);
+  if (plan.groups.size() != 1) return Error{"bie quality: expected one KV layer group"};
+  const int64_t headroom =
+      layout.mixed() ? (batch + layout.block_size - 1) / layout.block_size + 1 : 0;
+  return PagedKvCache::create(c, plan.groups[0].fp16_blocks + headroom, plan.groups[0].body_blocks);
 }
 
 // The first token of every scored sequence is BOS when the model asks for one (llama-perplexity
@@ -125,9 +134,10 @@ void set_bos(std::vector<int32_t>& seq, const tokenizer::Tokenizer& tok) {
 
 class QualityRun {
  public:
-  QualityRun(Model& model, const tokenizer::Tokenizer& tok, const QualityConfig& cfg,
-             ThreadPool& pool, const QualityProgress& progress)
+  QualityRun(Model& model, const planner::ModelGeometry& geom, const tokenizer::Tokenizer& tok,
+             const QualityConfig& cfg, ThreadPool& pool, const QualityProgress& progress)
       : model_(model),
+        geom_(geom),
         tok_(tok),
         cfg_(cfg),
         pool_(pool),
@@ -146,6 +156,7 @@ class QualityRun {
     progress_(fmt::format("[{:7.1f} s] {}", s, what));
   }
   Model& model_;
+  const planner::ModelGeometry& geom_;
   const tokenizer::Tokenizer& tok_;
   const QualityConfig& cfg_;
   ThreadPool& pool_;
@@ -174,7 +185,7 @@ Status QualityRun::perplexity(const std::vector<int32_t>& text, size_t ci, Quali
     set_bos(win, tok_);
     std::vector<std::unique_ptr<PagedKvCache>> kv;
     for (const auto& r : rep.regimes) {
-      auto c = make_cache(model_, r.regime.layout, n);
+      auto c = make_cache(model_, geom_, r.regime.layout, n, cfg_.batch);
       if (!c) return Error{c.error()};
       kv.push_back(std::move(c).value());
     }
@@ -246,7 +257,7 @@ Status QualityRun::continuations(const std::vector<int32_t>& text, QualityReport
     set_bos(req.prompt, tok_);
     std::vector<int32_t> base;
     for (size_t r = 0; r < rep.regimes.size(); ++r) {
-      auto kv = make_cache(model_, rep.regimes[r].regime.layout, max_tokens);
+      auto kv = make_cache(model_, geom_, rep.regimes[r].regime.layout, max_tokens, cfg_.batch);
       if (!kv) return Error{kv.error()};
       std::vector<int32_t> out;
       auto st = generate(model_, **kv, pool_, req, [&](int32_t id) {
@@ -292,7 +303,7 @@ Status QualityRun::needle(const std::vector<int32_t>& text, QualityReport& rep) 
       const int64_t a0 = static_cast<int64_t>(seq.size() - answer.size());  // first answer token
       say(fmt::format("needle ctx {} depth {}%", n, depth));
       for (auto& r : rep.regimes) {
-        auto kv = make_cache(model_, r.regime.layout, n);
+        auto kv = make_cache(model_, geom_, r.regime.layout, n, cfg_.batch);
         if (!kv) return Error{kv.error()};
         NeedleStats ns;
         ns.n_ctx = n;
@@ -388,7 +399,7 @@ Result<QualityReport> measure_kv_quality(Model& model, const tokenizer::Tokenize
     }
   }
 
-  QualityRun run(model, tok, cfg, pool, progress);
+  QualityRun run(model, *geom, tok, cfg, pool, progress);
   for (size_t ci = 0; ci < cfg.ctx_sizes.size(); ++ci) {
     if (Status s = run.perplexity(tokens, ci, rep); !s) return Error{s.error()};
   }
