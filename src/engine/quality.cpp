@@ -191,6 +191,7 @@ Status QualityRun::perplexity(const std::vector<int32_t>& text, size_t ci, Quali
     }
     for (int32_t c0 = 0; c0 < n; c0 += cfg_.batch) {
       const int32_t len = std::min(cfg_.batch, n - c0);
+      if (c0 > 0 && n > 2048) say(fmt::format("  ... {} of {} tokens", c0, n));
       const std::span<const int32_t> chunk(win.data() + c0, static_cast<size_t>(len));
       ForwardOptions fo;
       fo.logits_all = c0 + len > first;
