@@ -16,5 +16,6 @@ void add_run_command(CLI::App& root, int* rc);
 void add_info_command(CLI::App& root, int* rc);
 void add_plan_command(CLI::App& root, int* rc);
 void add_bench_command(CLI::App& root, int* rc);
+void add_quality_command(CLI::App& root, int* rc);
 
 }  // namespace bie::cli

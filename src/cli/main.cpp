@@ -1,4 +1,4 @@
-// bie: run, info, plan, bench.
+// bie: run, info, plan, bench, quality.
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   bie::cli::add_info_command(app, &rc);
   bie::cli::add_plan_command(app, &rc);
   bie::cli::add_bench_command(app, &rc);
+  bie::cli::add_quality_command(app, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
