@@ -9,7 +9,7 @@
 
 #include "bie/engine/generate.h"
 #include "bie/engine/quality.h"
-#include "bie/kv/contiguous_kv_cache.h"
+#include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "support/paths.h"
@@ -161,7 +161,8 @@ TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
   ASSERT_EQ(rep->regimes[0].ppl[0].n_scored, 2 * 15);
 
   // Independently: window w is tokens [32w, 32w + 32); prompt_logits of its first j + 1 tokens
-  // (a fresh contiguous cache each time) predicts its token j + 1, for j = 16 .. 30. Every prefix
+  // (a fresh f16 paged cache each time, the baseline's cache) predicts its token j + 1, for
+  // j = 16 .. 30. Every prefix
   // is long enough for the batched matmul path, as the measurement's 32-token chunks are (the
   // one-token path rounds differently: ~1 % in PPL on this model, llama.cpp's does too).
   tokenizer::EncodeOptions raw;
@@ -171,9 +172,13 @@ TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
   double nll = 0.0;
   for (size_t w = 0; w < 2; ++w) {
     for (size_t j = 16; j < 31; ++j) {
-      ContiguousKvCache kv(model_->hparams().kv_geometry(), 32);
+      PagedKvCacheConfig pc;
+      pc.geometry = model_->hparams().kv_geometry();
+      pc.max_tokens = 32;
+      auto kv = PagedKvCache::create(pc);
+      ASSERT_TRUE(kv.ok()) << kv.error();
       const std::vector<int32_t> prefix(ids.begin() + 32 * w, ids.begin() + 32 * w + j + 1);
-      auto logits = prompt_logits(*model_, kv, pool, prefix);
+      auto logits = prompt_logits(*model_, **kv, pool, prefix);
       ASSERT_TRUE(logits.ok()) << logits.error();
       log_softmax_inplace(logits->data(), model_->hparams().n_vocab);
       nll -= (*logits)[static_cast<size_t>(ids[32 * w + j + 1])];

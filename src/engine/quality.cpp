@@ -107,10 +107,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A cache for one sequence of max_tokens. The planner's pools hold the most FP16 blocks a
-// sequence has at rest (sinks + window); a prefill chunk adds its own window blocks before the
-// old window is re-quantised after the forward, so the FP16 pool gets one chunk of headroom
-// (PagedKvCache::create(cfg) alone refuses the second 512-token chunk once the window is full).
+// A cache for one sequence of max_tokens, with pools planned for exactly that (chunked prefill
+// fits them: PagedKvCache::append migrates window exits between blocks).
 Result<std::unique_ptr<PagedKvCache>> make_cache(const Model& model,
                                                  const planner::ModelGeometry& g,
                                                  const planner::KvLayout& layout,
@@ -121,9 +119,7 @@ Result<std::unique_ptr<PagedKvCache>> make_cache(const Model& model,
   c.max_tokens = max_tokens;
   const planner::KvPoolPlan plan = planner::kv_pool_plan(g, layout, max_tokens, 1);
   if (plan.groups.size() != 1) return Error{"bie quality: expected one KV layer group"};
-  const int64_t headroom =
-      layout.mixed() ? (batch + layout.block_size - 1) / layout.block_size + 1 : 0;
-  return PagedKvCache::create(c, plan.groups[0].fp16_blocks + headroom, plan.groups[0].body_blocks);
+  return PagedKvCache::create(c, plan.groups[0].fp16_blocks, plan.groups[0].body_blocks);
 }
 
 // The first token of every scored sequence is BOS when the model asks for one (llama-perplexity
@@ -344,6 +340,14 @@ Result<QualityReport> measure_kv_quality(Model& model, const tokenizer::Tokenize
                                          const std::string& text, const QualityConfig& cfg,
                                          ThreadPool& pool, const QualityProgress& progress) {
   if (cfg.batch < 1) return Error{"batch must be at least 1 token"};
+  for (const QualityRegime& r : cfg.regimes) {
+    // Per-channel keys are written a whole block at a time; chunks that end inside a block would
+    // need FP16 blocks beyond the planned pools (docs/kv-cache.md §8).
+    if (cfg.batch % r.layout.block_size != 0) {
+      return Error{fmt::format("batch ({}) must be a multiple of the KV block size ({})", cfg.batch,
+                               r.layout.block_size)};
+    }
+  }
   tokenizer::EncodeOptions raw;
   raw.add_special = false;
   const std::vector<int32_t> tokens = tok.encode(text, raw);
