@@ -11,6 +11,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "bie/attention/paged_attention.h"
 #include "kv/kv_format_internal.h"
@@ -100,54 +101,130 @@ inline void store_sums(const __m256* v, const float* mul, const float* add, floa
   }
 }
 
-// FP16: per row and query one 8-lane accumulator in channel order (dense_attention's order).
+// The horizontal sums of 4 vectors at once, each in hsum's order ((x0 + x4) + (x2 + x6)) +
+// ((x1 + x5) + (x3 + x7)), so bit for bit hsum(v[i]) in lane i: fp addition is commutative, and
+// every add below pairs the same two partial sums as hsum does.
+inline __m128 hsum4_dense(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+  // [v0.lo + v0.hi | v1.lo + v1.hi], [v2 | v3]
+  const __m256 t0 =
+      _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20), _mm256_permute2f128_ps(v0, v1, 0x31));
+  const __m256 t1 =
+      _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20), _mm256_permute2f128_ps(v2, v3, 0x31));
+  // [v0: y0 + y2, y1 + y3, v2: ..., ... | v1: ..., v3: ...]
+  const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+  // [v0, v2, v0, v2 | v1, v3, v1, v3] -> [v0, v1, v2, v3]
+  const __m256 h = _mm256_hadd_ps(u, u);
+  return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// The score loop shared by all formats: rows j0 .. j0 + J - 1 of a K tile against R query rows,
+// one 8-lane accumulator per (query, row) = R * J independent FMA chains (one row's R chains of
+// head_dim / 8 FMAs would leave the FMA units waiting on latency). Per step t < steps,
+// decode(i, t, v) writes row i's N decoded vectors and chan(t, n) is the query channel of
+// vector n. The horizontal sums are batched four rows at a time (hsum4_dense: hsum's order).
+// out(r, sums) gets query r's J sums in the low lanes of `sums`.
+template <int R, int J, int N, class Decode, class Chan, class Out>
+inline void dot_rows(int steps, const float* const* q, Decode decode, Chan chan, Out out) {
+  static_assert(J >= 1 && J <= 4);
+  __m256 a[R][4];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    BIE_UNROLL
+    for (int i = 0; i < 4; ++i) a[r][i] = _mm256_setzero_ps();
+  }
+  for (int t = 0; t < steps; ++t) {
+    BIE_UNROLL
+    for (int i = 0; i < J; ++i) {
+      __m256 v[N];
+      decode(i, t, v);
+      BIE_UNROLL
+      for (int n = 0; n < N; ++n) {
+        const int c = chan(t, n);
+        BIE_UNROLL
+        for (int r = 0; r < R; ++r) {
+          a[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c), v[n], a[r][i]);
+        }
+      }
+    }
+  }
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) out(r, hsum4_dense(a[r][0], a[r][1], a[r][2], a[r][3]));
+}
+
+// Runs dot_rows over all `rows` rows, 4 (R == 4: 3, to stay within 16 registers) at a time, the
+// tail with fewer. body(j0, J-tag) calls dot_rows<R, J, ...> for rows j0 .. j0 + J - 1.
+template <int R, class Body>
+inline void for_row_groups(int rows, Body body) {
+  constexpr int J = R >= 4 ? 3 : 4;
+  int j = 0;
+  for (; j + J <= rows; j += J) body(j, std::integral_constant<int, J>{});
+  switch (rows - j) {
+    case 1:
+      return body(j, std::integral_constant<int, 1>{});
+    case 2:
+      return body(j, std::integral_constant<int, 2>{});
+    case 3:
+      if constexpr (J > 3) return body(j, std::integral_constant<int, 3>{});
+      break;
+    default:
+      break;
+  }
+}
+
+// Stores the low J lanes of x at s[0 .. J).
+template <int J>
+inline void store_lanes(float* s, __m128 x) {
+  if constexpr (J == 4) {
+    _mm_storeu_ps(s, x);
+  } else {
+    alignas(16) float t[4];
+    _mm_store_ps(t, x);
+    for (int i = 0; i < J; ++i) s[i] = t[i];
+  }
+}
+
+// 4 fp16 values at p, p + stride, p + 2 stride, p + 3 stride (the first J of them; the rest 0).
+template <int J>
+inline __m128 load4_f16_strided(const uint8_t* p, size_t stride) {
+  alignas(16) uint16_t h[8] = {};
+  for (int i = 0; i < J; ++i) std::memcpy(&h[i], p + i * stride, 2);
+  return _mm_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// FP16: per row and query one 8-lane accumulator in channel order, then hsum's order
+// (dense_attention's arithmetic, bit for bit).
 template <int R>
 void f16_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
   const size_t rb = kv::detail::row_bytes_f16(d);
-  for (int j = 0; j < rows; ++j) {
-    const uint8_t* row = tile + j * rb;
-    __m256 a[R];
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
-    for (int c = 0; c < d; c += 8) {
-      const __m256 k = load8_f16(row + 2 * c);
-      BIE_UNROLL
-      for (int r = 0; r < R; ++r) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c), k, a[r]);
-    }
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) s[r * ss + j] = hsum(a[r]);
-  }
+  for_row_groups<R>(rows, [&](int j0, auto jt) {
+    constexpr int J = decltype(jt)::value;
+    const uint8_t* row = tile + j0 * rb;
+    dot_rows<R, J, 1>(
+        d / 8, q, [&](int i, int t, __m256* v) { v[0] = load8_f16(row + i * rb + 16 * t); },
+        [](int t, int) { return 8 * t; },
+        [&](int r, __m128 x) { store_lanes<J>(s + r * ss + j0, x); });
+  });
 }
 
 // int8 / fp8: codes times q, then the row scale.
 template <int R, bool kFp8>
 void scaled_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
   const size_t rb = kv::detail::row_bytes_scaled(d);
-  const float unit = kFp8 ? 256.0f : 1.0f;
-  for (int j = 0; j < rows; ++j) {
-    const uint8_t* row = tile + j * rb;
-    __m256 a[R], b[R];
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
-    for (int c = 0; c < d; c += 16) {
-      const __m256 k0 = kFp8 ? load8_e4m3_div256(row + 2 + c) : load8_i8(row + 2 + c);
-      const __m256 k1 = kFp8 ? load8_e4m3_div256(row + 10 + c) : load8_i8(row + 10 + c);
-      BIE_UNROLL
-      for (int r = 0; r < R; ++r) {
-        a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c), k0, a[r]);
-        b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c + 8), k1, b[r]);
-      }
-    }
-    const float sc = f16c(row) * unit;
-    float mul[R], add[R];
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) {
-      a[r] = _mm256_add_ps(a[r], b[r]);
-      mul[r] = sc;
-      add[r] = 0.0f;
-    }
-    store_sums<R>(a, mul, add, s + j, ss);
-  }
+  const __m128 unit = _mm_set1_ps(kFp8 ? 256.0f : 1.0f);
+  for_row_groups<R>(rows, [&](int j0, auto jt) {
+    constexpr int J = decltype(jt)::value;
+    const uint8_t* row = tile + j0 * rb;
+    const __m128 sc = _mm_mul_ps(load4_f16_strided<J>(row, rb), unit);
+    dot_rows<R, J, 1>(
+        d / 8, q,
+        [&](int i, int t, __m256* v) {
+          const uint8_t* codes = row + i * rb + 2 + 8 * t;
+          v[0] = kFp8 ? load8_e4m3_div256(codes) : load8_i8(codes);
+        },
+        [](int t, int) { return 8 * t; },
+        [&](int r, __m128 x) { store_lanes<J>(s + r * ss + j0, _mm_mul_ps(x, sc)); });
+  });
 }
 
 // int4_asym gG: per group s * sum(q n) + z * sum(q); sum(q) per group is shared by all rows.
@@ -168,29 +245,19 @@ void int4_score(int d, int G, const uint8_t* tile, int rows, const float* const*
   if (ng == 1) {
     // One group per row (head_dim == G, SmolLM2's d 64 with g64): the scale and zero apply after
     // the horizontal sum, s = scale * sum(q n) + zero * sum(q).
-    for (int j = 0; j < rows; ++j) {
-      const uint8_t* row = tile + j * rb;
-      __m256 a[R];
-      BIE_UNROLL
-      for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
-      for (int k = 0; k < half; k += 8) {
-        __m256 lo, hi;
-        load8_nibbles(row + 4 + k, &lo, &hi);
-        BIE_UNROLL
-        for (int r = 0; r < R; ++r) {
-          a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + k), lo, a[r]);
-          a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + half + k), hi, a[r]);
-        }
-      }
-      const float sc = f16c(row), zz = f16c(row + 2);
-      float mul[R], add[R];
-      BIE_UNROLL
-      for (int r = 0; r < R; ++r) {
-        mul[r] = sc;
-        add[r] = zz * qsum[r][0];
-      }
-      store_sums<R>(a, mul, add, s + j, ss);
-    }
+    for_row_groups<R>(rows, [&](int j0, auto jt) {
+      constexpr int J = decltype(jt)::value;
+      const uint8_t* row = tile + j0 * rb;
+      const __m128 sc = load4_f16_strided<J>(row, rb), zz = load4_f16_strided<J>(row + 2, rb);
+      dot_rows<R, J, 2>(
+          half / 8, q,
+          [&](int i, int t, __m256* v) { load8_nibbles(row + i * rb + 4 + 8 * t, v, v + 1); },
+          [&](int t, int n) { return 8 * t + n * half; },
+          [&](int r, __m128 x) {
+            store_lanes<J>(s + r * ss + j0,
+                           _mm_fmadd_ps(x, sc, _mm_mul_ps(zz, _mm_set1_ps(qsum[r][0]))));
+          });
+    });
     return;
   }
   for (int j = 0; j < rows; ++j) {
@@ -254,28 +321,21 @@ void chan_score(int d, const uint8_t* tile, int rows, const float* const* q, flo
   }
   BIE_UNROLL
   for (int r = 0; r < R; ++r) zt[r] = hsum(vz[r]);
-  for (int j = 0; j < rows; ++j) {
-    const uint8_t* row = tile + kv::detail::chan_row_offset(d, j);
-    __m256 a[R], b[R];
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
-    for (int k = 0; k < half; k += 8) {
-      __m256 lo, hi;
-      load8_nibbles(row + k, &lo, &hi);
-      BIE_UNROLL
-      for (int r = 0; r < R; ++r) {
-        a[r] = _mm256_fmadd_ps(_mm256_load_ps(qs[r] + k), lo, a[r]);
-        b[r] = _mm256_fmadd_ps(_mm256_load_ps(qs[r] + half + k), hi, b[r]);
-      }
-    }
-    float mul[R];
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) {
-      a[r] = _mm256_add_ps(a[r], b[r]);
-      mul[r] = 1.0f;
-    }
-    store_sums<R>(a, mul, zt, s + j, ss);
-  }
+  const float* qp[R];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) qp[r] = qs[r];
+  const size_t rb = static_cast<size_t>(half);
+  for_row_groups<R>(rows, [&](int j0, auto jt) {
+    constexpr int J = decltype(jt)::value;
+    const uint8_t* row = tile + kv::detail::chan_row_offset(d, j0);
+    dot_rows<R, J, 2>(
+        half / 8, qp,
+        [&](int i, int t, __m256* v) { load8_nibbles(row + i * rb + 8 * t, v, v + 1); },
+        [&](int t, int n) { return 8 * t + n * half; },
+        [&](int r, __m128 x) {
+          store_lanes<J>(s + r * ss + j0, _mm_add_ps(x, _mm_set1_ps(zt[r])));
+        });
+  });
 }
 
 template <int R>
