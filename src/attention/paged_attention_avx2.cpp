@@ -614,7 +614,8 @@ inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(below, y);
 }
 
-// generic_update in 8 lanes; the partial last vector is padded with -inf (exp8 gives 0).
+// generic_update in 8 lanes (the caller adds the weights to l); the partial last vector is padded
+// with -inf (exp8 gives 0).
 void avx2_update(float* sr, int rows, int lim, float scale, float* m, float* l, float* acc, int d) {
   const int full = lim & ~7;
   const __m256 vs = _mm256_set1_ps(scale);
@@ -652,11 +653,6 @@ void avx2_update(float* sr, int rows, int lim, float scale, float* m, float* l, 
       _mm256_storeu_ps(acc + c, _mm256_mul_ps(_mm256_loadu_ps(acc + c), va));
     for (; c < d; ++c) acc[c] *= alpha;
   }
-  // The sum in index order, as generic_update: SmolLM2's golden logits sit close enough to the
-  // 0.6 bar that a lane-wise sum order moved one past it.
-  float sum = 0.0f;
-  for (int j = 0; j < lim; ++j) sum += sr[j];
-  *l += sum;
   *m = m_new;
 }
 
