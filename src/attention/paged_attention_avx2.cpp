@@ -360,42 +360,59 @@ void score_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
 
 // ---- values: acc[r][c] += sum_j p[r * ps + j] * V row j ---------------------------------------
 
-// Channels [c0, c0 + 8) and [c1, c1 + 8) of R accumulators over all rows: decode(j) gives the
-// row's two 8-channel vectors, w(r, j) the weight.
-template <int R, class Decode, class Weight>
-inline void accum_pair(int rows, float* const* acc, int c0, int c1, Decode decode, Weight w) {
-  __m256 a0[R], a1[R];
+// N 8-channel vectors at channels c[n] of R accumulators over all rows: decode(j, v) gives row
+// j's N vectors, w(r, j) the weight. R * N independent FMA chains of `rows` FMAs each.
+template <int R, int N, class Decode, class Weight>
+inline void accum_vecs(int rows, float* const* acc, const int* c, Decode decode, Weight w) {
+  __m256 a[R][N];
   BIE_UNROLL
   for (int r = 0; r < R; ++r) {
-    a0[r] = _mm256_loadu_ps(acc[r] + c0);
-    a1[r] = _mm256_loadu_ps(acc[r] + c1);
+    BIE_UNROLL
+    for (int n = 0; n < N; ++n) a[r][n] = _mm256_loadu_ps(acc[r] + c[n]);
   }
   for (int j = 0; j < rows; ++j) {
-    __m256 v0, v1;
-    decode(j, &v0, &v1);
+    __m256 v[N];
+    decode(j, v);
     BIE_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 wr = _mm256_set1_ps(w(r, j));
-      a0[r] = _mm256_fmadd_ps(wr, v0, a0[r]);
-      a1[r] = _mm256_fmadd_ps(wr, v1, a1[r]);
+      BIE_UNROLL
+      for (int n = 0; n < N; ++n) a[r][n] = _mm256_fmadd_ps(wr, v[n], a[r][n]);
     }
   }
   BIE_UNROLL
   for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(acc[r] + c0, a0[r]);
-    _mm256_storeu_ps(acc[r] + c1, a1[r]);
+    BIE_UNROLL
+    for (int n = 0; n < N; ++n) _mm256_storeu_ps(acc[r] + c[n], a[r][n]);
   }
 }
 
+// Vectors per pass: 4 (32 channels) for up to 3 rows (12 chains, one row's decode and the
+// weights in the remaining registers), 2 for 4 rows.
+template <int R>
+constexpr int kAccVecs = R >= 4 ? 2 : 4;
+
 template <int R>
 void f16_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, float* const* acc) {
+  constexpr int N = kAccVecs<R>;
   const size_t rb = kv::detail::row_bytes_f16(d);
-  for (int c = 0; c < d; c += 16) {
-    accum_pair<R>(
-        rows, acc, c, c + 8,
-        [&](int j, __m256* v0, __m256* v1) {
-          *v0 = load8_f16(tile + j * rb + 2 * c);
-          *v1 = load8_f16(tile + j * rb + 2 * c + 16);
+  for (int c0 = 0; c0 < d; c0 += 8 * N) {
+    int c[N];
+    for (int n = 0; n < N; ++n) c[n] = c0 + 8 * n;
+    if (c0 + 8 * N > d) {  // d % 32 == 16: the last 16 channels in a pair
+      accum_vecs<R, 2>(
+          rows, acc, c,
+          [&](int j, __m256* v) {
+            for (int n = 0; n < 2; ++n) v[n] = load8_f16(tile + j * rb + 2 * (c0 + 8 * n));
+          },
+          [&](int r, int j) { return p[r * ps + j]; });
+      break;
+    }
+    accum_vecs<R, N>(
+        rows, acc, c,
+        [&](int j, __m256* v) {
+          BIE_UNROLL
+          for (int n = 0; n < N; ++n) v[n] = load8_f16(tile + j * rb + 2 * (c0 + 8 * n));
         },
         [&](int r, int j) { return p[r * ps + j]; });
   }
@@ -411,15 +428,24 @@ void scaled_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, 
     BIE_UNROLL
     for (int r = 0; r < R; ++r) w[r][j] = p[r * ps + j] * sc;
   }
-  for (int c = 0; c < d; c += 16) {
-    accum_pair<R>(
-        rows, acc, c, c + 8,
-        [&](int j, __m256* v0, __m256* v1) {
-          const uint8_t* codes = tile + j * rb + 2 + c;
-          *v0 = kFp8 ? load8_e4m3_div256(codes) : load8_i8(codes);
-          *v1 = kFp8 ? load8_e4m3_div256(codes + 8) : load8_i8(codes + 8);
-        },
-        [&](int r, int j) { return w[r][j]; });
+  const auto weight = [&](int r, int j) { return w[r][j]; };
+  const auto decode = [&](int c0, int n_vec) {
+    return [=](int j, __m256* v) {
+      for (int n = 0; n < n_vec; ++n) {
+        const uint8_t* codes = tile + j * rb + 2 + c0 + 8 * n;
+        v[n] = kFp8 ? load8_e4m3_div256(codes) : load8_i8(codes);
+      }
+    };
+  };
+  constexpr int N = kAccVecs<R>;
+  for (int c0 = 0; c0 < d; c0 += 8 * N) {
+    int c[N];
+    for (int n = 0; n < N; ++n) c[n] = c0 + 8 * n;
+    if (c0 + 8 * N > d) {
+      accum_vecs<R, 2>(rows, acc, c, decode(c0, 2), weight);
+      break;
+    }
+    accum_vecs<R, N>(rows, acc, c, decode(c0, N), weight);
   }
 }
 
@@ -474,13 +500,32 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
       for (int c = 0; c < G; c += 8)
         _mm256_storeu_ps(a + c, _mm256_add_ps(_mm256_loadu_ps(a + c), z));
     }
-    for (int k = 0; k < half; k += 8) {
-      accum_pair<R>(
-          rows, acc, b * G + k, b * G + half + k,
-          [&](int j, __m256* v0, __m256* v1) {
-            load8_nibbles(tile + j * rb + b * gb + 4 + k, v0, v1);
+    // N / 2 x 8 bytes of nibbles per pass: channels k.. (low nibbles) and half + k.. (high).
+    constexpr int N = kAccVecs<R>;
+    const auto weight = [&](int r, int j) { return w[r][j]; };
+    int k = 0;
+    for (; k + 4 * N <= half; k += 4 * N) {
+      int c[N];
+      for (int n = 0; n < N / 2; ++n) {
+        c[2 * n] = b * G + k + 8 * n;
+        c[2 * n + 1] = b * G + half + k + 8 * n;
+      }
+      accum_vecs<R, N>(
+          rows, acc, c,
+          [&](int j, __m256* v) {
+            BIE_UNROLL
+            for (int n = 0; n < N / 2; ++n) {
+              load8_nibbles(tile + j * rb + b * gb + 4 + k + 8 * n, v + 2 * n, v + 2 * n + 1);
+            }
           },
-          [&](int r, int j) { return w[r][j]; });
+          weight);
+    }
+    for (; k < half; k += 8) {
+      const int c[2] = {b * G + k, b * G + half + k};
+      accum_vecs<R, 2>(
+          rows, acc, c,
+          [&](int j, __m256* v) { load8_nibbles(tile + j * rb + b * gb + 4 + k, v, v + 1); },
+          weight);
     }
   }
 }
@@ -500,10 +545,11 @@ void chan_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, fl
     for (int j = 0; j < rows; ++j) psum[r] += p[r * ps + j];
   }
   for (int k = 0; k < half; k += 8) {
-    accum_pair<R>(
-        rows, t, k, half + k,
-        [&](int j, __m256* v0, __m256* v1) {
-          load8_nibbles(tile + kv::detail::chan_row_offset(d, j) + k, v0, v1);
+    const int c[2] = {k, half + k};
+    accum_vecs<R, 2>(
+        rows, t, c,
+        [&](int j, __m256* v) {
+          load8_nibbles(tile + kv::detail::chan_row_offset(d, j) + k, v, v + 1);
         },
         [&](int r, int j) { return p[r * ps + j]; });
   }
