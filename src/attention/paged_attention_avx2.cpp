@@ -134,17 +134,19 @@ inline void dot_rows(int steps, const float* const* q, Decode decode, Chan chan,
     for (int i = 0; i < 4; ++i) a[r][i] = _mm256_setzero_ps();
   }
   for (int t = 0; t < steps; ++t) {
+    // Decode the J rows first, so that each query vector is loaded once for all of them (loads,
+    // not FMAs, were the limit with q reloaded per row).
+    __m256 v[J][N];
     BIE_UNROLL
-    for (int i = 0; i < J; ++i) {
-      __m256 v[N];
-      decode(i, t, v);
+    for (int i = 0; i < J; ++i) decode(i, t, v[i]);
+    BIE_UNROLL
+    for (int n = 0; n < N; ++n) {
+      const int c = chan(t, n);
       BIE_UNROLL
-      for (int n = 0; n < N; ++n) {
-        const int c = chan(t, n);
+      for (int r = 0; r < R; ++r) {
+        const __m256 qv = _mm256_loadu_ps(q[r] + c);
         BIE_UNROLL
-        for (int r = 0; r < R; ++r) {
-          a[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c), v[n], a[r][i]);
-        }
+        for (int i = 0; i < J; ++i) a[r][i] = _mm256_fmadd_ps(qv, v[i][n], a[r][i]);
       }
     }
   }
@@ -152,11 +154,12 @@ inline void dot_rows(int steps, const float* const* q, Decode decode, Chan chan,
   for (int r = 0; r < R; ++r) out(r, hsum4_dense(a[r][0], a[r][1], a[r][2], a[r][3]));
 }
 
-// Runs dot_rows over all `rows` rows, 4 (R == 4: 3, to stay within 16 registers) at a time, the
-// tail with fewer. body(j0, J-tag) calls dot_rows<R, J, ...> for rows j0 .. j0 + J - 1.
+// Runs dot_rows over all `rows` rows, J at a time, the tail with fewer. body(j0, J-tag) calls
+// dot_rows<R, J, ...> for rows j0 .. j0 + J - 1.
 template <int R, class Body>
 inline void for_row_groups(int rows, Body body) {
-  constexpr int J = R >= 4 ? 3 : 4;
+  // R * J accumulators, J * N decoded vectors and one query vector within 16 registers.
+  constexpr int J = R <= 2 ? 4 : (R == 3 ? 3 : 2);
   int j = 0;
   for (; j + J <= rows; j += J) body(j, std::integral_constant<int, J>{});
   switch (rows - j) {
@@ -187,9 +190,25 @@ inline void store_lanes(float* s, __m128 x) {
 // 4 fp16 values at p, p + stride, p + 2 stride, p + 3 stride (the first J of them; the rest 0).
 template <int J>
 inline __m128 load4_f16_strided(const uint8_t* p, size_t stride) {
-  alignas(16) uint16_t h[8] = {};
-  for (int i = 0; i < J; ++i) std::memcpy(&h[i], p + i * stride, 2);
-  return _mm_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+  // Inserted lane by lane: a vector load of halves just stored to the stack stalls on store
+  // forwarding (it was a quarter of int4_score's time).
+  __m128i h = _mm_setzero_si128();
+  uint16_t x;
+  std::memcpy(&x, p, 2);
+  h = _mm_insert_epi16(h, x, 0);
+  if constexpr (J > 1) {
+    std::memcpy(&x, p + stride, 2);
+    h = _mm_insert_epi16(h, x, 1);
+  }
+  if constexpr (J > 2) {
+    std::memcpy(&x, p + 2 * stride, 2);
+    h = _mm_insert_epi16(h, x, 2);
+  }
+  if constexpr (J > 3) {
+    std::memcpy(&x, p + 3 * stride, 2);
+    h = _mm_insert_epi16(h, x, 3);
+  }
+  return _mm_cvtph_ps(h);
 }
 
 // FP16: per row and query one 8-lane accumulator in channel order, then hsum's order
