@@ -379,10 +379,14 @@ void score_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
 
 // ---- values: acc[r][c] += sum_j p[r * ps + j] * V row j ---------------------------------------
 
-// N 8-channel vectors at channels c[n] of R accumulators over all rows: decode(j, v) gives row
-// j's N vectors, w(r, j) the weight. R * N independent FMA chains of `rows` FMAs each.
+// N 8-channel vectors at channels c[n] of R accumulators over all rows: decode(j, p, v) gives
+// row j's vectors 2p and 2p + 1, w(r, j) the weight. R * N independent FMA chains of `rows`
+// FMAs each. Decoding pair by pair (and broadcasting each weight per pair) keeps R * N
+// accumulators + 2 vectors + 1 weight within 16 registers; with all N vectors decoded up front,
+// GCC spilled two accumulators to the stack (a store-forwarding round trip in their chains).
 template <int R, int N, class Decode, class Weight>
 inline void accum_vecs(int rows, float* const* acc, const int* c, Decode decode, Weight w) {
+  static_assert(N % 2 == 0);
   __m256 a[R][N];
   BIE_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -390,13 +394,16 @@ inline void accum_vecs(int rows, float* const* acc, const int* c, Decode decode,
     for (int n = 0; n < N; ++n) a[r][n] = _mm256_loadu_ps(acc[r] + c[n]);
   }
   for (int j = 0; j < rows; ++j) {
-    __m256 v[N];
-    decode(j, v);
     BIE_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const __m256 wr = _mm256_set1_ps(w(r, j));
+    for (int p = 0; p < N / 2; ++p) {
+      __m256 v[2];
+      decode(j, p, v);
       BIE_UNROLL
-      for (int n = 0; n < N; ++n) a[r][n] = _mm256_fmadd_ps(wr, v[n], a[r][n]);
+      for (int r = 0; r < R; ++r) {
+        const __m256 wr = _mm256_set1_ps(w(r, j));
+        a[r][2 * p] = _mm256_fmadd_ps(wr, v[0], a[r][2 * p]);
+        a[r][2 * p + 1] = _mm256_fmadd_ps(wr, v[1], a[r][2 * p + 1]);
+      }
     }
   }
   BIE_UNROLL
@@ -421,7 +428,7 @@ void f16_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, flo
     if (c0 + 8 * N > d) {  // d % 32 == 16: the last 16 channels in a pair
       accum_vecs<R, 2>(
           rows, acc, c,
-          [&](int j, __m256* v) {
+          [&](int j, int, __m256* v) {
             for (int n = 0; n < 2; ++n) v[n] = load8_f16(tile + j * rb + 2 * (c0 + 8 * n));
           },
           [&](int r, int j) { return p[r * ps + j]; });
@@ -429,9 +436,8 @@ void f16_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, flo
     }
     accum_vecs<R, N>(
         rows, acc, c,
-        [&](int j, __m256* v) {
-          BIE_UNROLL
-          for (int n = 0; n < N; ++n) v[n] = load8_f16(tile + j * rb + 2 * (c0 + 8 * n));
+        [&](int j, int pr, __m256* v) {
+          for (int n = 0; n < 2; ++n) v[n] = load8_f16(tile + j * rb + 2 * (c0 + 16 * pr + 8 * n));
         },
         [&](int r, int j) { return p[r * ps + j]; });
   }
@@ -448,10 +454,10 @@ void scaled_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, 
     for (int r = 0; r < R; ++r) w[r][j] = p[r * ps + j] * sc;
   }
   const auto weight = [&](int r, int j) { return w[r][j]; };
-  const auto decode = [&](int c0, int n_vec) {
-    return [=](int j, __m256* v) {
-      for (int n = 0; n < n_vec; ++n) {
-        const uint8_t* codes = tile + j * rb + 2 + c0 + 8 * n;
+  const auto decode = [&](int c0) {
+    return [=](int j, int pr, __m256* v) {
+      for (int n = 0; n < 2; ++n) {
+        const uint8_t* codes = tile + j * rb + 2 + c0 + 16 * pr + 8 * n;
         v[n] = kFp8 ? load8_e4m3_div256(codes) : load8_i8(codes);
       }
     };
@@ -461,10 +467,10 @@ void scaled_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, 
     int c[N];
     for (int n = 0; n < N; ++n) c[n] = c0 + 8 * n;
     if (c0 + 8 * N > d) {
-      accum_vecs<R, 2>(rows, acc, c, decode(c0, 2), weight);
+      accum_vecs<R, 2>(rows, acc, c, decode(c0), weight);
       break;
     }
-    accum_vecs<R, N>(rows, acc, c, decode(c0, N), weight);
+    accum_vecs<R, N>(rows, acc, c, decode(c0), weight);
   }
 }
 
@@ -531,11 +537,8 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
       }
       accum_vecs<R, N>(
           rows, acc, c,
-          [&](int j, __m256* v) {
-            BIE_UNROLL
-            for (int n = 0; n < N / 2; ++n) {
-              load8_nibbles(tile + j * rb + b * gb + 4 + k + 8 * n, v + 2 * n, v + 2 * n + 1);
-            }
+          [&](int j, int pr, __m256* v) {
+            load8_nibbles(tile + j * rb + b * gb + 4 + k + 8 * pr, v, v + 1);
           },
           weight);
     }
@@ -543,7 +546,7 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
       const int c[2] = {b * G + k, b * G + half + k};
       accum_vecs<R, 2>(
           rows, acc, c,
-          [&](int j, __m256* v) { load8_nibbles(tile + j * rb + b * gb + 4 + k, v, v + 1); },
+          [&](int j, int, __m256* v) { load8_nibbles(tile + j * rb + b * gb + 4 + k, v, v + 1); },
           weight);
     }
   }
@@ -567,7 +570,7 @@ void chan_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, fl
     const int c[2] = {k, half + k};
     accum_vecs<R, 2>(
         rows, t, c,
-        [&](int j, __m256* v) {
+        [&](int j, int, __m256* v) {
           load8_nibbles(tile + kv::detail::chan_row_offset(d, j) + k, v, v + 1);
         },
         [&](int r, int j) { return p[r * ps + j]; });
