@@ -23,6 +23,11 @@
 #include "support/paths.h"
 
 namespace bie::attention {
+
+// Defined in paged_attention_avx2.cpp (dense_attention's FP16 K-dot order).
+void f16_dot_dense_order_avx2(int head_dim, const float* q, const uint8_t* tile, int n,
+                              float* scores);
+
 namespace {
 
 using planner::KvFormat;
@@ -268,6 +273,45 @@ TEST(PagedAttention, PeakedScoresRescale) {
   for (const auto& kern : kernel_sets()) {
     const auto out = run_tile(kern, bl, s, 299, 1, 0, 2, 0.125f, q);
     EXPECT_LT(max_diff(out.data(), ref.data(), ref.size()), 1e-4);
+  }
+}
+
+// The fused FP16 K scoring (rows batched, horizontal sums 4 at a time) must equal the dense
+// order bit for bit: SmolLM2's golden logits move by tenths with K-dot summation order.
+TEST(PagedAttention, F16ScoresBitIdenticalToDenseOrder) {
+  if (!has_avx2()) GTEST_SKIP() << "no AVX2";
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const int d : {16, 48, 64, 128}) {
+    const kv::KvRowGeom g{d, 0};
+    const int B = 16;
+    std::vector<float> x(static_cast<size_t>(B) * d);
+    for (float& e : x) e = nd(rng);
+    std::vector<uint8_t> tile(kv::kv_tile_bytes(kF16, d, B));
+    kv::kv_traits_scalar(KvType::kF16)->store(g, x.data(), tile.data(), 0, B);
+    PagedBlockView bv;
+    bv.k = tile.data();
+    bv.tk = kv::kv_traits_scalar(KvType::kF16);
+    bv.gk = g;
+    bv.k_f16 = true;
+    for (const int n_rows : {1, 2, 3, 4, 5, 9}) {
+      std::vector<float> q(static_cast<size_t>(n_rows) * d);
+      for (float& e : q) e = nd(rng);
+      std::vector<const float*> qp(static_cast<size_t>(n_rows));
+      for (int r = 0; r < n_rows; ++r) qp[static_cast<size_t>(r)] = q.data() + r * d;
+      for (const int rows : {1, 2, 3, 5, 7, 16}) {
+        std::vector<float> s(static_cast<size_t>(n_rows) * B), want(static_cast<size_t>(B));
+        detail::avx2_kernels().score(bv, tile.data(), rows, qp.data(), n_rows, s.data(), B);
+        for (int r = 0; r < n_rows; ++r) {
+          f16_dot_dense_order_avx2(d, qp[static_cast<size_t>(r)], tile.data(), rows, want.data());
+          for (int j = 0; j < rows; ++j) {
+            ASSERT_EQ(s[static_cast<size_t>(r * B + j)], want[static_cast<size_t>(j)])
+                << "d " << d << " n_rows " << n_rows << " rows " << rows << " r " << r << " j "
+                << j;
+          }
+        }
+      }
+    }
   }
 }
 

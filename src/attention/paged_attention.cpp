@@ -59,18 +59,13 @@ void generic_update(float* sr, int rows, int lim, float scale, float* m, float* 
   }
   const float m_old = *m;
   const float m_new = std::max(m_old, mx);
-  float sum = 0.0f;
-  for (int j = 0; j < lim; ++j) {
-    sr[j] = std::exp(sr[j] - m_new);
-    sum += sr[j];
-  }
+  for (int j = 0; j < lim; ++j) sr[j] = std::exp(sr[j] - m_new);
   std::fill(sr + lim, sr + rows, 0.0f);
   if (m_new > m_old) {  // rescale what was accumulated against the old max
     const float alpha = std::exp(m_old - m_new);  // 0 when m_old = -inf
     *l *= alpha;
     for (int c = 0; c < d; ++c) acc[c] *= alpha;
   }
-  *l += sum;
   *m = m_new;
 }
 
@@ -127,6 +122,15 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
       }
       kern.update(sr, rows, lim, t.scale, part.m + r, part.l + r, acc[r], d);
     }
+    // l += the block's weights, summed in index order per row (SmolLM2's golden logits sit close
+    // enough to the 0.6 bar that a lane-wise order moved one past it). Rows interleaved: R
+    // independent chains instead of one 16-add chain per row. Masked weights are 0.
+    float lsum[kMaxTileRows];
+    std::fill(lsum, lsum + R, 0.0f);
+    for (int j = 0; j < rows; ++j) {
+      for (int r = 0; r < R; ++r) lsum[r] += s[r * B + j];
+    }
+    for (int r = 0; r < R; ++r) part.l[r] += lsum[r];
     for (int h = 0; h < t.n_kv; ++h) {
       const uint8_t* vt = bv.v + static_cast<size_t>(t.kv_head + h) * bv.v_tile_bytes;
       kern.accum(bv, vt, rows, s + h * QG * B, B, acc + h * QG, QG);

@@ -11,6 +11,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "bie/attention/paged_attention.h"
 #include "kv/kv_format_internal.h"
@@ -100,54 +101,149 @@ inline void store_sums(const __m256* v, const float* mul, const float* add, floa
   }
 }
 
-// FP16: per row and query one 8-lane accumulator in channel order (dense_attention's order).
+// The horizontal sums of 4 vectors at once, each in hsum's order ((x0 + x4) + (x2 + x6)) +
+// ((x1 + x5) + (x3 + x7)), so bit for bit hsum(v[i]) in lane i: fp addition is commutative, and
+// every add below pairs the same two partial sums as hsum does.
+inline __m128 hsum4_dense(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+  // [v0.lo + v0.hi | v1.lo + v1.hi], [v2 | v3]
+  const __m256 t0 =
+      _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20), _mm256_permute2f128_ps(v0, v1, 0x31));
+  const __m256 t1 =
+      _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20), _mm256_permute2f128_ps(v2, v3, 0x31));
+  // [v0: y0 + y2, y1 + y3, v2: ..., ... | v1: ..., v3: ...]
+  const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+  // [v0, v2, v0, v2 | v1, v3, v1, v3] -> [v0, v1, v2, v3]
+  const __m256 h = _mm256_hadd_ps(u, u);
+  return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// The score loop shared by all formats: rows j0 .. j0 + J - 1 of a K tile against R query rows,
+// one 8-lane accumulator per (query, row) = R * J independent FMA chains (one row's R chains of
+// head_dim / 8 FMAs would leave the FMA units waiting on latency). Per step t < steps,
+// decode(i, t, v) writes row i's N decoded vectors and chan(t, n) is the query channel of
+// vector n. The horizontal sums are batched four rows at a time (hsum4_dense: hsum's order).
+// out(r, sums) gets query r's J sums in the low lanes of `sums`.
+template <int R, int J, int N, class Decode, class Chan, class Out>
+inline void dot_rows(int steps, const float* const* q, Decode decode, Chan chan, Out out) {
+  static_assert(J >= 1 && J <= 4);
+  __m256 a[R][4];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    BIE_UNROLL
+    for (int i = 0; i < 4; ++i) a[r][i] = _mm256_setzero_ps();
+  }
+  for (int t = 0; t < steps; ++t) {
+    // Decode the J rows first, so that each query vector is loaded once for all of them (loads,
+    // not FMAs, were the limit with q reloaded per row).
+    __m256 v[J][N];
+    BIE_UNROLL
+    for (int i = 0; i < J; ++i) decode(i, t, v[i]);
+    BIE_UNROLL
+    for (int n = 0; n < N; ++n) {
+      const int c = chan(t, n);
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256 qv = _mm256_loadu_ps(q[r] + c);
+        BIE_UNROLL
+        for (int i = 0; i < J; ++i) a[r][i] = _mm256_fmadd_ps(qv, v[i][n], a[r][i]);
+      }
+    }
+  }
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) out(r, hsum4_dense(a[r][0], a[r][1], a[r][2], a[r][3]));
+}
+
+// Runs dot_rows over all `rows` rows, J at a time, the tail with fewer. body(j0, J-tag) calls
+// dot_rows<R, J, ...> for rows j0 .. j0 + J - 1.
+template <int R, class Body>
+inline void for_row_groups(int rows, Body body) {
+  // R * J accumulators, J * N decoded vectors and one query vector within 16 registers.
+  constexpr int J = R <= 2 ? 4 : (R == 3 ? 3 : 2);
+  int j = 0;
+  for (; j + J <= rows; j += J) body(j, std::integral_constant<int, J>{});
+  switch (rows - j) {
+    case 1:
+      return body(j, std::integral_constant<int, 1>{});
+    case 2:
+      return body(j, std::integral_constant<int, 2>{});
+    case 3:
+      if constexpr (J > 3) return body(j, std::integral_constant<int, 3>{});
+      break;
+    default:
+      break;
+  }
+}
+
+// Stores the low J lanes of x at s[0 .. J).
+template <int J>
+inline void store_lanes(float* s, __m128 x) {
+  if constexpr (J == 4) {
+    _mm_storeu_ps(s, x);
+  } else {
+    alignas(16) float t[4];
+    _mm_store_ps(t, x);
+    for (int i = 0; i < J; ++i) s[i] = t[i];
+  }
+}
+
+// 4 fp16 values at p, p + stride, p + 2 stride, p + 3 stride (the first J of them; the rest 0).
+template <int J>
+inline __m128 load4_f16_strided(const uint8_t* p, size_t stride) {
+  // Inserted lane by lane: a vector load of halves just stored to the stack stalls on store
+  // forwarding (it was a quarter of int4_score's time).
+  __m128i h = _mm_setzero_si128();
+  uint16_t x;
+  std::memcpy(&x, p, 2);
+  h = _mm_insert_epi16(h, x, 0);
+  if constexpr (J > 1) {
+    std::memcpy(&x, p + stride, 2);
+    h = _mm_insert_epi16(h, x, 1);
+  }
+  if constexpr (J > 2) {
+    std::memcpy(&x, p + 2 * stride, 2);
+    h = _mm_insert_epi16(h, x, 2);
+  }
+  if constexpr (J > 3) {
+    std::memcpy(&x, p + 3 * stride, 2);
+    h = _mm_insert_epi16(h, x, 3);
+  }
+  return _mm_cvtph_ps(h);
+}
+
+// FP16: per row and query one 8-lane accumulator in channel order, then hsum's order
+// (dense_attention's arithmetic, bit for bit).
 template <int R>
 void f16_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
   const size_t rb = kv::detail::row_bytes_f16(d);
-  for (int j = 0; j < rows; ++j) {
-    const uint8_t* row = tile + j * rb;
-    __m256 a[R];
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
-    for (int c = 0; c < d; c += 8) {
-      const __m256 k = load8_f16(row + 2 * c);
-      BIE_UNROLL
-      for (int r = 0; r < R; ++r) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c), k, a[r]);
-    }
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) s[r * ss + j] = hsum(a[r]);
-  }
+  for_row_groups<R>(rows, [&](int j0, auto jt) {
+    constexpr int J = decltype(jt)::value;
+    const uint8_t* row = tile + j0 * rb;
+    dot_rows<R, J, 1>(
+        d / 8, q, [&](int i, int t, __m256* v) { v[0] = load8_f16(row + i * rb + 16 * t); },
+        [](int t, int) { return 8 * t; },
+        [&](int r, __m128 x) { store_lanes<J>(s + r * ss + j0, x); });
+  });
 }
 
 // int8 / fp8: codes times q, then the row scale.
 template <int R, bool kFp8>
 void scaled_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
   const size_t rb = kv::detail::row_bytes_scaled(d);
-  const float unit = kFp8 ? 256.0f : 1.0f;
-  for (int j = 0; j < rows; ++j) {
-    const uint8_t* row = tile + j * rb;
-    __m256 a[R], b[R];
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
-    for (int c = 0; c < d; c += 16) {
-      const __m256 k0 = kFp8 ? load8_e4m3_div256(row + 2 + c) : load8_i8(row + 2 + c);
-      const __m256 k1 = kFp8 ? load8_e4m3_div256(row + 10 + c) : load8_i8(row + 10 + c);
-      BIE_UNROLL
-      for (int r = 0; r < R; ++r) {
-        a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c), k0, a[r]);
-        b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c + 8), k1, b[r]);
-      }
-    }
-    const float sc = f16c(row) * unit;
-    float mul[R], add[R];
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) {
-      a[r] = _mm256_add_ps(a[r], b[r]);
-      mul[r] = sc;
-      add[r] = 0.0f;
-    }
-    store_sums<R>(a, mul, add, s + j, ss);
-  }
+  const __m128 unit = _mm_set1_ps(kFp8 ? 256.0f : 1.0f);
+  for_row_groups<R>(rows, [&](int j0, auto jt) {
+    constexpr int J = decltype(jt)::value;
+    const uint8_t* row = tile + j0 * rb;
+    const __m128 sc = _mm_mul_ps(load4_f16_strided<J>(row, rb), unit);
+    dot_rows<R, J, 1>(
+        d / 8, q,
+        [&](int i, int t, __m256* v) {
+          const uint8_t* codes = row + i * rb + 2 + 8 * t;
+          v[0] = kFp8 ? load8_e4m3_div256(codes) : load8_i8(codes);
+        },
+        [](int t, int) { return 8 * t; },
+        [&](int r, __m128 x) { store_lanes<J>(s + r * ss + j0, _mm_mul_ps(x, sc)); });
+  });
 }
 
 // int4_asym gG: per group s * sum(q n) + z * sum(q); sum(q) per group is shared by all rows.
@@ -168,29 +264,19 @@ void int4_score(int d, int G, const uint8_t* tile, int rows, const float* const*
   if (ng == 1) {
     // One group per row (head_dim == G, SmolLM2's d 64 with g64): the scale and zero apply after
     // the horizontal sum, s = scale * sum(q n) + zero * sum(q).
-    for (int j = 0; j < rows; ++j) {
-      const uint8_t* row = tile + j * rb;
-      __m256 a[R];
-      BIE_UNROLL
-      for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
-      for (int k = 0; k < half; k += 8) {
-        __m256 lo, hi;
-        load8_nibbles(row + 4 + k, &lo, &hi);
-        BIE_UNROLL
-        for (int r = 0; r < R; ++r) {
-          a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + k), lo, a[r]);
-          a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + half + k), hi, a[r]);
-        }
-      }
-      const float sc = f16c(row), zz = f16c(row + 2);
-      float mul[R], add[R];
-      BIE_UNROLL
-      for (int r = 0; r < R; ++r) {
-        mul[r] = sc;
-        add[r] = zz * qsum[r][0];
-      }
-      store_sums<R>(a, mul, add, s + j, ss);
-    }
+    for_row_groups<R>(rows, [&](int j0, auto jt) {
+      constexpr int J = decltype(jt)::value;
+      const uint8_t* row = tile + j0 * rb;
+      const __m128 sc = load4_f16_strided<J>(row, rb), zz = load4_f16_strided<J>(row + 2, rb);
+      dot_rows<R, J, 2>(
+          half / 8, q,
+          [&](int i, int t, __m256* v) { load8_nibbles(row + i * rb + 4 + 8 * t, v, v + 1); },
+          [&](int t, int n) { return 8 * t + n * half; },
+          [&](int r, __m128 x) {
+            store_lanes<J>(s + r * ss + j0,
+                           _mm_fmadd_ps(x, sc, _mm_mul_ps(zz, _mm_set1_ps(qsum[r][0]))));
+          });
+    });
     return;
   }
   for (int j = 0; j < rows; ++j) {
@@ -254,28 +340,21 @@ void chan_score(int d, const uint8_t* tile, int rows, const float* const* q, flo
   }
   BIE_UNROLL
   for (int r = 0; r < R; ++r) zt[r] = hsum(vz[r]);
-  for (int j = 0; j < rows; ++j) {
-    const uint8_t* row = tile + kv::detail::chan_row_offset(d, j);
-    __m256 a[R], b[R];
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
-    for (int k = 0; k < half; k += 8) {
-      __m256 lo, hi;
-      load8_nibbles(row + k, &lo, &hi);
-      BIE_UNROLL
-      for (int r = 0; r < R; ++r) {
-        a[r] = _mm256_fmadd_ps(_mm256_load_ps(qs[r] + k), lo, a[r]);
-        b[r] = _mm256_fmadd_ps(_mm256_load_ps(qs[r] + half + k), hi, b[r]);
-      }
-    }
-    float mul[R];
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) {
-      a[r] = _mm256_add_ps(a[r], b[r]);
-      mul[r] = 1.0f;
-    }
-    store_sums<R>(a, mul, zt, s + j, ss);
-  }
+  const float* qp[R];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) qp[r] = qs[r];
+  const size_t rb = static_cast<size_t>(half);
+  for_row_groups<R>(rows, [&](int j0, auto jt) {
+    constexpr int J = decltype(jt)::value;
+    const uint8_t* row = tile + kv::detail::chan_row_offset(d, j0);
+    dot_rows<R, J, 2>(
+        half / 8, qp,
+        [&](int i, int t, __m256* v) { load8_nibbles(row + i * rb + 8 * t, v, v + 1); },
+        [&](int t, int n) { return 8 * t + n * half; },
+        [&](int r, __m128 x) {
+          store_lanes<J>(s + r * ss + j0, _mm_add_ps(x, _mm_set1_ps(zt[r])));
+        });
+  });
 }
 
 template <int R>
@@ -300,42 +379,65 @@ void score_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
 
 // ---- values: acc[r][c] += sum_j p[r * ps + j] * V row j ---------------------------------------
 
-// Channels [c0, c0 + 8) and [c1, c1 + 8) of R accumulators over all rows: decode(j) gives the
-// row's two 8-channel vectors, w(r, j) the weight.
-template <int R, class Decode, class Weight>
-inline void accum_pair(int rows, float* const* acc, int c0, int c1, Decode decode, Weight w) {
-  __m256 a0[R], a1[R];
+// N 8-channel vectors at channels c[n] of R accumulators over all rows: decode(j, p, v) gives
+// row j's vectors 2p and 2p + 1, w(r, j) the weight. R * N independent FMA chains of `rows`
+// FMAs each. Decoding pair by pair (and broadcasting each weight per pair) keeps R * N
+// accumulators + 2 vectors + 1 weight within 16 registers; with all N vectors decoded up front,
+// GCC spilled two accumulators to the stack (a store-forwarding round trip in their chains).
+template <int R, int N, class Decode, class Weight>
+inline void accum_vecs(int rows, float* const* acc, const int* c, Decode decode, Weight w) {
+  static_assert(N % 2 == 0);
+  __m256 a[R][N];
   BIE_UNROLL
   for (int r = 0; r < R; ++r) {
-    a0[r] = _mm256_loadu_ps(acc[r] + c0);
-    a1[r] = _mm256_loadu_ps(acc[r] + c1);
+    BIE_UNROLL
+    for (int n = 0; n < N; ++n) a[r][n] = _mm256_loadu_ps(acc[r] + c[n]);
   }
   for (int j = 0; j < rows; ++j) {
-    __m256 v0, v1;
-    decode(j, &v0, &v1);
     BIE_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const __m256 wr = _mm256_set1_ps(w(r, j));
-      a0[r] = _mm256_fmadd_ps(wr, v0, a0[r]);
-      a1[r] = _mm256_fmadd_ps(wr, v1, a1[r]);
+    for (int p = 0; p < N / 2; ++p) {
+      __m256 v[2];
+      decode(j, p, v);
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256 wr = _mm256_set1_ps(w(r, j));
+        a[r][2 * p] = _mm256_fmadd_ps(wr, v[0], a[r][2 * p]);
+        a[r][2 * p + 1] = _mm256_fmadd_ps(wr, v[1], a[r][2 * p + 1]);
+      }
     }
   }
   BIE_UNROLL
   for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(acc[r] + c0, a0[r]);
-    _mm256_storeu_ps(acc[r] + c1, a1[r]);
+    BIE_UNROLL
+    for (int n = 0; n < N; ++n) _mm256_storeu_ps(acc[r] + c[n], a[r][n]);
   }
 }
 
+// Vectors per pass: 4 (32 channels) for up to 3 rows (12 chains, one row's decode and the
+// weights in the remaining registers), 2 for 4 rows.
+template <int R>
+constexpr int kAccVecs = R >= 4 ? 2 : 4;
+
 template <int R>
 void f16_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, float* const* acc) {
+  constexpr int N = kAccVecs<R>;
   const size_t rb = kv::detail::row_bytes_f16(d);
-  for (int c = 0; c < d; c += 16) {
-    accum_pair<R>(
-        rows, acc, c, c + 8,
-        [&](int j, __m256* v0, __m256* v1) {
-          *v0 = load8_f16(tile + j * rb + 2 * c);
-          *v1 = load8_f16(tile + j * rb + 2 * c + 16);
+  for (int c0 = 0; c0 < d; c0 += 8 * N) {
+    int c[N];
+    for (int n = 0; n < N; ++n) c[n] = c0 + 8 * n;
+    if (c0 + 8 * N > d) {  // d % 32 == 16: the last 16 channels in a pair
+      accum_vecs<R, 2>(
+          rows, acc, c,
+          [&](int j, int, __m256* v) {
+            for (int n = 0; n < 2; ++n) v[n] = load8_f16(tile + j * rb + 2 * (c0 + 8 * n));
+          },
+          [&](int r, int j) { return p[r * ps + j]; });
+      break;
+    }
+    accum_vecs<R, N>(
+        rows, acc, c,
+        [&](int j, int pr, __m256* v) {
+          for (int n = 0; n < 2; ++n) v[n] = load8_f16(tile + j * rb + 2 * (c0 + 16 * pr + 8 * n));
         },
         [&](int r, int j) { return p[r * ps + j]; });
   }
@@ -351,15 +453,24 @@ void scaled_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, 
     BIE_UNROLL
     for (int r = 0; r < R; ++r) w[r][j] = p[r * ps + j] * sc;
   }
-  for (int c = 0; c < d; c += 16) {
-    accum_pair<R>(
-        rows, acc, c, c + 8,
-        [&](int j, __m256* v0, __m256* v1) {
-          const uint8_t* codes = tile + j * rb + 2 + c;
-          *v0 = kFp8 ? load8_e4m3_div256(codes) : load8_i8(codes);
-          *v1 = kFp8 ? load8_e4m3_div256(codes + 8) : load8_i8(codes + 8);
-        },
-        [&](int r, int j) { return w[r][j]; });
+  const auto weight = [&](int r, int j) { return w[r][j]; };
+  const auto decode = [&](int c0) {
+    return [=](int j, int pr, __m256* v) {
+      for (int n = 0; n < 2; ++n) {
+        const uint8_t* codes = tile + j * rb + 2 + c0 + 16 * pr + 8 * n;
+        v[n] = kFp8 ? load8_e4m3_div256(codes) : load8_i8(codes);
+      }
+    };
+  };
+  constexpr int N = kAccVecs<R>;
+  for (int c0 = 0; c0 < d; c0 += 8 * N) {
+    int c[N];
+    for (int n = 0; n < N; ++n) c[n] = c0 + 8 * n;
+    if (c0 + 8 * N > d) {
+      accum_vecs<R, 2>(rows, acc, c, decode(c0), weight);
+      break;
+    }
+    accum_vecs<R, N>(rows, acc, c, decode(c0), weight);
   }
 }
 
@@ -414,13 +525,29 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
       for (int c = 0; c < G; c += 8)
         _mm256_storeu_ps(a + c, _mm256_add_ps(_mm256_loadu_ps(a + c), z));
     }
-    for (int k = 0; k < half; k += 8) {
-      accum_pair<R>(
-          rows, acc, b * G + k, b * G + half + k,
-          [&](int j, __m256* v0, __m256* v1) {
-            load8_nibbles(tile + j * rb + b * gb + 4 + k, v0, v1);
+    // N / 2 x 8 bytes of nibbles per pass: channels k.. (low nibbles) and half + k.. (high).
+    constexpr int N = kAccVecs<R>;
+    const auto weight = [&](int r, int j) { return w[r][j]; };
+    int k = 0;
+    for (; k + 4 * N <= half; k += 4 * N) {
+      int c[N];
+      for (int n = 0; n < N / 2; ++n) {
+        c[2 * n] = b * G + k + 8 * n;
+        c[2 * n + 1] = b * G + half + k + 8 * n;
+      }
+      accum_vecs<R, N>(
+          rows, acc, c,
+          [&](int j, int pr, __m256* v) {
+            load8_nibbles(tile + j * rb + b * gb + 4 + k + 8 * pr, v, v + 1);
           },
-          [&](int r, int j) { return w[r][j]; });
+          weight);
+    }
+    for (; k < half; k += 8) {
+      const int c[2] = {b * G + k, b * G + half + k};
+      accum_vecs<R, 2>(
+          rows, acc, c,
+          [&](int j, int, __m256* v) { load8_nibbles(tile + j * rb + b * gb + 4 + k, v, v + 1); },
+          weight);
     }
   }
 }
@@ -440,10 +567,11 @@ void chan_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, fl
     for (int j = 0; j < rows; ++j) psum[r] += p[r * ps + j];
   }
   for (int k = 0; k < half; k += 8) {
-    accum_pair<R>(
-        rows, t, k, half + k,
-        [&](int j, __m256* v0, __m256* v1) {
-          load8_nibbles(tile + kv::detail::chan_row_offset(d, j) + k, v0, v1);
+    const int c[2] = {k, half + k};
+    accum_vecs<R, 2>(
+        rows, t, c,
+        [&](int j, int, __m256* v) {
+          load8_nibbles(tile + kv::detail::chan_row_offset(d, j) + k, v, v + 1);
         },
         [&](int r, int j) { return p[r * ps + j]; });
   }
@@ -554,7 +682,8 @@ inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(below, y);
 }
 
-// generic_update in 8 lanes; the partial last vector is padded with -inf (exp8 gives 0).
+// generic_update in 8 lanes (the caller adds the weights to l); the partial last vector is padded
+// with -inf (exp8 gives 0).
 void avx2_update(float* sr, int rows, int lim, float scale, float* m, float* l, float* acc, int d) {
   const int full = lim & ~7;
   const __m256 vs = _mm256_set1_ps(scale);
@@ -592,11 +721,6 @@ void avx2_update(float* sr, int rows, int lim, float scale, float* m, float* l, 
       _mm256_storeu_ps(acc + c, _mm256_mul_ps(_mm256_loadu_ps(acc + c), va));
     for (; c < d; ++c) acc[c] *= alpha;
   }
-  // The sum in index order, as generic_update: SmolLM2's golden logits sit close enough to the
-  // 0.6 bar that a lane-wise sum order moved one past it.
-  float sum = 0.0f;
-  for (int j = 0; j < lim; ++j) sum += sr[j];
-  *l += sum;
   *m = m_new;
 }
 

@@ -131,7 +131,7 @@ using AccumBlockFn = void (*)(const PagedBlockView& bv, const uint8_t* tile, int
 // One row's online-softmax step over a block: s[0, lim) are raw scores of visible keys
 // (lim >= 1), s[lim, rows) masked. Scales the scores, raises the running max *m, rescales *l and
 // acc[head_dim] by exp(m_old - m_new) when it grows, and leaves the weights exp(s - m_new) in
-// s[0, lim) (0 in s[lim, rows)) with their sum added to *l.
+// s[0, lim) (0 in s[lim, rows)). The caller adds their sum to *l (all rows of a block at once).
 using UpdateRowFn = void (*)(float* s, int rows, int lim, float scale, float* m, float* l,
                              float* acc, int head_dim);
 struct TileKernels {
