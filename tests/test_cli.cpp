@@ -13,13 +13,8 @@
 namespace bie {
 namespace {
 
+using test::count_lines;
 using test::run_cmd;
-
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
 
 void expect_one_line_error(const test::CmdResult& r, const std::string& needle) {
   EXPECT_NE(r.exit_code, 0);

@@ -12,13 +12,8 @@
 namespace bie {
 namespace {
 
+using test::count_lines;
 using test::run_cmd;
-
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
 
 void expect_bad_input(const std::string& args, const std::string& needle) {
   const auto r = run_cmd(test::bie_bin() + " " + args);

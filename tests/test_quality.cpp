@@ -190,15 +190,11 @@ TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
 
 // ---- CLI ------------------------------------------------------------------------------------
 
-int count_lines(const std::string& s) {
-  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
-}
-
 TEST(QualityCli, ErrorsAreOneLine) {
   const std::string bin = test::bie_bin() + " quality -m default ";
   auto missing = test::run_cmd(bin + "-f /nonexistent/text.txt");
   EXPECT_EQ(missing.exit_code, 2);
-  EXPECT_EQ(count_lines(missing.err), 1) << missing.err;
+  EXPECT_EQ(test::count_lines(missing.err), 1) << missing.err;
   EXPECT_NE(missing.err.find("cannot read text file '/nonexistent/text.txt'"), std::string::npos)
       << missing.err;
 
@@ -206,13 +202,13 @@ TEST(QualityCli, ErrorsAreOneLine) {
   std::ofstream(path) << "To be, or not to be, that is the question.\n";
   auto shrt = test::run_cmd(bin + "-f " + path + " -c 128 --regimes int8");
   EXPECT_EQ(shrt.exit_code, 2);
-  EXPECT_EQ(count_lines(shrt.err), 1) << shrt.err;
+  EXPECT_EQ(test::count_lines(shrt.err), 1) << shrt.err;
   EXPECT_NE(shrt.err.find("too few for one perplexity window of 128 tokens"), std::string::npos)
       << shrt.err;
 
   auto unknown = test::run_cmd(bin + "-f " + path + " --regimes f16,int3");
   EXPECT_EQ(unknown.exit_code, 2);
-  EXPECT_EQ(count_lines(unknown.err), 1) << unknown.err;
+  EXPECT_EQ(test::count_lines(unknown.err), 1) << unknown.err;
   EXPECT_NE(unknown.err.find("regime 'int3'"), std::string::npos) << unknown.err;
   std::filesystem::remove(path);
 }

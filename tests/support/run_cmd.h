@@ -16,6 +16,13 @@ struct CmdResult {
   std::string err;
 };
 
+// Lines in a command's output (one-line error messages are checked with it).
+inline int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
 inline std::string bie_bin() {
   return BIE_BIN_PATH;
 }
