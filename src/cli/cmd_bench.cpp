@@ -153,6 +153,9 @@ int bench(const BenchArgs& a) {
   // Repetition-major, regime innermost: every regime sees the same stretch of machine noise.
   for (int rep = 0; rep < a.reps; ++rep) {
     for (Cell& c : cells) {
+      // Progress on stderr: a run at 8k depths across regimes takes minutes.
+      fmt::print(stderr, "bench: run {}/{}  {}  depth {}  {}\n", rep + 1, a.reps,
+                 regimes[c.regime].name, c.depth, c.test);
       PagedKvCache& kv = *regimes[c.regime].setup.cache;
       const int64_t align = regimes[c.regime].setup.report.layout.block_size;
       // Reuse the previous cell's fill when it was the same depth and can be cut back to it.
