@@ -3,19 +3,11 @@
 #include <cmath>
 
 #include "bie/attention/dense_attention.h"
+#include "bie/backend/simd_avx2.h"
 
 namespace bie::attention {
 
-namespace {
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-}  // namespace
+using simd::hsum;
 
 // note: call only if head_dim % 8 == 0 and head_dim <= 512 (attend_one_head checks).
 void attend_one_head_avx2(const DenseAttnArgs& a) {

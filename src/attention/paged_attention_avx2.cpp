@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "bie/attention/paged_attention.h"
+#include "bie/backend/simd_avx2.h"
 #include "kv/kv_format_internal.h"
 
 namespace bie::attention {
@@ -36,14 +37,7 @@ constexpr int kFuse = 4;  // tile rows per pass over a block
 // (GCC at -O2 keeps a[R] on the stack otherwise).
 #define BIE_UNROLL _Pragma("GCC unroll 8")
 
-inline float hsum(__m256 acc) {
-  __m128 lo = _mm256_castps256_ps128(acc);
-  __m128 hi = _mm256_extractf128_ps(acc, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
+using simd::hsum;
 
 inline float f16c(const uint8_t* p) {
   uint16_t h;

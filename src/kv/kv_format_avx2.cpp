@@ -10,6 +10,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "bie/backend/simd_avx2.h"
 #include "kv/kv_format_internal.h"
 
 namespace bie::kv::detail {
@@ -18,12 +19,7 @@ namespace {
 
 using planner::KvType;
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using simd::hsum;
 
 // 8 fp16 -> 8 fp32.
 inline __m256 load8_f16(const uint8_t* p) {

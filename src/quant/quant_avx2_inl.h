@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bie/backend/simd_avx2.h"
 #include "bie/quant/blocks.h"
 #include "quant/quant_internal.h"
 
@@ -17,10 +18,7 @@ inline float h2f(half_bits h) {
 }
 
 inline float hsum_ps(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+  return bie::simd::hsum(v);
 }
 
 inline int32_t hsum_epi32(__m256i v) {

@@ -1,0 +1,18 @@
+// Small AVX2 helpers shared by the *_avx2.cpp kernels. Include only from translation units
+// compiled with -mavx2 -mfma -mf16c (CMake gives those flags to files named *_avx2.cpp).
+#pragma once
+
+#include <immintrin.h>
+
+namespace bie::simd {
+
+// Sum of the 8 lanes: (lo + hi) halves, then pairs, then the last two — one fixed order that
+// every kernel shares (the f16 attention scores rely on it being the same as dense attention's).
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+}  // namespace bie::simd
