@@ -70,18 +70,6 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-// Runs `tokens` through the model in chunks as generate() cuts them (block-aligned).
-Status feed(Model& m, KvCache& kv, ThreadPool& pool, std::span<const int32_t> tokens, int64_t chunk,
-            int64_t align, std::vector<float>& logits) {
-  for (size_t off = 0; off < tokens.size();) {
-    const auto len = static_cast<size_t>(
-        prefill_chunk_len(kv.n_tokens(), static_cast<int64_t>(tokens.size() - off), chunk, align));
-    if (Status s = m.forward(tokens.subspan(off, len), kv, pool, logits); !s) return s;
-    off += len;
-  }
-  return {};
-}
-
 int bench(const BenchArgs& a) {
   const auto fail = [](int code, const std::string& msg) {
     std::fprintf(stderr, "bie bench: %s\n", msg.c_str());
@@ -146,7 +134,7 @@ int bench(const BenchArgs& a) {
   }
   // One warm-up forward so page faults of the mmapped weights are not timed.
   for (Regime& r : regimes) {
-    if (Status s = feed(m, *r.setup.cache, pool, random_tokens(1), 1, 1, logits); !s)
+    if (Status s = prefill(m, *r.setup.cache, pool, random_tokens(1), 1, 1, logits); !s)
       return fail(kExitFailure, s.error());
     if (Status s = r.setup.cache->truncate(0); !s) return fail(kExitFailure, s.error());
   }
@@ -163,14 +151,16 @@ int bench(const BenchArgs& a) {
       if (!reuse) {
         if (Status s = kv.truncate(0); !s) return fail(kExitFailure, s.error());
         const std::vector<int32_t> fill = random_tokens(c.depth);
-        if (Status s = feed(m, kv, pool, fill, base->chunked_prefill_size, align, logits); !s)
-          return fail(kExitFailure, s.error());
+        if (!fill.empty()) {
+          if (Status s = prefill(m, kv, pool, fill, base->chunked_prefill_size, align, logits); !s)
+            return fail(kExitFailure, s.error());
+        }
       }
       c.kv_bytes_at_depth = kv_held_bytes(kv);
       const std::vector<int32_t> test = random_tokens(c.n);
       const auto t0 = clock::now();
       const Status s =
-          feed(m, kv, pool, test, c.decode ? 1 : base->chunked_prefill_size, align, logits);
+          prefill(m, kv, pool, test, c.decode ? 1 : base->chunked_prefill_size, align, logits);
       const double sec = std::chrono::duration<double>(clock::now() - t0).count();
       if (!s) return fail(kExitFailure, s.error());
       c.tps.push_back(c.n / sec);

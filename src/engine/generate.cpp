@@ -14,24 +14,24 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-Status prefill(Model& model, KvCache& kv, ThreadPool& pool, const std::vector<int32_t>& prompt,
-               int32_t chunk, int32_t align, std::vector<float>& logits) {
+}  // namespace
+
+Status prefill(Model& model, KvCache& kv, ThreadPool& pool, std::span<const int32_t> prompt,
+               int64_t chunk, int64_t align, std::vector<float>& logits) {
   if (prompt.empty()) return Error{"the prompt is empty (it must contain at least one token)"};
   if (chunk <= 0 || align <= 0) return Error{"prefill chunk and alignment must be > 0"};
   if (!kv.can_append(static_cast<int64_t>(prompt.size()))) {
     return Error{fmt::format("prompt of {} tokens does not fit in the context of {} tokens",
                              prompt.size(), kv.capacity() - kv.n_tokens())};
   }
-  const std::span<const int32_t> all(prompt);
   for (size_t off = 0; off < prompt.size();) {
     const auto len = static_cast<size_t>(
         prefill_chunk_len(kv.n_tokens(), static_cast<int64_t>(prompt.size() - off), chunk, align));
-    if (Status s = model.forward(all.subspan(off, len), kv, pool, logits); !s) return s;
+    if (Status s = model.forward(prompt.subspan(off, len), kv, pool, logits); !s) return s;
     off += len;
   }
   return {};
 }
-}  // namespace
 
 int64_t prefill_chunk_len(int64_t pos, int64_t remaining, int64_t chunk, int64_t align) {
   assert(remaining > 0 && chunk > 0 && align > 0);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,13 @@ struct GenerateRequest {
 // chunk that is not the last ends on a block boundary when it can.
 [[nodiscard]] int64_t prefill_chunk_len(int64_t pos, int64_t remaining, int64_t chunk,
                                         int64_t align);
+
+// Runs `prompt` through `model` into `kv` in forwards cut by prefill_chunk_len(chunk, align);
+// `logits` holds the last token's logits afterwards. Errors on an empty prompt or one that does
+// not fit in the cache.
+[[nodiscard]] Status prefill(Model& model, KvCache& kv, ThreadPool& pool,
+                             std::span<const int32_t> prompt, int64_t chunk, int64_t align,
+                             std::vector<float>& logits);
 
 struct GenerationStats {
   int64_t n_prompt = 0;
