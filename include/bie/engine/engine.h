@@ -1,0 +1,162 @@
+// Engine: the facade the server, the CLI and the Python SDK drive. Owns the model, tokenizer,
+// paged KV store and the continuous-batching Scheduler, and runs them on one engine thread:
+// every step schedules decode tokens of running requests plus prefill chunks of new ones under
+// the token budget, runs one batched forward pass, samples, and streams results back through
+// each request's callbacks (called on the engine thread; keep them short and never call back
+// into the Engine from them except cancel()). submit()/cancel()/metrics()/shutdown() are
+// thread-safe.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bie/common/result.h"
+#include "bie/engine/kv_setup.h"
+#include "bie/sampling/sampler.h"
+
+namespace bie::tokenizer {
+class Tokenizer;
+}
+
+namespace bie {
+
+struct EngineConfig {
+  std::string model = "default";  // path to a GGUF file, or "default"
+  KvEngineOptions kv;              // KV regime, budget, max_model_len, max_num_seqs, chunk size
+  int32_t threads = 0;             // 0: hardware threads
+  // Tokens one step may schedule (decode tokens + prefill chunks). 0: max(chunked_prefill_size,
+  // max_num_seqs). Sizes the activation workspace.
+  int64_t max_num_batched_tokens = 0;
+  bool enable_prefix_caching = true;
+  int64_t max_queue = 256;  // requests waiting for admission before submit() refuses (429)
+};
+
+// Why a request's submission was refused (maps onto an HTTP status).
+enum class SubmitError {
+  kInvalid,     // bad parameters (400)
+  kTooLong,     // prompt (+ max_tokens) beyond max_model_len or the whole KV budget (400/413)
+  kQueueFull,   // waiting queue at max_queue (429)
+  kShuttingDown // engine stopping (503)
+};
+
+struct SubmitFailure {
+  SubmitError kind = SubmitError::kInvalid;
+  std::string message;
+};
+
+struct TopLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+// One generated token, as streamed.
+struct TokenEvent {
+  int32_t token = 0;
+  std::string text;  // the text that became final with this token (UTF-8 complete; may be empty)
+  float logprob = 0.0f;              // log-softmax of the raw logits (when logprobs requested)
+  std::vector<TopLogprob> top;       // top_logprobs alternatives, best first
+};
+
+struct RequestMetrics {
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;      // prompt tokens served from the prefix cache
+  int64_t generated_tokens = 0;
+  int64_t preemptions = 0;
+  double queue_seconds = 0.0;     // submit -> first scheduled
+  double ttft_seconds = 0.0;      // submit -> first token
+  double total_seconds = 0.0;     // submit -> finish
+  std::string kv_regime;          // planner::kv_layout_label of the cache it ran in
+  [[nodiscard]] double decode_tps() const;
+};
+
+struct FinishEvent {
+  std::string finish_reason;  // "stop" (EOS or stop string), "length", "cancelled", "error"
+  std::string error;          // set when finish_reason == "error"
+  std::string tail_text;      // text held back at the end (flushed decoder), may be empty
+  RequestMetrics metrics;
+};
+
+struct RequestCallbacks {
+  // Return false to cancel the request (e.g. the client went away).
+  std::function<bool(const TokenEvent&)> on_token;
+  // Called exactly once per accepted request, last.
+  std::function<void(const FinishEvent&)> on_finish;
+};
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;  // token ids (already templated and tokenized)
+  SamplingParams sampling;
+  int32_t max_tokens = 128;  // <= 0: up to max_model_len
+  std::vector<std::string> stop;  // stop strings: generation ends before the first match
+  bool ignore_eos = false;
+  int32_t logprobs = -1;  // -1: none; 0: the chosen token's logprob; k: plus top-k (k <= 20)
+};
+
+using RequestId = uint64_t;
+
+// A point-in-time copy of the engine's counters and gauges.
+struct EngineMetrics {
+  struct Pool {
+    std::string format;  // "f16" for the sink/window pool, else the body format's name
+    int64_t blocks_total = 0;
+    int64_t blocks_used = 0;    // held by sequences
+    int64_t blocks_cached = 0;  // free but holding prefix-cache content (LRU)
+    int64_t blocks_free = 0;    // total - used (cached count as free)
+  };
+  std::vector<Pool> pools;
+  int64_t requests_running = 0;
+  int64_t requests_waiting = 0;
+  int64_t requests_finished = 0;
+  int64_t prompt_tokens = 0;     // counter: prompt tokens of admitted requests
+  int64_t computed_prompt_tokens = 0;  // prompt tokens actually run (not cache hits)
+  int64_t generated_tokens = 0;  // counter
+  int64_t prefix_queried_blocks = 0;
+  int64_t prefix_hit_blocks = 0;
+  int64_t preemptions = 0;
+  int64_t admission_refusals = 0;  // submit() refusals (queue full, too long)
+  int64_t steps = 0;
+  int64_t batched_tokens = 0;  // sum over steps of tokens in the step (mean batch = / steps)
+  int64_t batched_seqs = 0;    // sum over steps of sequences in the step
+};
+
+struct ModelInfo {
+  std::string id;       // model name shown by /v1/models (file stem)
+  std::string path;
+  std::string sha256;   // of the GGUF file
+  std::string arch;
+  std::string chat_template;  // tokenizer.chat_template from the GGUF, may be empty
+  int64_t max_model_len = 0;
+  int32_t n_vocab = 0;
+};
+
+class Engine {
+ public:
+  // Loads the model, sizes the KV pools (prints nothing; report() has the start-up report) and
+  // starts the engine thread.
+  [[nodiscard]] static Result<std::unique_ptr<Engine>> create(const EngineConfig& cfg);
+  virtual ~Engine() = default;
+
+  [[nodiscard]] virtual const ModelInfo& model_info() const = 0;
+  [[nodiscard]] virtual const tokenizer::Tokenizer& tokenizer() const = 0;
+  [[nodiscard]] virtual const KvSetupReport& kv_report() const = 0;
+  [[nodiscard]] virtual std::string kv_regime() const = 0;  // label of the current layout
+
+  // Queues a request. On success on_finish will be called exactly once (also on shutdown).
+  [[nodiscard]] virtual std::optional<SubmitFailure> submit(RequestId id, EngineRequest req,
+                                                            RequestCallbacks cb) = 0;
+  // Asks the engine to stop a request; its on_finish comes with "cancelled". Unknown ids are
+  // ignored.
+  virtual void cancel(RequestId id) = 0;
+  [[nodiscard]] virtual EngineMetrics metrics() const = 0;
+  // Stops accepting; finish_running: let running requests complete (waiting ones are cancelled),
+  // else cancel everything. Blocks until the engine thread exits. Idempotent.
+  virtual void shutdown(bool finish_running) = 0;
+  // Waits until no request is running or waiting (tests).
+  virtual void wait_idle() = 0;
+};
+
+}  // namespace bie
