@@ -57,6 +57,7 @@ EngineConfig base_config() {
   cfg.kv.chunked_prefill_size = 64;
   cfg.kv.kv_cache_memory = 192ull << 20;
   cfg.threads = 2;
+  cfg.check_integrity = true;
   return cfg;
 }
 
@@ -184,6 +185,68 @@ TEST(Engine, PrefixCacheHitGivesSameOutputAndSkipsWork) {
   c.wait();
   EXPECT_EQ(c.finish->metrics.cached_tokens, 0);
   EXPECT_EQ(c.tokens, a.tokens);
+}
+
+// Quantised KV: a prompt's body blocks are cached in the body format, its sink/window blocks in
+// FP16. A repeat of the prompt hits every full block (FP16 where it needs FP16, body where body)
+// and reproduces the output exactly; a longer prompt that needs some of those FP16 blocks in the
+// body format quantises the cached FP16 copy (docs/serving.md "Prefix caching and quantised KV").
+TEST(Engine, PrefixCacheWithQuantisedBody) {
+  EngineConfig cfg = base_config();
+  cfg.kv.kv.dtype = "int8";
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "Line " + std::to_string(i) + " of the shared context. ";
+  const EngineRequest a = greedy(eng.tokenizer(), text, 12);
+  ASSERT_GT(a.prompt.size(), 300u);  // well past the 128-token window
+  Collected first, again, longer;
+  ASSERT_FALSE(eng.submit(1, a, collect(first)));
+  first.wait();
+  ASSERT_FALSE(eng.submit(2, a, collect(again)));
+  again.wait();
+  EXPECT_EQ(again.finish->metrics.cached_tokens,
+            static_cast<int64_t>((a.prompt.size() - 1) / 16 * 16));
+  EXPECT_EQ(again.tokens, first.tokens);
+
+  EngineRequest b = a;
+  const auto more = eng.tokenizer().encode(" And one more line that pushes the window on.");
+  b.prompt.insert(b.prompt.end(), more.begin(), more.end());
+  ASSERT_FALSE(eng.submit(3, b, collect(longer)));
+  longer.wait();
+  EXPECT_GE(longer.finish->metrics.cached_tokens, static_cast<int64_t>(a.prompt.size() / 16 * 16));
+  EXPECT_EQ(longer.finish->finish_reason, "length");
+  eng.wait_idle();
+  EXPECT_EQ(used_blocks(eng), 0);
+}
+
+// Every 4-bit regime under continuous batching with prefill chunks that do not fall on block
+// boundaries (per-channel keys need whole tiles): all requests finish, invariants hold after
+// every step, nothing leaks.
+TEST(Engine, QuantisedRegimesUnderBatchingWithOddChunks) {
+  for (const char* dtype : {"int4_asym", "int4_channel", "fp8_e4m3"}) {
+    EngineConfig cfg = base_config();
+    cfg.kv.kv.dtype = dtype;
+    cfg.kv.chunked_prefill_size = 24;
+    cfg.max_num_batched_tokens = 40;
+    auto e = Engine::create(cfg);
+    ASSERT_TRUE(e.ok()) << dtype << ": " << e.error();
+    Engine& eng = **e;
+    std::vector<std::unique_ptr<Collected>> cs;
+    for (int i = 0; i < 4; ++i) {
+      std::string text;
+      for (int j = 0; j < 20 + 15 * i; ++j) text += "word" + std::to_string(j * (i + 1)) + " ";
+      cs.push_back(std::make_unique<Collected>());
+      ASSERT_FALSE(eng.submit(i, greedy(eng.tokenizer(), text, 20), collect(*cs.back())));
+    }
+    for (auto& c : cs) {
+      c->wait();
+      EXPECT_EQ(c->finish->finish_reason, "length") << dtype << ": " << c->finish->error;
+    }
+    eng.wait_idle();
+    EXPECT_EQ(used_blocks(eng), 0) << dtype;
+  }
 }
 
 TEST(Engine, PreemptionUnderATightBudgetLosesNothing) {

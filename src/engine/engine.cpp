@@ -408,6 +408,14 @@ void EngineImpl::step() {
     for (const ScheduledSeq& sc : out.scheduled) finish(*reqs_.at(sc.seq->id), "error", st.error());
     return;
   }
+  if (cfg_.check_integrity) {
+    if (Status st = sched_->check_integrity(); !st) {
+      std::vector<Request*> all;
+      for (auto& [sid, r] : reqs_) all.push_back(r.get());
+      for (Request* r : all) finish(*r, "error", "integrity check failed: " + st.error());
+      return;
+    }
+  }
   const auto n_vocab = static_cast<size_t>(info_.n_vocab);
   size_t row = 0;
   for (const ScheduledSeq& sc : out.scheduled) {
