@@ -138,7 +138,7 @@ bool PagedKvStore::can_migrate_now(int64_t written_rows) const {
 }
 
 std::optional<std::vector<int64_t>> PagedKvStore::plan_append(kv::SeqId s, int64_t written,
-                                                              int64_t n) const {
+                                                              int64_t n, bool migrate) const {
   assert(mgr_->has_sequence(s) && n > 0);
   const planner::KvLayout& l = cfg_.layout;
   const int64_t B = l.block_size;
@@ -186,26 +186,26 @@ std::optional<std::vector<int64_t>> PagedKvStore::plan_append(kv::SeqId s, int64
       --avail;
       where.push_back(f16 ? kv::PoolKind::kFp16 : kv::PoolKind::kBody);
     }
-    if (!migrate_exits_dry(x1, false)) return std::nullopt;
+    if (migrate && !migrate_exits_dry(x1, false)) return std::nullopt;
     x = x1;
   }
   // Blocks kept FP16 through the pass move after it (attend -> migrate_window_exits).
-  if (!migrate_exits_dry(n0 + n, true)) return std::nullopt;
+  if (migrate && !migrate_exits_dry(n0 + n, true)) return std::nullopt;
   return pieces;
 }
 
-bool PagedKvStore::can_append(kv::SeqId s, int64_t written, int64_t n) const {
+bool PagedKvStore::can_append(kv::SeqId s, int64_t written, int64_t n, bool migrate) const {
   if (n <= 0) return n == 0;
   if (!mgr_->has_sequence(s)) {
     // The first tokens: the manager places every block by its role at once.
     std::vector<int32_t> placeholder(static_cast<size_t>(n), 0);
     return mgr_->can_allocate(placeholder);
   }
-  return plan_append(s, written, n).has_value();
+  return plan_append(s, written, n, migrate).has_value();
 }
 
 Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
-                                            std::span<const int32_t> tokens) {
+                                            std::span<const int32_t> tokens, bool migrate) {
   const auto n = static_cast<int64_t>(tokens.size());
   if (n == 0) return int64_t{0};
   if (!mgr_->has_sequence(s)) {
@@ -217,7 +217,7 @@ Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
     }
     return *r;
   }
-  const std::optional<std::vector<int64_t>> pieces = plan_append(s, written, n);
+  const std::optional<std::vector<int64_t>> pieces = plan_append(s, written, n, migrate);
   if (!pieces) {
     const kv::BlockPool& f16 = mgr_->pool(kv::PoolKind::kFp16);
     const kv::BlockPool& body = mgr_->pool(kv::PoolKind::kBody);
@@ -233,7 +233,7 @@ Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
     if (!r) return Error{r.error()};  // unreachable after plan_append
     off += static_cast<size_t>(k);
     execute_copies(*r);
-    if (cfg_.layout.mixed()) {
+    if (cfg_.layout.mixed() && migrate) {
       if (Status st = migrate_exits(s, written); !st) return Error{st.error()};
     }
   }
