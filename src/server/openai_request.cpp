@@ -257,6 +257,7 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, Endpo
     return bad_request("only n = 1 is supported", "n", "invalid_value");
   }
   r.stream = rd.boolean("stream").value_or(false);
+  r.engine.ignore_eos = rd.boolean("ignore_eos").value_or(false);  // extension (as vLLM)
   if (const json* so = field(j, "stream_options")) {
     if (!so->is_object()) return wrong_type("stream_options", "an object", *so);
     Reader sr{*so, std::nullopt};

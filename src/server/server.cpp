@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <optional>
 #include <thread>
 
@@ -328,6 +329,19 @@ void Server::Impl::routes() {
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
+  // A client that announces a large body with "Expect: 100-continue" (curl does) is refused
+  // before it sends it. Without that header httplib reads and discards an oversized body (never
+  // buffering more than the limit) and then answers 413.
+  http.set_expect_100_continue_handler(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        const std::string len = req.get_header_value("Content-Length");
+        if (!len.empty() && std::strtoull(len.c_str(), nullptr, 10) > cfg.max_body_bytes) {
+          send_error(res, too_large("the request body is larger than the server accepts", {},
+                                    "body_too_large"));
+          return 413;
+        }
+        return 100;
+      });
   http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     metrics.count_response(req.path, res.status);
   });
