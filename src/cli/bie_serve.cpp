@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   app.add_option("-t,--threads", a.threads, "compute threads (0: all cores)")
       ->check(CLI::Range(0, 1024));
   app.add_option("--http-threads", a.server.http_threads,
-                 "connections served at once (0: max-num-seqs + max-queue + 16, at most 1024)")
+                 "connections served at once (0: max-num-seqs + max-queue + 64, at most 1024)")
       ->check(CLI::Range(0, 4096));
   a.server.http_threads = 0;
   bie::cli::add_kv_engine_flags(
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
   ec.max_queue = a.max_queue;
   if (a.server.http_threads == 0) {
     a.server.http_threads =
-        static_cast<int>(std::min<int64_t>(1024, kv->max_num_seqs + a.max_queue + 16));
+        static_cast<int>(std::min<int64_t>(1024, kv->max_num_seqs + a.max_queue + 64));
   }
 
   // Signals are taken synchronously by main (sigwait); every thread started below inherits the

@@ -193,7 +193,7 @@ void Server::Impl::stream_response(httplib::Response& res, Engine& eng, std::sha
       std::optional<FinishEvent> fin = rs->take(batch, kPollInterval);
       std::string text;
       for (const TokenEvent& e : batch) text += e.text;
-      if (!batch.empty() || (first && fl->ctx.endpoint == Endpoint::kChat)) {
+      if (!batch.empty()) {
         if (!write(sse_frame(stream_chunk(fl->ctx, text, batch, "", first, fl->include_usage)))) {
           return gone();
         }
@@ -206,7 +206,7 @@ void Server::Impl::stream_response(httplib::Response& res, Engine& eng, std::sha
         if (fin->finish_reason == "error") {
           out += sse_frame(json::parse(internal_error("generation failed: " + fin->error).body()));
         } else {
-          out += sse_frame(stream_chunk(fl->ctx, fin->tail_text, {}, fin->finish_reason, false,
+          out += sse_frame(stream_chunk(fl->ctx, fin->tail_text, {}, fin->finish_reason, first,
                                         fl->include_usage));
         }
         if (fl->include_usage) {
@@ -332,16 +332,15 @@ void Server::Impl::routes() {
   // A client that announces a large body with "Expect: 100-continue" (curl does) is refused
   // before it sends it. Without that header httplib reads and discards an oversized body (never
   // buffering more than the limit) and then answers 413.
-  http.set_expect_100_continue_handler(
-      [this](const httplib::Request& req, httplib::Response& res) {
-        const std::string len = req.get_header_value("Content-Length");
-        if (!len.empty() && std::strtoull(len.c_str(), nullptr, 10) > cfg.max_body_bytes) {
-          send_error(res, too_large("the request body is larger than the server accepts", {},
-                                    "body_too_large"));
-          return 413;
-        }
-        return 100;
-      });
+  http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string len = req.get_header_value("Content-Length");
+    if (!len.empty() && std::strtoull(len.c_str(), nullptr, 10) > cfg.max_body_bytes) {
+      send_error(res, too_large("the request body is larger than the server accepts", {},
+                                "body_too_large"));
+      return 413;
+    }
+    return 100;
+  });
   http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     metrics.count_response(req.path, res.status);
   });
