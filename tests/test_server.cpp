@@ -319,6 +319,26 @@ TEST(Server, BodyOverLimitIs413) {
   auto r = h.post("/v1/completions", big);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 413);
+  // Announced with "Expect: 100-continue": refused before the body is sent.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(h.server->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n"
+      "Expect: 100-continue\r\n\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("\r\n\r\n") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 413", 0), 0u) << got;
   // The server is still fine.
   r = h.post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 1}});
   ASSERT_TRUE(r);
