@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Output tokens/s of an OpenAI-compatible server at several numbers of concurrent streams
+"""Output tokens/s (streamed text chunks / wall time, greedy, same prompts, EOS allowed) of an
+OpenAI-compatible server at several numbers of concurrent streams
 (reported, not asserted). Starts bie-serve or llama-cpp-python's server on the same GGUF, threads
 and prompts, or measures a server already running (--url).
 
@@ -47,9 +48,7 @@ def level(url, conc, n_tokens, model):
     def client(i):
         for k in range(per_client):
             body = {"model": model, "prompt": PROMPTS[(i + k) % len(PROMPTS)],
-                    "max_tokens": n_tokens, "temperature": 0, "stream": True,
-                    "ignore_eos": True,  # bie (as vLLM)
-                    "logit_bias": {"0": -100, "1": -100, "2": -100}}  # llama-cpp-python: no EOS
+                    "max_tokens": n_tokens, "temperature": 0, "stream": True}
             c = post_stream(url, body)
             with lock:
                 counts.append(c)
@@ -85,7 +84,8 @@ def main():
                    "--max-num-seqs", "16", "--max-model-len", "2048"]
         else:
             cmd = [sys.executable, "-m", "llama_cpp.server", "--model", a.model, "--port",
-                   str(port), "--n_threads", str(a.threads), "--n_ctx", "2048"]
+                   str(port), "--n_threads", str(a.threads), "--n_ctx", "2048",
+                   "--interrupt_requests", "False"]  # else a new request aborts the running one
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(600):
             try:
