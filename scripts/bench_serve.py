@@ -8,12 +8,16 @@ clients), requests/s, and TTFT / inter-token latency p50 and p99. Works against 
 llama.cpp's server (python -m llama_cpp.server) alike, so both can be run side by side on the
 same model file, threads and prompts:
 
-  scripts/bench_serve.py --url http://127.0.0.1:8080 --concurrency 1,4,16 --requests 32
-  (see docs/serving.md "Throughput" for the full comparison recipe)
-Only the Python standard library is used.
+  scripts/bench_serve.py --server bie --threads 2              # starts build/bie-serve
+  /opt/bieref/bin/python scripts/bench_serve.py --server llamacpp --threads 2
+  scripts/bench_serve.py --url http://127.0.0.1:8080           # a server already running
+Only the Python standard library is used (llama_cpp.server needs llama-cpp-python[server]).
 """
 import argparse
 import http.client
+import os
+import socket
+import subprocess
 import json
 import statistics
 import sys
@@ -73,6 +77,38 @@ def stream_one(url, model, prompt, max_tokens, timeout):
     return n, ttft or 0.0, gaps
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args):
+    """Starts bie-serve or llama.cpp's server on a free port; returns (process, url)."""
+    port = free_port()
+    if args.server == "bie":
+        cmd = [args.bin, "-m", args.gguf, "--port", str(port), "--threads", str(args.threads),
+               "--max-num-seqs", "16", "--max-model-len", "2048"]
+    else:
+        # llama.cpp's Python server runs one request at a time; without this flag a new request
+        # aborts the running one instead of queueing.
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", args.gguf, "--port", str(port),
+               "--n_threads", str(args.threads), "--n_ctx", "2048", "--interrupt_requests", "False"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(1200):
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/v1/models")
+            if conn.getresponse().status == 200:
+                return proc, url
+        except OSError:
+            pass
+        time.sleep(0.1)
+    proc.terminate()
+    raise SystemExit(f"{args.server} did not start: {' '.join(cmd)}")
+
+
 def pct(xs, p):
     if not xs:
         return float("nan")
@@ -127,8 +163,14 @@ def run_level(args, conc):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", default="http://127.0.0.1:8080")
-    ap.add_argument("--model", default="default")
+    ap.add_argument("--url", help="measure a server already running at this URL")
+    ap.add_argument("--server", choices=["bie", "llamacpp"], default="bie",
+                    help="which server to start when --url is not given")
+    ap.add_argument("--gguf", default=os.path.expanduser(
+        "~/.cache/bie/models/SmolLM2-135M-Instruct.Q4_1.gguf"), help="model file to serve")
+    ap.add_argument("--bin", default="build/bie-serve")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--model", default=None, help="model name in requests (default: /v1/models)")
     ap.add_argument("--concurrency", default="1,4,16", help="comma list of client counts")
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default 2 x clients, at least 4)")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -136,6 +178,25 @@ def main():
     ap.add_argument("--label", default="", help="name printed with each row (e.g. bie, llama.cpp)")
     ap.add_argument("--json", action="store_true", help="one JSON object per level")
     args = ap.parse_args()
+    proc = None
+    if args.url is None:
+        proc, args.url = start_server(args)
+        if not args.label:
+            args.label = args.server
+    try:
+        if args.model is None:
+            u = urllib.parse.urlparse(args.url)
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+            conn.request("GET", "/v1/models")
+            args.model = json.loads(conn.getresponse().read())["data"][0]["id"]
+        run_levels(args)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait()
+
+
+def run_levels(args):
     for conc in [int(c) for c in args.concurrency.split(",")]:
         n_req = args.requests or max(4, 2 * conc)
         level_args = argparse.Namespace(**{**vars(args), "requests": n_req})
