@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs the Python SDK tests (ctest calls this; see CMakeLists.txt). Idempotent.
+#   python_sdk_test.sh staged BUILD_DIR PYTHON  pytest tests/python_sdk against the module built in
+#                                               BUILD_DIR (staged in BUILD_DIR/python), no install
+#   python_sdk_test.sh pip BUILD_DIR PYTHON     `pip install .` into a venv, then the example and
+#                                               the install checks against the installed package
+# Each mode keeps its venv in BUILD_DIR (.venv-sdk, .venv-sdk-pip); pytest comes from PyPI once.
+set -euo pipefail
+mode=$1
+build=$(cd "$2" && pwd)
+py=${3:-python3}
+src=$(cd "$(dirname "$0")/.." && pwd)
+
+venv=$build/.venv-sdk
+[ "$mode" = pip ] && venv=$build/.venv-sdk-pip
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import pytest" 2>/dev/null; then
+  rm -rf "$venv"
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "pytest>=7"
+fi
+
+export BIE_SDK_SOURCE_DIR=$src
+case "$mode" in
+  staged)
+    export PYTHONPATH=$build/python
+    cd "$src"
+    exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python_sdk -m "not installed"
+    ;;
+  pip)
+    start=$(date +%s)
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "$src"
+    echo "python_sdk_test: pip install . took $(( $(date +%s) - start )) s"
+    unset PYTHONPATH
+    # Run from outside the source tree so `import benni_inference` finds the installed package.
+    cd "$build"
+    exec "$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$src/tests/python_sdk" \
+      "$src/tests/python_sdk" -m installed
+    ;;
+  *)
+    echo "usage: $0 staged|pip BUILD_DIR [PYTHON]" >&2
+    exit 2
+    ;;
+esac
