@@ -2,127 +2,35 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cassert>
-#include <cstring>
-
-#include "bie/kv/kv_format_rotate.h"
-#include "bie/planner/kv_bytes.h"
-#include "bie/planner/model_geometry.h"
-
 namespace bie {
 
-namespace {
-
-planner::ModelGeometry planner_geometry(const KvGeometry& geo) {
-  planner::ModelGeometry g;
-  g.n_layer = geo.n_layer;
-  g.layers.assign(static_cast<size_t>(geo.n_layer),
-                  planner::LayerKv{geo.n_head_kv, geo.head_dim, geo.head_dim, 0});
-  return g;
-}
-
-Status check_config(const PagedKvCacheConfig& cfg) {
-  const planner::KvLayout& l = cfg.layout;
-  if (cfg.geometry.n_layer < 1 || cfg.geometry.n_head_kv < 1 || cfg.geometry.head_dim < 1 ||
-      cfg.max_tokens < 1) {
-    return Error{"paged KV cache: empty geometry or max_tokens < 1"};
-  }
-  if (cfg.geometry.head_dim > 512) {
-    return Error{fmt::format("paged KV cache: head_dim {} > 512", cfg.geometry.head_dim)};
-  }
-  if (Status s = planner::check_kv_layout(planner_geometry(cfg.geometry), l); !s) return s;
-  const int d = cfg.geometry.head_dim;
-  if (l.rotate && (d & (d - 1)) != 0) {
-    return Error{
-        fmt::format("--kv-rotate needs a power-of-two head_dim, got {}; use --no-kv-rotate", d)};
-  }
-  for (const planner::KvFormat f : {l.k, l.v}) {
-    if (!kv::kv_format_supported(f)) {
-      return Error{
-          fmt::format("paged KV cache: no kernels for KV format {}", planner::kv_format_name(f))};
-    }
-    if (f.type == planner::KvType::kInt4Channel) {
-      // Its scales span a tile, and a block is written or re-quantised as one tile.
-      if (f.group != l.block_size) {
-        return Error{fmt::format("paged KV cache: {} needs tiles of the block size ({} tokens)",
-                                 planner::kv_format_name(f), l.block_size)};
-      }
-      // Only a block outside the window may be stored in the body format, and such a block is
-      // always complete when written (it lies wholly before the newest token).
-      if (l.window_tokens < 1) {
-        return Error{fmt::format("paged KV cache: {} needs an FP16 window of at least one token",
-                                 planner::kv_format_name(f))};
-      }
-    }
-  }
-  return {};
-}
-
-}  // namespace
-
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const PagedKvCacheConfig& cfg) {
-  if (Status s = check_config(cfg); !s) return Error{s.error()};
-  const planner::KvPoolPlan plan =
-      planner::kv_pool_plan(planner_geometry(cfg.geometry), cfg.layout, cfg.max_tokens, 1);
-  if (plan.groups.size() != 1) return Error{"paged KV cache: expected one layer group"};
-  return create(cfg, plan.groups[0].fp16_blocks, plan.groups[0].body_blocks);
+  auto sc = PagedKvStore::planned_config(cfg.geometry, cfg.layout, cfg.max_tokens, 1);
+  if (!sc) return Error{sc.error()};
+  return create(cfg, sc->fp16_blocks, sc->body_blocks);
 }
 
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const PagedKvCacheConfig& cfg,
                                                            int64_t fp16_blocks,
                                                            int64_t body_blocks) {
-  if (Status s = check_config(cfg); !s) return Error{s.error()};
-  const planner::KvPoolPlan plan =
-      planner::kv_pool_plan(planner_geometry(cfg.geometry), cfg.layout, cfg.max_tokens, 1);
-  if (plan.groups.size() != 1) return Error{"paged KV cache: expected one layer group"};
-  kv::BlockManagerConfig mc;
-  mc.layout = cfg.layout;
-  mc.model_id = "bie-paged-kv";
-  mc.enable_prefix_caching = false;  // no token ids reach the cache through KvCache
-  mc.fp16_blocks = fp16_blocks;
-  mc.body_blocks = body_blocks;
-  mc.fp16_block_bytes = plan.groups[0].fp16_block_bytes;
-  mc.body_block_bytes = plan.groups[0].body_block_bytes;
-  mc.reserve_memory = true;  // the cache writes into the pools' memory
-  auto m = kv::BlockManager::create(mc);
-  if (!m) return Error{m.error()};
-  std::unique_ptr<PagedKvCache> c(new PagedKvCache(cfg, std::move(m).value()));
-  for (int p = 0; p < kv::kPoolKinds; ++p) {
-    const PoolFormat& f = c->fmt_[p];
-    const uint64_t want = static_cast<uint64_t>(cfg.geometry.n_layer) * f.layer_bytes;
-    const kv::BlockPool& pool = c->mgr_->pool(kv::PoolKind(p));
-    if (pool.n_blocks() > 0 && pool.block_bytes() != want) {
-      return Error{fmt::format("paged KV cache: planner block bytes {} != layout bytes {}",
-                               pool.block_bytes(), want)};
-    }
-    if (f.tk == nullptr || f.tv == nullptr) return Error{"paged KV cache: missing kernels"};
-  }
-  return c;
+  if (cfg.max_tokens < 1) return Error{"paged KV cache: empty geometry or max_tokens < 1"};
+  PagedKvStoreConfig sc;
+  sc.geometry = cfg.geometry;
+  sc.layout = cfg.layout;
+  sc.fp16_blocks = fp16_blocks;
+  sc.body_blocks = body_blocks;
+  sc.enable_prefix_caching = false;  // no token ids reach the cache through KvCache
+  auto store = PagedKvStore::create(sc);
+  if (!store) return Error{store.error()};
+  return std::unique_ptr<PagedKvCache>(new PagedKvCache(cfg, std::move(store).value()));
 }
 
-PagedKvCache::PagedKvCache(const PagedKvCacheConfig& cfg, kv::BlockManager mgr)
-    : cfg_(cfg), mgr_(std::make_unique<kv::BlockManager>(std::move(mgr))) {
-  const int d = cfg_.geometry.head_dim;
-  const int B = cfg_.layout.block_size;
-  const std::array<planner::KvFormat, kv::kPoolKinds> ks = {planner::kKvF16, cfg_.layout.k};
-  const std::array<planner::KvFormat, kv::kPoolKinds> vs = {planner::kKvF16, cfg_.layout.v};
-  for (int p = 0; p < kv::kPoolKinds; ++p) {
-    PoolFormat& f = fmt_[p];
-    f.k = ks[p];
-    f.v = vs[p];
-    f.tk = kv::kv_traits(f.k.type);
-    f.tv = kv::kv_traits(f.v.type);
-    f.k_tile = kv::kv_tile_bytes(f.k, d, B);
-    f.v_tile = kv::kv_tile_bytes(f.v, d, B);
-    f.layer_bytes = static_cast<size_t>(cfg_.geometry.n_head_kv) * (f.k_tile + f.v_tile);
-  }
-  rows_.resize(static_cast<size_t>(B) * static_cast<size_t>(d));
-}
+PagedKvCache::PagedKvCache(const PagedKvCacheConfig& cfg, std::unique_ptr<PagedKvStore> store)
+    : cfg_(cfg), store_(std::move(store)) {}
 
 const kv::BlockTable& PagedKvCache::table() const {
   static const kv::BlockTable kEmpty;
-  return mgr_->has_sequence(kSeq) ? mgr_->table(kSeq) : kEmpty;
+  return manager().has_sequence(kSeq) ? manager().table(kSeq) : kEmpty;
 }
 
 std::vector<int32_t> PagedKvCache::placeholder_tokens(int64_t n) const {
@@ -132,88 +40,16 @@ std::vector<int32_t> PagedKvCache::placeholder_tokens(int64_t n) const {
   return t;
 }
 
-uint8_t* PagedKvCache::block_data(const kv::BlockTableEntry& e) {
-  return mgr_->pool(e.pool).data(e.block.index);
-}
-
-bool PagedKvCache::can_migrate_now(int64_t written_rows) const {
-  // Whole blocks, and blocks not written yet (store then writes them in the body format), can
-  // move at any time; a partly written one only if the body formats store rows independently.
-  if (written_rows <= 0 || written_rows >= cfg_.layout.block_size) return true;
-  const PoolFormat& f = format(kv::PoolKind::kBody);
-  return !f.tk->per_channel && !f.tv->per_channel;
-}
-
-std::optional<std::vector<int64_t>> PagedKvCache::plan_append(int64_t n) const {
-  assert(mgr_->has_sequence(kSeq) && n > 0);
-  const planner::KvLayout& l = cfg_.layout;
-  const int64_t B = l.block_size;
-  const int64_t n0 = n_tokens_;
-  // An unmixed layout has no window to leave: one append, as the manager plans it.
-  if (!l.mixed()) {
-    if (!mgr_->can_append(kSeq, n)) return std::nullopt;
-    return std::vector<int64_t>{n};
-  }
-  std::vector<int64_t> pieces;
-  for (int64_t x = n0; x < n0 + n;) {
-    const int64_t k = std::min(B - x % B, n0 + n - x);  // up to the next block boundary
-    pieces.push_back(k);
-    x += k;
-  }
-  // Dry run of append(): where each block lives after every piece and its migrations.
-  const kv::BlockTable& t = mgr_->table(kSeq);
-  std::vector<kv::PoolKind> where;
-  where.reserve(t.size() + pieces.size());
-  for (const kv::BlockTableEntry& e : t) where.push_back(e.pool);
-  int64_t free16 = mgr_->pool(kv::PoolKind::kFp16).num_available();
-  int64_t free_body = mgr_->pool(kv::PoolKind::kBody).num_available();
-  const auto role_is_fp16 = [&](int64_t i, int64_t len) {
-    return kv::block_role(l, 0, i, len) == kv::BlockRole::kFp16;
-  };
-  const auto migrate_exits_dry = [&](int64_t len, bool after_pass) {
-    for (size_t i = 0; i < where.size(); ++i) {
-      const int64_t b = static_cast<int64_t>(i);
-      if (where[i] != kv::PoolKind::kFp16 || role_is_fp16(b, len)) continue;
-      if (!after_pass && !can_migrate_now(std::clamp<int64_t>(n0 - b * B, 0, B))) continue;
-      if (free_body == 0) return false;
-      --free_body;
-      ++free16;
-      where[i] = kv::PoolKind::kBody;
-    }
-    return true;
-  };
-  int64_t x = n0;
-  for (const int64_t k : pieces) {
-    const int64_t x1 = x + k;
-    if (x % B == 0) {  // the piece starts a new block, in the pool of its role at x1
-      const bool f16 = role_is_fp16(x / B, x1);
-      int64_t& avail = f16 ? free16 : free_body;
-      if (avail == 0) return std::nullopt;
-      --avail;
-      where.push_back(f16 ? kv::PoolKind::kFp16 : kv::PoolKind::kBody);
-    }
-    if (!migrate_exits_dry(x1, false)) return std::nullopt;
-    x = x1;
-  }
-  // Blocks kept FP16 through the pass move after it (attend -> migrate_window_exits).
-  if (!migrate_exits_dry(n0 + n, true)) return std::nullopt;
-  return pieces;
-}
-
 bool PagedKvCache::can_append(int64_t n) const {
   if (n < 0 || n_tokens_ + n > cfg_.max_tokens) return false;
-  if (n == 0) return true;
-  if (!mgr_->has_sequence(kSeq)) return mgr_->can_allocate(placeholder_tokens(n));
-  return plan_append(n).has_value();
+  return store_->can_append(kSeq, n_tokens_, n);
 }
 
 Status PagedKvCache::append(int64_t n) {
-  const bool first = !mgr_->has_sequence(kSeq);
-  std::optional<std::vector<int64_t>> pieces;
-  if (n > 0 && !first && n_tokens_ + n <= cfg_.max_tokens) pieces = plan_append(n);
-  if (!(pieces || (first && can_append(n)) || (n == 0))) {
-    const kv::BlockPool& f16 = mgr_->pool(kv::PoolKind::kFp16);
-    const kv::BlockPool& body = mgr_->pool(kv::PoolKind::kBody);
+  if (n == 0) return {};
+  if (!can_append(n)) {
+    const kv::BlockPool& f16 = manager().pool(kv::PoolKind::kFp16);
+    const kv::BlockPool& body = manager().pool(kv::PoolKind::kBody);
     return Error{fmt::format(
         "KV cache out of budget: {} tokens held, {} more requested (capacity {} tokens; FP16 "
         "pool {} of {} blocks free, body pool {} of {} free; raise --max-model-len or the KV "
@@ -221,173 +57,21 @@ Status PagedKvCache::append(int64_t n) {
         n_tokens_, n, cfg_.max_tokens, f16.num_available(), f16.n_blocks(), body.num_available(),
         body.n_blocks())};
   }
-  if (n == 0) return {};
-  if (!pieces) {  // the first tokens: the manager places every block by its role at once
-    auto r = mgr_->allocate(kSeq, placeholder_tokens(n));
-    if (!r) return Error{r.error()};
-    n_tokens_ += n;
-    return {};
-  }
-  const int64_t written = n_tokens_;  // K/V of every earlier position is stored
-  for (const int64_t k : *pieces) {
-    std::vector<int32_t> toks(static_cast<size_t>(k));
-    const int64_t base = mgr_->num_tokens(kSeq);
-    for (int64_t i = 0; i < k; ++i) toks[static_cast<size_t>(i)] = static_cast<int32_t>(base + i);
-    auto r = mgr_->append(kSeq, toks);
-    if (!r) {  // unreachable after plan_append; keep the token count honest if it happens
-      n_tokens_ = mgr_->num_tokens(kSeq);
-      return Error{r.error()};
-    }
-    for (const kv::KvCopy& c : *r) {  // copy-on-write of a shared last block (forks only)
-      kv::BlockPool& p = mgr_->pool(c.pool);
-      std::memcpy(p.data(c.dst.index), p.data(c.src.index), p.block_bytes());
-    }
-    if (cfg_.layout.mixed()) {
-      if (Status s = migrate_exits(written); !s) {
-        n_tokens_ = mgr_->num_tokens(kSeq);
-        return s;
-      }
-    }
-  }
-  n_tokens_ += n;
+  auto r = store_->append_tokens(kSeq, n_tokens_, placeholder_tokens(n));
+  const kv::BlockManager& m = manager();
+  n_tokens_ = m.has_sequence(kSeq) ? m.num_tokens(kSeq) : 0;
+  if (!r) return Error{r.error()};
   return {};
 }
 
 void PagedKvCache::store(int il, int64_t pos0, int64_t n, const float* k, const float* v) {
-  assert(pos0 >= 0 && pos0 + n <= n_tokens_);
-  const kv::BlockTable& t = mgr_->table(kSeq);
-  const int B = cfg_.layout.block_size;
-  const int d = cfg_.geometry.head_dim;
-  const int H = cfg_.geometry.n_head_kv;
-  const int64_t kv_dim = cfg_.geometry.kv_dim();
-  for (int64_t p = pos0; p < pos0 + n;) {
-    const int64_t lb = p / B;
-    const int t0 = static_cast<int>(p % B);
-    const int cnt = static_cast<int>(std::min<int64_t>(B - t0, pos0 + n - p));
-    const kv::BlockTableEntry& e = t[static_cast<size_t>(lb)];
-    const PoolFormat& f = format(e.pool);
-    uint8_t* layer = block_data(e) + static_cast<size_t>(il) * f.layer_bytes;
-    // note: per-channel tiles are only ever written whole (check_config).
-    assert(!(f.tk->per_channel || f.tv->per_channel) || (t0 == 0 && cnt == B));
-    for (int h = 0; h < H; ++h) {
-      for (int pass = 0; pass < 2; ++pass) {
-        const float* src = (pass == 0 ? k : v) + (p - pos0) * kv_dim + static_cast<int64_t>(h) * d;
-        for (int r = 0; r < cnt; ++r) {
-          float* row = rows_.data() + static_cast<size_t>(r) * d;
-          std::memcpy(row, src + r * kv_dim, static_cast<size_t>(d) * sizeof(float));
-          if (pass == 0 && cfg_.layout.rotate) kv::hadamard_rotate(row, d);
-        }
-        if (pass == 0) {
-          f.tk->store(kv::kv_row_geom(f.k, d), rows_.data(), layer + h * f.k_tile, t0, cnt);
-        } else {
-          f.tv->store(kv::kv_row_geom(f.v, d), rows_.data(), layer + H * f.k_tile + h * f.v_tile,
-                      t0, cnt);
-        }
-      }
-    }
-    p += cnt;
-  }
-}
-
-void PagedKvCache::build_views(int il, int64_t n_ctx) {
-  const int B = cfg_.layout.block_size;
-  const int d = cfg_.geometry.head_dim;
-  const int H = cfg_.geometry.n_head_kv;
-  const int64_t nb = (n_ctx + B - 1) / B;
-  const kv::BlockTable& t = mgr_->table(kSeq);
-  views_.resize(static_cast<size_t>(nb));
-  for (int64_t b = 0; b < nb; ++b) {
-    const kv::BlockTableEntry& e = t[static_cast<size_t>(b)];
-    const PoolFormat& f = format(e.pool);
-    const uint8_t* layer = block_data(e) + static_cast<size_t>(il) * f.layer_bytes;
-    attention::PagedBlockView& bv = views_[static_cast<size_t>(b)];
-    bv.k = layer;
-    bv.v = layer + static_cast<size_t>(H) * f.k_tile;
-    bv.k_tile_bytes = f.k_tile;
-    bv.v_tile_bytes = f.v_tile;
-    bv.tk = f.tk;
-    bv.tv = f.tv;
-    bv.gk = kv::kv_row_geom(f.k, d);
-    bv.gv = kv::kv_row_geom(f.v, d);
-    bv.k_f16 = f.k.type == planner::KvType::kF16;
-  }
+  store_->store(kSeq, il, pos0, n, k, v);
 }
 
 void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
                           float* out, ThreadPool& pool) {
-  const int B = cfg_.layout.block_size;
-  const int d = cfg_.geometry.head_dim;
-  const int H = cfg_.geometry.n_head_kv;
-  const int group = n_head / H;
-  const int64_t n_ctx = pos0 + n;
-  const int64_t q_stride = static_cast<int64_t>(n_head) * d;
-  build_views(il, n_ctx);
-  if (cfg_.layout.rotate) {
-    // Scores against rotated keys need rotated queries: (Hq).(Hk) = q.k.
-    q_rot_.assign(q, q + n * q_stride);
-    for (int64_t r = 0; r < n * n_head; ++r) kv::hadamard_rotate(q_rot_.data() + r * d, d);
-    q = q_rot_.data();
-  }
-  // Tasks: (query tile x KV heads x split). A tile of up to kMaxTileQ queries reads each block
-  // once for all its rows; splits cut long contexts so that one decode token fills every thread.
-  const int tile_q =
-      static_cast<int>(std::min<int64_t>({attention::kMaxTileQ, n, std::max(1, 128 / group)}));
-  const int64_t n_tiles = (n + tile_q - 1) / tile_q;
-  attention::PagedTaskPlan plan = attention::plan_paged_tasks(n_tiles, H, n_ctx, pool.size());
-  if (tile_q * H * group > 256)
-    plan = attention::PagedTaskPlan{1, attention::plan_kv_splits(n_tiles * H, n_ctx, pool.size())};
-  const int hpt = plan.heads_per_task, splits = plan.splits;
-  const int head_tasks = H / hpt;
-  const int64_t n_tasks = n_tiles * head_tasks * splits;
-  const int rows = tile_q * hpt * group;
-  const size_t part_floats = attention::paged_partial_floats(rows, d);
-  partials_.resize(static_cast<size_t>(n_tasks) * part_floats);
-  const size_t per_thread = attention::paged_attn_scratch_floats(rows, d, B);
-  scratch_.resize(static_cast<size_t>(pool.size()) * per_thread);
-  const auto partial = [&](int64_t task) {
-    return attention::partial_at(partials_.data() + static_cast<size_t>(task) * part_floats, rows,
-                                 d);
-  };
-  pool.parallel_for(n_tasks, [&](int64_t begin, int64_t end, int ith) {
-    float* sc = scratch_.data() + static_cast<size_t>(ith) * per_thread;
-    for (int64_t task = begin; task < end; ++task) {
-      const int sp = static_cast<int>(task % splits);
-      const int ht = static_cast<int>(task / splits % head_tasks);
-      const int64_t tile = task / splits / head_tasks;
-      attention::PagedAttnTile a;
-      a.blocks = views_.data();
-      a.block_size = B;
-      a.q_pos0 = pos0 + tile * tile_q;
-      a.n_q = static_cast<int>(std::min<int64_t>(tile_q, n - tile * tile_q));
-      const int64_t nb = (a.q_pos0 + a.n_q + B - 1) / B;  // blocks the tile can see
-      a.block_begin = nb * sp / splits;
-      a.block_end = nb * (sp + 1) / splits;
-      a.kv_head = ht * hpt;
-      a.n_kv = hpt;
-      a.group = group;
-      a.head_dim = d;
-      a.scale = scale;
-      a.q = q + (a.q_pos0 - pos0) * q_stride + static_cast<int64_t>(a.kv_head) * group * d;
-      a.q_stride = q_stride;
-      attention::attend_paged_tile(a, sc, partial(task));
-    }
-  });
-  // Merge each (tile, KV heads)'s splits into out.
-  pool.parallel_for(n_tiles * head_tasks, [&](int64_t begin, int64_t end, int) {
-    std::array<attention::PagedAttnPartial, attention::kMaxKvSplits> parts;
-    for (int64_t th = begin; th < end; ++th) {
-      const int64_t tile = th / head_tasks;
-      const int ht = static_cast<int>(th % head_tasks);
-      for (int sp = 0; sp < splits; ++sp) {
-        parts[static_cast<size_t>(sp)] = partial(th * splits + sp);
-      }
-      const int n_q = static_cast<int>(std::min<int64_t>(tile_q, n - tile * tile_q));
-      attention::merge_paged_partials(
-          parts.data(), splits, n_q, hpt, group, d,
-          out + tile * tile_q * q_stride + static_cast<int64_t>(ht * hpt) * group * d, q_stride);
-    }
-  });
-  if (il == cfg_.geometry.n_layer - 1 && n_ctx == n_tokens_) {
+  store_->attend(kSeq, il, pos0, n, q, n_head, scale, out, pool);
+  if (il == cfg_.geometry.n_layer - 1 && pos0 + n == n_tokens_) {
     // Every layer of the batch is written: blocks that left the window can be re-quantised. A
     // failure (body pool exhausted; impossible with planned pools) leaves them FP16, which is
     // still correct data, and is reported by check_integrity.
@@ -395,72 +79,31 @@ void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n
   }
 }
 
-void PagedKvCache::quantise_block(const kv::Migration& m, int rows) {
-  const PoolFormat& src_f = format(kv::PoolKind::kFp16);
-  const PoolFormat& dst_f = format(kv::PoolKind::kBody);
-  const uint8_t* src = mgr_->pool(kv::PoolKind::kFp16).data(m.src.index);
-  uint8_t* dst = mgr_->pool(kv::PoolKind::kBody).data(m.dst.index);
-  const int d = cfg_.geometry.head_dim;
-  const int H = cfg_.geometry.n_head_kv;
-  const kv::KvRowGeom g16 = kv::kv_row_geom(planner::kKvF16, d);
-  for (int il = 0; il < cfg_.geometry.n_layer; ++il) {
-    const uint8_t* s = src + static_cast<size_t>(il) * src_f.layer_bytes;
-    uint8_t* t = dst + static_cast<size_t>(il) * dst_f.layer_bytes;
-    for (int h = 0; h < H; ++h) {
-      // FP16 rows -> fp32 staging -> body format (load is the reference decoder; this is storage
-      // work, not attention).
-      src_f.tk->load(g16, s + h * src_f.k_tile, 0, rows, rows_.data());
-      dst_f.tk->store(kv::kv_row_geom(dst_f.k, d), rows_.data(), t + h * dst_f.k_tile, 0, rows);
-      src_f.tv->load(g16, s + H * src_f.k_tile + h * src_f.v_tile, 0, rows, rows_.data());
-      dst_f.tv->store(kv::kv_row_geom(dst_f.v, d), rows_.data(),
-                      t + H * dst_f.k_tile + h * dst_f.v_tile, 0, rows);
-    }
-  }
-}
-
 Status PagedKvCache::migrate_window_exits() {
-  return migrate_exits(n_tokens_);
-}
-
-Status PagedKvCache::migrate_exits(int64_t written_tokens) {
-  if (!mgr_->has_sequence(kSeq)) return {};
-  const int64_t B = cfg_.layout.block_size;
-  for (const kv::WindowExit& x : mgr_->blocks_leaving_window(kSeq)) {
-    if (x.drop) {  // sliding windows are not used by this cache (one global group)
-      auto r = mgr_->drop(kSeq, x.logical);
-      if (!r) return Error{r.error()};
-      continue;
-    }
-    const int64_t rows = std::clamp<int64_t>(written_tokens - x.logical * B, 0, B);
-    if (!can_migrate_now(rows)) continue;  // partly written per-channel tile: after the pass
-    auto m = mgr_->begin_migration(kSeq, x.logical);
-    if (!m) return Error{m.error()};
-    if (m->needs_quantise && rows > 0) quantise_block(*m, static_cast<int>(rows));
-    auto r = mgr_->migrate(kSeq, x.logical, m->dst);
-    if (!r) return Error{r.error()};
-  }
-  return {};
+  if (!manager().has_sequence(kSeq)) return {};
+  return store_->migrate_exits(kSeq, n_tokens_);
 }
 
 Status PagedKvCache::truncate(int64_t n) {
   if (n >= n_tokens_) return {};
+  kv::BlockManager& m = store_->manager();
   if (n <= 0) {
-    if (mgr_->has_sequence(kSeq)) {
-      if (Status s = mgr_->free(kSeq); !s) return s;
+    if (m.has_sequence(kSeq)) {
+      if (Status s = m.free(kSeq); !s) return s;
     }
     n_tokens_ = 0;
     return {};
   }
-  if (Status s = mgr_->truncate(kSeq, n); !s) return s;
+  if (Status s = m.truncate(kSeq, n); !s) return s;
   n_tokens_ = n;
   return {};
 }
 
 Status PagedKvCache::check_integrity() const {
-  if (Status s = mgr_->check_integrity(); !s) return s;
+  if (Status s = store_->check_integrity(); !s) return s;
   if (!migration_error_.empty())
     return Error{"paged KV cache: migration failed: " + migration_error_};
-  const int64_t held = mgr_->has_sequence(kSeq) ? mgr_->num_tokens(kSeq) : 0;
+  const int64_t held = manager().has_sequence(kSeq) ? manager().num_tokens(kSeq) : 0;
   if (held != n_tokens_) {
     return Error{
         fmt::format("paged KV cache: {} tokens but the manager holds {}", n_tokens_, held)};

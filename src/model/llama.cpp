@@ -30,8 +30,8 @@ class LlamaModel final : public Model {
     allocate_workspace();
   }
 
-  Status forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
-                 std::vector<float>& logits, ForwardOptions opts) override;
+  Status forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool,
+                       std::vector<float>& logits) override;
 
  private:
   struct Layer {
@@ -85,6 +85,12 @@ class LlamaModel final : public Model {
   std::vector<float> up_;    // [max_batch, n_ff]
   std::vector<float> cs_;    // [max_batch, n_rot] rope (cos, sin) per token
   MatmulScratch mm_;
+  // Batch bookkeeping, reused between passes.
+  std::vector<int32_t> tok_;       // [n] token ids of the whole batch
+  std::vector<int64_t> pos_;       // [n] position of each token in its sequence
+  std::vector<int64_t> seq_row_;   // [n_seq] first activation row of each sequence
+  std::vector<int64_t> seq_pos_;   // [n_seq] first position of each sequence
+  std::vector<int64_t> out_rows_;  // activation rows that get logits, in output order
 };
 
 void LlamaModel::read_hparams(Binder& b) {
@@ -190,21 +196,56 @@ void LlamaModel::allocate_workspace() {
   cs_.resize(n * static_cast<size_t>(hp.n_rot));
 }
 
-Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
-                           std::vector<float>& logits, ForwardOptions opts) {
+Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool,
+                                 std::vector<float>& logits) {
   const ModelHParams& hp = hp_;
-  const auto n = static_cast<int64_t>(tokens.size());
+  int64_t n = 0;
+  for (const BatchSequence& bs : seqs) {
+    if (bs.kv == nullptr || bs.tokens.empty()) return Error{"forward() called with no tokens"};
+    n += static_cast<int64_t>(bs.tokens.size());
+    for (int32_t t : bs.tokens) {
+      if (t < 0 || t >= hp.n_vocab) {
+        return Error{fmt::format("token id {} is outside the vocabulary [0, {})", t, hp.n_vocab)};
+      }
+    }
+    if (!bs.kv->can_append(static_cast<int64_t>(bs.tokens.size()))) {
+      // The cache's own message (a failed append changes nothing).
+      Status st = bs.kv->append(static_cast<int64_t>(bs.tokens.size()));
+      return st ? Error{fmt::format("KV cache cannot take {} more tokens", bs.tokens.size())} : st;
+    }
+  }
   if (n == 0) return Error{"forward() called with no tokens"};
   if (n > max_batch_) {
     return Error{fmt::format("batch of {} tokens exceeds the workspace of {}", n, max_batch_)};
   }
-  for (int32_t t : tokens) {
-    if (t < 0 || t >= hp.n_vocab) {
-      return Error{fmt::format("token id {} is outside the vocabulary [0, {})", t, hp.n_vocab)};
+  // Per sequence: first row in the activations and first position in its cache.
+  const auto n_seq = seqs.size();
+  seq_row_.resize(n_seq);
+  seq_pos_.resize(n_seq);
+  tok_.resize(static_cast<size_t>(n));
+  pos_.resize(static_cast<size_t>(n));
+  out_rows_.clear();
+  int64_t row = 0;
+  for (size_t s = 0; s < n_seq; ++s) {
+    const BatchSequence& bs = seqs[s];
+    const auto ns = static_cast<int64_t>(bs.tokens.size());
+    seq_row_[s] = row;
+    seq_pos_[s] = bs.kv->n_tokens();
+    for (int64_t i = 0; i < ns; ++i) {
+      tok_[static_cast<size_t>(row + i)] = bs.tokens[static_cast<size_t>(i)];
+      pos_[static_cast<size_t>(row + i)] = seq_pos_[s] + i;
+      if (bs.logits == BatchSequence::Logits::kAll ||
+          (bs.logits == BatchSequence::Logits::kLast && i == ns - 1)) {
+        out_rows_.push_back(row + i);
+      }
+    }
+    row += ns;
+  }
+  for (size_t s = 0; s < n_seq; ++s) {
+    if (Status st = seqs[s].kv->append(static_cast<int64_t>(seqs[s].tokens.size())); !st) {
+      return st;  // unreachable after can_append
     }
   }
-  const int64_t pos0 = kv.n_tokens();
-  if (Status s = kv.append(n); !s) return s;
 
   const int64_t n_embd = hp.n_embd;
   const int64_t q_dim = static_cast<int64_t>(hp.n_head) * hp.head_dim;
@@ -214,10 +255,10 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& kv, ThreadP
 
   const quant::TypeTraits* emb_tr = quant::traits(tok_embd_.type);
   for_each_token(pool, n, [&](int64_t i) {
-    const auto* row = static_cast<const uint8_t*>(tok_embd_.data) +
-                      static_cast<size_t>(tokens[static_cast<size_t>(i)]) * tok_embd_.row_bytes;
-    emb_tr->to_float(row, x_.data() + i * n_embd, n_embd);
-    ops::rope_cache(rope_, pos0 + i, cs_.data() + i * hp.n_rot);
+    const auto* emb = static_cast<const uint8_t*>(tok_embd_.data) +
+                      static_cast<size_t>(tok_[static_cast<size_t>(i)]) * tok_embd_.row_bytes;
+    emb_tr->to_float(emb, x_.data() + i * n_embd, n_embd);
+    ops::rope_cache(rope_, pos_[static_cast<size_t>(i)], cs_.data() + i * hp.n_rot);
   });
 
   for (int il = 0; il < hp.n_layer; ++il) {
@@ -241,8 +282,14 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& kv, ThreadP
       ops::rope_apply(rope_, cs, q, hp.n_head, hp.head_dim);
       ops::rope_apply(rope_, cs, k, hp.n_head_kv, hp.head_dim);
     });
-    kv.store(il, pos0, n, k_.data(), v_.data());
-    kv.attend(il, pos0, n, q_.data(), hp.n_head, attn_scale, attn_.data(), pool);
+    for (size_t sq = 0; sq < n_seq; ++sq) {
+      KvCache& kv = *seqs[sq].kv;
+      const int64_t r0 = seq_row_[sq];
+      const auto ns = static_cast<int64_t>(seqs[sq].tokens.size());
+      kv.store(il, seq_pos_[sq], ns, k_.data() + r0 * kv_dim, v_.data() + r0 * kv_dim);
+      kv.attend(il, seq_pos_[sq], ns, q_.data() + r0 * q_dim, hp.n_head, attn_scale,
+                attn_.data() + r0 * q_dim, pool);
+    }
     matmul(l.wo, attn_.data(), n, proj_.data(), pool, mm_);
     for_each_token(pool, n, [&](int64_t i) {
       float* x = x_.data() + i * n_embd;
@@ -260,11 +307,14 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, KvCache& kv, ThreadP
     });
   }
 
-  const int64_t first = opts.logits_all ? 0 : n - 1;
-  const int64_t n_out = n - first;
+  const auto n_out = static_cast<int64_t>(out_rows_.size());
+  if (n_out == 0) {
+    logits.clear();
+    return {};
+  }
   for_each_token(pool, n_out, [&](int64_t i) {
-    ops::rms_norm(x_.data() + (first + i) * n_embd, output_norm_, xn_.data() + i * n_embd, n_embd,
-                  hp.rms_eps);
+    ops::rms_norm(x_.data() + out_rows_[static_cast<size_t>(i)] * n_embd, output_norm_,
+                  xn_.data() + i * n_embd, n_embd, hp.rms_eps);
   });
   logits.resize(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab));
   matmul(output_, xn_.data(), n_out, logits.data(), pool, mm_);

@@ -22,6 +22,13 @@ constexpr ArchEntry kArchitectures[] = {
 
 }  // namespace
 
+Status Model::forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
+                      std::vector<float>& logits, ForwardOptions opts) {
+  const BatchSequence one{
+      tokens, &kv, opts.logits_all ? BatchSequence::Logits::kAll : BatchSequence::Logits::kLast};
+  return forward_batch(std::span<const BatchSequence>(&one, 1), pool, logits);
+}
+
 std::vector<std::string> supported_architectures() {
   std::vector<std::string> out;
   for (const auto& a : kArchitectures) out.emplace_back(a.name);

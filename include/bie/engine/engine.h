@@ -26,8 +26,8 @@ namespace bie {
 
 struct EngineConfig {
   std::string model = "default";  // path to a GGUF file, or "default"
-  KvEngineOptions kv;              // KV regime, budget, max_model_len, max_num_seqs, chunk size
-  int32_t threads = 0;             // 0: hardware threads
+  KvEngineOptions kv;             // KV regime, budget, max_model_len, max_num_seqs, chunk size
+  int32_t threads = 0;            // 0: hardware threads
   // Tokens one step may schedule (decode tokens + prefill chunks). 0: max(chunked_prefill_size,
   // max_num_seqs). Sizes the activation workspace.
   int64_t max_num_batched_tokens = 0;
@@ -37,10 +37,10 @@ struct EngineConfig {
 
 // Why a request's submission was refused (maps onto an HTTP status).
 enum class SubmitError {
-  kInvalid,     // bad parameters (400)
-  kTooLong,     // prompt (+ max_tokens) beyond max_model_len or the whole KV budget (400/413)
-  kQueueFull,   // waiting queue at max_queue (429)
-  kShuttingDown // engine stopping (503)
+  kInvalid,      // bad parameters (400)
+  kTooLong,      // prompt (+ max_tokens) beyond max_model_len or the whole KV budget (400/413)
+  kQueueFull,    // waiting queue at max_queue (429)
+  kShuttingDown  // engine stopping (503)
 };
 
 struct SubmitFailure {
@@ -57,19 +57,19 @@ struct TopLogprob {
 struct TokenEvent {
   int32_t token = 0;
   std::string text;  // the text that became final with this token (UTF-8 complete; may be empty)
-  float logprob = 0.0f;              // log-softmax of the raw logits (when logprobs requested)
-  std::vector<TopLogprob> top;       // top_logprobs alternatives, best first
+  float logprob = 0.0f;         // log-softmax of the raw logits (when logprobs requested)
+  std::vector<TopLogprob> top;  // top_logprobs alternatives, best first
 };
 
 struct RequestMetrics {
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;      // prompt tokens served from the prefix cache
+  int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;
-  double queue_seconds = 0.0;     // submit -> first scheduled
-  double ttft_seconds = 0.0;      // submit -> first token
-  double total_seconds = 0.0;     // submit -> finish
-  std::string kv_regime;          // planner::kv_layout_label of the cache it ran in
+  double queue_seconds = 0.0;  // submit -> first scheduled
+  double ttft_seconds = 0.0;   // submit -> first token
+  double total_seconds = 0.0;  // submit -> finish
+  std::string kv_regime;       // planner::kv_layout_label of the cache it ran in
   [[nodiscard]] double decode_tps() const;
 };
 
@@ -90,7 +90,7 @@ struct RequestCallbacks {
 struct EngineRequest {
   std::vector<int32_t> prompt;  // token ids (already templated and tokenized)
   SamplingParams sampling;
-  int32_t max_tokens = 128;  // <= 0: up to max_model_len
+  int32_t max_tokens = 128;       // <= 0: up to max_model_len
   std::vector<std::string> stop;  // stop strings: generation ends before the first match
   bool ignore_eos = false;
   int32_t logprobs = -1;  // -1: none; 0: the chosen token's logprob; k: plus top-k (k <= 20)
@@ -111,9 +111,9 @@ struct EngineMetrics {
   int64_t requests_running = 0;
   int64_t requests_waiting = 0;
   int64_t requests_finished = 0;
-  int64_t prompt_tokens = 0;     // counter: prompt tokens of admitted requests
+  int64_t prompt_tokens = 0;           // counter: prompt tokens of admitted requests
   int64_t computed_prompt_tokens = 0;  // prompt tokens actually run (not cache hits)
-  int64_t generated_tokens = 0;  // counter
+  int64_t generated_tokens = 0;        // counter
   int64_t prefix_queried_blocks = 0;
   int64_t prefix_hit_blocks = 0;
   int64_t preemptions = 0;
@@ -124,9 +124,9 @@ struct EngineMetrics {
 };
 
 struct ModelInfo {
-  std::string id;       // model name shown by /v1/models (file stem)
+  std::string id;  // model name shown by /v1/models (file stem)
   std::string path;
-  std::string sha256;   // of the GGUF file
+  std::string sha256;  // of the GGUF file
   std::string arch;
   std::string chat_template;  // tokenizer.chat_template from the GGUF, may be empty
   int64_t max_model_len = 0;

@@ -1,17 +1,9 @@
-// PagedKvCache: the paged, mixed-precision KV cache behind the KvCache interface, for one sequence.
-// Owns a BlockManager (pools sized by the planner: kv_pool_plan(geometry, layout, max_tokens, 1))
-// and executes what the manager decides: K/V rows are written into FP16 sink/window blocks (or
-// straight into body blocks that a prefill chunk places outside the window), blocks that leave
-// the window are re-quantised into the body pool with the format kernels after each forward pass,
-// and attention walks the block table with the formats' fused dot/axpy kernels
-// (attention/paged_attention.h), as (query tile x KV head x context split) tasks on the ThreadPool.
-// With layout.rotate, K rows and queries pass through kv::hadamard_rotate per head (V does not).
-// Prefix caching is off: the KvCache interface carries no token ids.
+// PagedKvCache: the paged, mixed-precision KV cache behind the KvCache interface, for one sequence
+// (bie run, bie bench, bie quality). Owns a PagedKvStore (pools sized by the planner:
+// kv_pool_plan(geometry, layout, max_tokens, 1)) holding that one sequence; blocks that leave the
+// FP16 window are re-quantised after each forward pass. Prefix caching is off: the KvCache
+// interface carries no token ids (the engine's scheduler drives the store directly, with them).
 // Not thread-safe (engine thread); attend() fans out over the ThreadPool it is given.
-//
-// Block layout (every pool): per layer il, the K tiles of KV heads 0..n_head_kv-1, then the V
-// tiles; a tile is kv::kv_tile_bytes(format, head_dim, block_size) bytes, so a block is exactly the
-// planner's block bytes. FP16-pool blocks are f16/f16; body blocks use layout.k / layout.v.
 #pragma once
 
 #include <array>
@@ -24,6 +16,7 @@
 #include "bie/attention/paged_attention.h"
 #include "bie/kv/block_manager.h"
 #include "bie/kv/kv_cache.h"
+#include "bie/kv/paged_kv_store.h"
 
 namespace bie {
 
@@ -68,48 +61,24 @@ class PagedKvCache final : public KvCache {
   [[nodiscard]] Status migrate_window_exits();
 
   [[nodiscard]] Status check_integrity() const;
-  [[nodiscard]] const kv::BlockManager& manager() const { return *mgr_; }
+  [[nodiscard]] const kv::BlockManager& manager() const { return store_->manager(); }
+  [[nodiscard]] const PagedKvStore& store() const { return *store_; }
   // The sequence's block table (empty while it holds no tokens).
   [[nodiscard]] const kv::BlockTable& table() const;
   [[nodiscard]] const planner::KvLayout& layout() const { return cfg_.layout; }
   // Read-only storage of a table entry's block (tests and tools).
   [[nodiscard]] const uint8_t* block_storage(const kv::BlockTableEntry& e) const {
-    return mgr_->pool(e.pool).data(e.block.index);
+    return store_->block_storage(e);
   }
 
  private:
   static constexpr kv::SeqId kSeq = 0;
-  struct PoolFormat {
-    planner::KvFormat k, v;
-    const kv::KvFormatTraits* tk = nullptr;
-    const kv::KvFormatTraits* tv = nullptr;
-    size_t k_tile = 0, v_tile = 0;  // bytes of one KV head's tile
-    size_t layer_bytes = 0;         // n_head_kv * (k_tile + v_tile)
-  };
-
-  PagedKvCache(const PagedKvCacheConfig& cfg, kv::BlockManager mgr);
-  [[nodiscard]] const PoolFormat& format(kv::PoolKind p) const { return fmt_[static_cast<int>(p)]; }
-  [[nodiscard]] uint8_t* block_data(const kv::BlockTableEntry& e);
-  void quantise_block(const kv::Migration& m, int rows);
-  void build_views(int il, int64_t n_ctx);
+  PagedKvCache(const PagedKvCacheConfig& cfg, std::unique_ptr<PagedKvStore> store);
   [[nodiscard]] std::vector<int32_t> placeholder_tokens(int64_t n) const;
-  // The manager appends append(n) makes (first up to a block boundary, then one block at a time);
-  // nullopt when the pools cannot hold them with the migrations in between.
-  [[nodiscard]] std::optional<std::vector<int64_t>> plan_append(int64_t n) const;
-  // Whether a block with `written` of its rows stored may move to the body pool now.
-  [[nodiscard]] bool can_migrate_now(int64_t written_rows) const;
-  [[nodiscard]] Status migrate_exits(int64_t written_tokens);
-
   PagedKvCacheConfig cfg_;
-  std::unique_ptr<kv::BlockManager> mgr_;
-  std::array<PoolFormat, kv::kPoolKinds> fmt_;
+  std::unique_ptr<PagedKvStore> store_;
   int64_t n_tokens_ = 0;
-  std::vector<float> rows_;                       // [block_size, head_dim] staging for store
-  std::vector<attention::PagedBlockView> views_;  // per logical block, rebuilt per attend
-  std::vector<float> scratch_;                    // per thread: paged_attn_scratch_floats
-  std::vector<float> partials_;                   // per task: paged_partial_floats
-  std::vector<float> q_rot_;                      // [n, n_head * head_dim] rotated queries
-  std::string migration_error_;                   // sticky; reported by check_integrity
+  std::string migration_error_;  // sticky; reported by check_integrity
 };
 
 }  // namespace bie

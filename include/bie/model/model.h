@@ -49,6 +49,15 @@ struct ForwardOptions {
   bool logits_all = false;  // logits for every token of the batch, not only the last
 };
 
+// One sequence's part of a batched forward pass: `tokens` run at positions
+// [kv->n_tokens(), kv->n_tokens() + tokens.size()) of that sequence's cache.
+struct BatchSequence {
+  enum class Logits : uint8_t { kNone, kLast, kAll };
+  std::span<const int32_t> tokens;
+  KvCache* kv = nullptr;
+  Logits logits = Logits::kLast;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -61,9 +70,15 @@ class Model {
   // Runs tokens at positions [kv.n_tokens(), kv.n_tokens() + tokens.size()) after appending them
   // to the cache. Writes logits: [tokens.size(), n_vocab] if opts.logits_all, else [1, n_vocab]
   // for the last token. On error nothing is appended.
-  [[nodiscard]] virtual Status forward(std::span<const int32_t> tokens, KvCache& kv,
-                                       ThreadPool& pool, std::vector<float>& logits,
-                                       ForwardOptions opts = {}) = 0;
+  [[nodiscard]] Status forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
+                               std::vector<float>& logits, ForwardOptions opts = {});
+  // Runs the tokens of several sequences in one pass: every weight matrix is read once for all
+  // of them, attention runs per sequence through its own cache. Writes logits rows in sequence
+  // order: one per kLast sequence, one per token of a kAll sequence ([rows, n_vocab]). The total
+  // token count must fit the workspace (LoadOptions::max_batch_tokens). On error nothing is
+  // appended to any cache.
+  [[nodiscard]] virtual Status forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool,
+                                             std::vector<float>& logits) = 0;
 
  protected:
   std::unique_ptr<gguf::GgufFile> file_;

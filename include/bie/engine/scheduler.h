@@ -1,0 +1,86 @@
+// Scheduler: continuous batching over the paged KV store. Each step it first gives every running
+// sequence its next tokens (one decode token, or the next prefill chunk), oldest first, then
+// admits waiting sequences in FCFS order while the token budget, --max-num-seqs and free KV
+// blocks allow; a sequence that cannot be admitted blocks those behind it (no starvation). When
+// a running sequence needs a block and none is free, the newest running sequence is preempted:
+// its blocks are freed and it goes back to the front of the waiting queue, to be recomputed
+// (cheaply, through the prefix cache) when blocks return. Owns the queues and the sequences; the
+// block manager owns the blocks. Not thread-safe (engine thread).
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "bie/common/result.h"
+#include "bie/engine/sequence.h"
+#include "bie/kv/paged_kv_store.h"
+
+namespace bie {
+
+struct SchedulerConfig {
+  int64_t max_num_seqs = 16;             // sequences running at once
+  int64_t max_num_batched_tokens = 512;  // tokens per step (decode tokens + prefill chunks)
+  int64_t chunked_prefill_size = 512;    // most prompt tokens of one sequence per step
+  int64_t max_model_len = 8192;
+};
+
+struct ScheduledSeq {
+  Sequence* seq = nullptr;
+  int64_t n_tokens = 0;  // run tokens [seq->computed, seq->computed + n_tokens)
+  bool sample = false;   // the chunk reaches the last known token: sample the next one
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledSeq> scheduled;
+  std::vector<kv::SeqId> preempted;  // this step, newest first
+  [[nodiscard]] int64_t n_tokens() const;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& cfg, PagedKvStore& store);
+
+  // Adds a sequence (tokens = prompt) at the back of the waiting queue.
+  // note: call only with a new id and 1 <= tokens.size() <= max_model_len.
+  void add(kv::SeqId id, std::vector<int32_t> prompt);
+  [[nodiscard]] Sequence* find(kv::SeqId id);
+  // Frees the sequence's blocks and forgets it (finished, cancelled).
+  [[nodiscard]] Status finish(kv::SeqId id);
+
+  [[nodiscard]] SchedulerOutput schedule();
+  // After the forward pass: the scheduled tokens are computed (full blocks enter the prefix
+  // cache). Sampled tokens are appended with append_token.
+  [[nodiscard]] Status commit(const SchedulerOutput& out);
+  // Appends a sampled token to a running sequence (its blocks are taken at the next schedule()).
+  void append_token(kv::SeqId id, int32_t token);
+
+  [[nodiscard]] int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  [[nodiscard]] int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  [[nodiscard]] int64_t preemptions() const { return preemptions_; }
+  [[nodiscard]] bool idle() const { return running_.empty() && waiting_.empty(); }
+  [[nodiscard]] const std::deque<kv::SeqId>& waiting() const { return waiting_; }
+  [[nodiscard]] const std::vector<kv::SeqId>& running() const { return running_; }
+  // Every sequence's manager state matches its counts; the store's integrity.
+  [[nodiscard]] Status check_integrity() const;
+
+ private:
+  // Tokens of the next prefill chunk of s within `budget` (0: none fits this step).
+  [[nodiscard]] int64_t chunk_for(const Sequence& s, int64_t budget) const;
+  // Makes the manager hold every known token of s (decode: the last sampled token).
+  [[nodiscard]] bool ensure_blocks(Sequence& s);
+  void preempt(kv::SeqId id, SchedulerOutput& out);
+
+  SchedulerConfig cfg_;
+  PagedKvStore& store_;
+  bool per_channel_ = false;  // body tiles written whole: prefill chunks end on block boundaries
+  uint64_t next_arrival_ = 0;
+  std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> seqs_;
+  std::deque<kv::SeqId> waiting_;
+  std::vector<kv::SeqId> running_;  // admission order (oldest first)
+  int64_t preemptions_ = 0;
+};
+
+}  // namespace bie

@@ -1,0 +1,30 @@
+// Sequence: one request's token state as the scheduler sees it — plain data. Tracked only by
+// counts (vLLM v1 style): `tokens` is prompt + generated, `computed` the tokens whose K/V are in
+// the cache; a prefill chunk, a prefix-cache hit, a decode step and a recompute after preemption
+// are all just differences between the two. The engine owns the rest of a request (sampler,
+// detokenizer, callbacks) next to it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "bie/kv/block_manager.h"
+
+namespace bie {
+
+enum class SeqStatus : uint8_t { kWaiting, kRunning, kFinished };
+
+struct Sequence {
+  kv::SeqId id = 0;
+  uint64_t arrival = 0;         // FCFS order
+  std::vector<int32_t> tokens;  // prompt + generated
+  int64_t n_prompt = 0;
+  int64_t computed = 0;       // tokens whose K/V are stored (and verified)
+  int64_t cached_tokens = 0;  // prompt tokens the prefix cache served at first admission
+  int64_t preemptions = 0;
+  SeqStatus status = SeqStatus::kWaiting;
+  [[nodiscard]] int64_t n_generated() const {
+    return static_cast<int64_t>(tokens.size()) - n_prompt;
+  }
+};
+
+}  // namespace bie

@@ -1,0 +1,45 @@
+// SequenceKv: one engine sequence's view of the shared PagedKvStore, as the KvCache the model's
+// forward pass writes and reads. The scheduler allocates a sequence's blocks (with its real token
+// ids, so the prefix cache works) before the pass; append() here only advances over positions
+// already allocated. After the last layer's attention over the newest tokens it moves blocks that
+// left the FP16 window to the body pool. A light value made per step; engine thread only.
+#pragma once
+#include <cstdint>
+
+#include "bie/kv/kv_cache.h"
+#include "bie/kv/paged_kv_store.h"
+
+namespace bie {
+
+class SequenceKv final : public KvCache {
+ public:
+  // computed: tokens of s whose K/V are stored; capacity: the sequence's max_model_len.
+  SequenceKv(PagedKvStore& store, kv::SeqId s, int64_t computed, int64_t capacity)
+      : store_(store), seq_(s), computed_(computed), capacity_(capacity) {}
+
+  [[nodiscard]] const KvGeometry& geometry() const override { return store_.geometry(); }
+  [[nodiscard]] int64_t n_tokens() const override { return computed_; }
+  [[nodiscard]] int64_t capacity() const override { return capacity_; }
+  // n more positions are writable when the scheduler has allocated them.
+  [[nodiscard]] bool can_append(int64_t n) const override;
+  [[nodiscard]] Status append(int64_t n) override;
+  void store(int il, int64_t pos0, int64_t n, const float* k, const float* v) override {
+    store_.store(seq_, il, pos0, n, k, v);
+  }
+  void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
+              ThreadPool& pool) override;
+  // Rollback goes through the scheduler (BlockManager::truncate); refused here.
+  [[nodiscard]] Status truncate(int64_t n) override;
+  // Window exits that could not move to the body pool this pass (body pool full): they stay
+  // FP16 (correct data) and are retried on the next pass.
+  [[nodiscard]] bool migration_deferred() const { return migration_deferred_; }
+
+ private:
+  PagedKvStore& store_;
+  kv::SeqId seq_;
+  int64_t computed_;
+  int64_t capacity_;
+  bool migration_deferred_ = false;
+};
+
+}  // namespace bie

@@ -1,0 +1,531 @@
+// The Engine facade: one engine thread running schedule -> forward -> sample steps over the
+// continuous-batching Scheduler, and the thread-safe submission/cancel/metrics surface around it.
+#include "bie/engine/engine.h"
+
+#include <fmt/format.h>
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "bie/backend/thread_pool.h"
+#include "bie/engine/model_path.h"
+#include "bie/engine/scheduler.h"
+#include "bie/engine/stop_strings.h"
+#include "bie/kv/paged_kv_store.h"
+#include "bie/kv/sequence_kv.h"
+#include "bie/model/model.h"
+#include "bie/planner/model_geometry.h"
+#include "bie/tokenizer/stream_decoder.h"
+#include "bie/tokenizer/tokenizer.h"
+
+namespace bie {
+
+double RequestMetrics::decode_tps() const {
+  const double t = total_seconds - ttft_seconds;
+  return generated_tokens > 1 && t > 0 ? static_cast<double>(generated_tokens - 1) / t : 0.0;
+}
+
+Result<std::string> file_sha256(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return Error{fmt::format("cannot open '{}' to hash it", path)};
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  std::vector<unsigned char> buf(1 << 20);
+  size_t got = 0;
+  while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0)
+    EVP_DigestUpdate(ctx, buf.data(), got);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx, md, &len);
+  EVP_MD_CTX_free(ctx);
+  if (failed) return Error{fmt::format("read error while hashing '{}'", path)};
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// A request while the engine holds it: parameters, callbacks and the per-request streaming state.
+struct Request {
+  RequestId rid = 0;
+  kv::SeqId sid = 0;
+  EngineRequest req;
+  RequestCallbacks cb;
+  int64_t max_tokens = 0;  // effective cap on generated tokens
+  Clock::time_point submitted, first_scheduled, first_token;
+  bool scheduled_once = false;
+  bool got_token = false;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<tokenizer::StreamDecoder> decoder;
+  std::unique_ptr<StopStrings> stops;
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl() = default;
+  ~EngineImpl() override { shutdown(false); }
+
+  Status init(const EngineConfig& cfg);
+
+  const ModelInfo& model_info() const override { return info_; }
+  const tokenizer::Tokenizer& tokenizer() const override { return *tok_; }
+  const KvSetupReport& kv_report() const override { return report_; }
+  std::string kv_regime() const override { return report_.layout_label; }
+
+  std::optional<SubmitFailure> submit(RequestId id, EngineRequest req,
+                                      RequestCallbacks cb) override;
+  void cancel(RequestId id) override;
+  EngineMetrics metrics() const override;
+  void shutdown(bool finish_running) override;
+  void wait_idle() override;
+
+ private:
+  void loop();
+  void step();
+  void sample(Request& r, Sequence& s, float* logits);
+  void finish(Request& r, const std::string& reason, const std::string& error = {});
+  void publish_metrics();
+
+  EngineConfig cfg_;
+  int64_t max_model_len_ = 0;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<tokenizer::Tokenizer> tok_;
+  KvSetupReport report_;
+  ModelInfo info_;
+  std::unique_ptr<PagedKvStore> store_;
+  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<ThreadPool> pool_;
+
+  // Engine thread only.
+  std::unordered_map<kv::SeqId, std::unique_ptr<Request>> reqs_;
+  std::vector<float> logits_;
+  std::vector<float> raw_;  // a copy of one logits row (logprobs)
+  EngineMetrics m_;         // counters; gauges filled in publish_metrics
+
+  // Shared with callers, under mu_.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;       // wakes the engine thread
+  std::condition_variable idle_cv_;  // wait_idle
+  std::deque<std::unique_ptr<Request>> incoming_;
+  std::vector<RequestId> cancels_;
+  std::unordered_map<RequestId, kv::SeqId> live_;  // accepted, not finished
+  bool accepting_ = true;
+  bool stopping_ = false;
+  bool finish_running_ = false;
+  bool busy_ = false;
+  kv::SeqId next_sid_ = 1;
+  int64_t refusals_ = 0;
+  EngineMetrics snapshot_;
+  std::thread thread_;
+};
+
+Status EngineImpl::init(const EngineConfig& cfg) {
+  cfg_ = cfg;
+  const KvEngineOptions& o = cfg.kv;
+  if (o.max_num_seqs < 1) return Error{"--max-num-seqs must be >= 1"};
+  if (o.chunked_prefill_size < 1) return Error{"--chunked-prefill-size must be >= 1"};
+  const int64_t batched = cfg.max_num_batched_tokens > 0
+                              ? cfg.max_num_batched_tokens
+                              : std::max(o.chunked_prefill_size, o.max_num_seqs);
+  if (batched < o.max_num_seqs) {
+    return Error{fmt::format(
+        "--max-num-batched-tokens {} is below --max-num-seqs {} (every running sequence needs a "
+        "token per step)",
+        batched, o.max_num_seqs)};
+  }
+  if (cfg.max_queue < 0) return Error{"--max-queue must be >= 0"};
+  auto path = resolve_model_path(cfg.model);
+  if (!path) return Error{path.error()};
+  LoadOptions lo;
+  lo.max_batch_tokens = static_cast<int32_t>(batched);
+  auto model = load_model(*path, lo);
+  if (!model) return Error{model.error()};
+  model_ = std::move(model).value();
+  auto tok = tokenizer::Tokenizer::from_gguf(model_->file());
+  if (!tok) return Error{tok.error()};
+  tok_ = std::make_unique<tokenizer::Tokenizer>(std::move(tok).value());
+  auto g = planner::geometry_from_gguf(model_->file());
+  if (!g) return Error{g.error()};
+  KvEngineOptions plan_opts = o;
+  plan_opts.chunked_prefill_size = batched;  // the workspace holds one step's tokens
+  auto rep = plan_kv_setup(*g, model_->weight_bytes(), model_->hparams().n_ctx_train, plan_opts);
+  if (!rep) return Error{rep.error()};
+  report_ = std::move(rep).value();
+  max_model_len_ = report_.max_model_len;
+  auto sha = file_sha256(*path);
+  if (!sha) return Error{sha.error()};
+
+  PagedKvStoreConfig sc;
+  sc.geometry = model_->hparams().kv_geometry();
+  sc.layout = report_.layout;
+  sc.fp16_blocks = report_.fp16_blocks;
+  sc.body_blocks = report_.body_blocks;
+  sc.model_id = *sha;
+  sc.enable_prefix_caching = cfg.enable_prefix_caching;
+  auto store = PagedKvStore::create(sc);
+  if (!store) return Error{store.error()};
+  store_ = std::move(store).value();
+
+  SchedulerConfig schc;
+  schc.max_num_seqs = o.max_num_seqs;
+  schc.max_num_batched_tokens = batched;
+  schc.chunked_prefill_size = o.chunked_prefill_size;
+  schc.max_model_len = max_model_len_;
+  sched_ = std::make_unique<Scheduler>(schc, *store_);
+
+  const int threads = cfg.threads > 0
+                          ? cfg.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  pool_ = std::make_unique<ThreadPool>(threads);
+
+  info_.path = *path;
+  info_.id = std::filesystem::path(*path).stem().string();
+  info_.sha256 = *sha;
+  info_.arch = model_->hparams().arch;
+  if (auto t = model_->file().get_string("tokenizer.chat_template")) info_.chat_template = *t;
+  info_.max_model_len = max_model_len_;
+  info_.n_vocab = model_->hparams().n_vocab;
+
+  publish_metrics();
+  thread_ = std::thread([this] { loop(); });
+  return {};
+}
+
+std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
+                                                RequestCallbacks cb) {
+  const auto refuse = [&](SubmitError k, std::string msg) {
+    std::lock_guard lk(mu_);
+    ++refusals_;
+    return std::optional<SubmitFailure>(SubmitFailure{k, std::move(msg)});
+  };
+  if (req.prompt.empty()) return refuse(SubmitError::kInvalid, "the prompt is empty");
+  for (const int32_t t : req.prompt) {
+    if (t < 0 || t >= info_.n_vocab) {
+      return refuse(SubmitError::kInvalid,
+                    fmt::format("token id {} is outside the vocabulary [0, {})", t, info_.n_vocab));
+    }
+  }
+  if (Status s = req.sampling.validate(); !s) return refuse(SubmitError::kInvalid, s.error());
+  if (req.logprobs > 20) {
+    return refuse(SubmitError::kInvalid,
+                  fmt::format("logprobs must be at most 20, got {}", req.logprobs));
+  }
+  const auto n_prompt = static_cast<int64_t>(req.prompt.size());
+  if (n_prompt >= max_model_len_) {
+    return refuse(SubmitError::kTooLong,
+                  fmt::format("the prompt has {} tokens; --max-model-len is {}, which leaves no "
+                              "room for a generated token",
+                              n_prompt, max_model_len_));
+  }
+  auto r = std::make_unique<Request>();
+  r->rid = id;
+  r->submitted = Clock::now();
+  const int64_t room = max_model_len_ - n_prompt;
+  r->max_tokens = req.max_tokens > 0 ? std::min<int64_t>(req.max_tokens, room) : room;
+  r->sampler = std::make_unique<Sampler>(req.sampling, info_.n_vocab);
+  r->decoder = std::make_unique<tokenizer::StreamDecoder>(*tok_);
+  r->stops = std::make_unique<StopStrings>(req.stop);
+  r->req = std::move(req);
+  r->cb = std::move(cb);
+  {
+    std::lock_guard lk(mu_);
+    if (!accepting_) {
+      ++refusals_;
+      return SubmitFailure{SubmitError::kShuttingDown, "the server is shutting down"};
+    }
+    // Accepted and unfinished requests beyond the running slots are the queue.
+    const auto held = static_cast<int64_t>(live_.size());
+    if (held >= cfg_.max_queue + cfg_.kv.max_num_seqs) {
+      ++refusals_;
+      return SubmitFailure{
+          SubmitError::kQueueFull,
+          fmt::format("the queue is full ({} requests held, --max-queue {}); retry later", held,
+                      cfg_.max_queue)};
+    }
+    if (live_.count(id) != 0) {
+      ++refusals_;
+      return SubmitFailure{SubmitError::kInvalid, fmt::format("request id {} is in use", id)};
+    }
+    r->sid = next_sid_++;
+    live_.emplace(id, r->sid);
+    incoming_.push_back(std::move(r));
+  }
+  cv_.notify_one();
+  return std::nullopt;
+}
+
+void EngineImpl::cancel(RequestId id) {
+  {
+    std::lock_guard lk(mu_);
+    if (live_.count(id) == 0) return;
+    cancels_.push_back(id);
+  }
+  cv_.notify_one();
+}
+
+EngineMetrics EngineImpl::metrics() const {
+  std::lock_guard lk(mu_);
+  EngineMetrics m = snapshot_;
+  m.admission_refusals = refusals_;
+  return m;
+}
+
+void EngineImpl::shutdown(bool finish_running) {
+  {
+    std::lock_guard lk(mu_);
+    accepting_ = false;
+    if (!stopping_) finish_running_ = finish_running;
+    if (!finish_running) finish_running_ = false;
+    stopping_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineImpl::wait_idle() {
+  std::unique_lock lk(mu_);
+  idle_cv_.wait(
+      lk, [&] { return (incoming_.empty() && !busy_ && live_.empty()) || !thread_.joinable(); });
+}
+
+void EngineImpl::loop() {
+  for (;;) {
+    std::deque<std::unique_ptr<Request>> incoming;
+    std::vector<RequestId> cancels;
+    bool stopping = false, finish_running = false;
+    {
+      std::unique_lock lk(mu_);
+      busy_ = !sched_->idle();
+      if (!busy_) idle_cv_.notify_all();
+      cv_.wait(lk, [&] {
+        return stopping_ || !incoming_.empty() || !cancels_.empty() || !sched_->idle();
+      });
+      incoming.swap(incoming_);
+      cancels.swap(cancels_);
+      stopping = stopping_;
+      finish_running = finish_running_;
+      busy_ = true;
+    }
+    for (auto& r : incoming) {
+      const kv::SeqId sid = r->sid;
+      sched_->add(sid, r->req.prompt);
+      m_.prompt_tokens += static_cast<int64_t>(r->req.prompt.size());
+      reqs_.emplace(sid, std::move(r));
+    }
+    for (const RequestId rid : cancels) {
+      for (auto& [sid, r] : reqs_) {
+        if (r->rid == rid) {
+          finish(*r, "cancelled");
+          break;
+        }
+      }
+    }
+    if (stopping) {
+      // Waiting requests never start; running ones finish when asked to, else stop now.
+      std::vector<Request*> drop;
+      for (auto& [sid, r] : reqs_) {
+        const Sequence* s = sched_->find(sid);
+        if (!finish_running || s == nullptr || s->status != SeqStatus::kRunning)
+          drop.push_back(r.get());
+      }
+      for (Request* r : drop) finish(*r, "cancelled");
+      if (sched_->idle()) break;
+    }
+    if (!sched_->idle()) step();
+    publish_metrics();
+  }
+  publish_metrics();
+  std::lock_guard lk(mu_);
+  busy_ = false;
+  idle_cv_.notify_all();
+}
+
+void EngineImpl::step() {
+  SchedulerOutput out = sched_->schedule();
+  if (out.scheduled.empty()) {
+    // Nothing could run: with nothing running, the queue's head can never fit the pools.
+    if (sched_->num_running() == 0 && sched_->num_waiting() > 0) {
+      const kv::SeqId head = sched_->waiting().front();
+      finish(*reqs_.at(head), "error",
+             "the request does not fit the KV cache even alone (raise the KV memory)");
+    }
+    return;
+  }
+  const auto now = Clock::now();
+  std::vector<SequenceKv> views;
+  std::vector<BatchSequence> batch;
+  views.reserve(out.scheduled.size());
+  batch.reserve(out.scheduled.size());
+  for (const ScheduledSeq& sc : out.scheduled) {
+    Sequence& s = *sc.seq;
+    Request& r = *reqs_.at(s.id);
+    if (!r.scheduled_once) {
+      r.scheduled_once = true;
+      r.first_scheduled = now;
+    }
+    views.emplace_back(*store_, s.id, s.computed, max_model_len_);
+    BatchSequence b;
+    b.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.computed),
+                                                          static_cast<size_t>(sc.n_tokens));
+    b.kv = &views.back();
+    b.logits = sc.sample ? BatchSequence::Logits::kLast : BatchSequence::Logits::kNone;
+    batch.push_back(b);
+    if (s.computed < s.n_prompt) {
+      m_.computed_prompt_tokens += std::min(sc.n_tokens, s.n_prompt - s.computed);
+    }
+  }
+  ++m_.steps;
+  m_.batched_tokens += out.n_tokens();
+  m_.batched_seqs += static_cast<int64_t>(out.scheduled.size());
+  if (Status st = model_->forward_batch(batch, *pool_, logits_); !st) {
+    for (const ScheduledSeq& sc : out.scheduled) finish(*reqs_.at(sc.seq->id), "error", st.error());
+    return;
+  }
+  if (Status st = sched_->commit(out); !st) {
+    for (const ScheduledSeq& sc : out.scheduled) finish(*reqs_.at(sc.seq->id), "error", st.error());
+    return;
+  }
+  const auto n_vocab = static_cast<size_t>(info_.n_vocab);
+  size_t row = 0;
+  for (const ScheduledSeq& sc : out.scheduled) {
+    if (!sc.sample) continue;
+    sample(*reqs_.at(sc.seq->id), *sc.seq, logits_.data() + row * n_vocab);
+    ++row;
+  }
+}
+
+void EngineImpl::sample(Request& r, Sequence& s, float* logits) {
+  TokenEvent ev;
+  const int32_t n_vocab = info_.n_vocab;
+  if (r.req.logprobs >= 0) raw_.assign(logits, logits + n_vocab);
+  const int32_t tok = r.sampler->sample(logits, s.tokens);
+  ev.token = tok;
+  if (r.req.logprobs >= 0) {
+    const float mx = *std::max_element(raw_.begin(), raw_.end());
+    double sum = 0;
+    for (const float x : raw_) sum += std::exp(static_cast<double>(x - mx));
+    const float lse = mx + static_cast<float>(std::log(sum));
+    ev.logprob = raw_[static_cast<size_t>(tok)] - lse;
+    const auto k = static_cast<size_t>(r.req.logprobs);
+    if (k > 0) {
+      std::vector<int32_t> idx(static_cast<size_t>(n_vocab));
+      for (int32_t i = 0; i < n_vocab; ++i) idx[static_cast<size_t>(i)] = i;
+      std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
+                        [&](int32_t a, int32_t b) {
+                          return raw_[static_cast<size_t>(a)] > raw_[static_cast<size_t>(b)];
+                        });
+      for (size_t i = 0; i < k; ++i) {
+        ev.top.push_back({idx[i], raw_[static_cast<size_t>(idx[i])] - lse});
+      }
+    }
+  }
+  if (!r.got_token) {
+    r.got_token = true;
+    r.first_token = Clock::now();
+  }
+  if (tok_->is_eog(tok) && !r.req.ignore_eos) {
+    finish(r, "stop");
+    return;
+  }
+  ev.text = r.stops->push(r.decoder->push(tok));
+  sched_->append_token(s.id, tok);
+  ++m_.generated_tokens;
+  const bool keep = !r.cb.on_token || r.cb.on_token(ev);
+  if (!keep) {
+    finish(r, "cancelled");
+  } else if (r.stops->stopped()) {
+    finish(r, "stop");
+  } else if (s.n_generated() >= r.max_tokens ||
+             static_cast<int64_t>(s.tokens.size()) >= max_model_len_) {
+    finish(r, "length");
+  }
+}
+
+void EngineImpl::finish(Request& r, const std::string& reason, const std::string& error) {
+  FinishEvent fe;
+  fe.finish_reason = reason;
+  fe.error = error;
+  if (reason == "stop" || reason == "length") {
+    fe.tail_text = r.stops->push(r.decoder->flush());
+    fe.tail_text += r.stops->flush();
+  }
+  const auto now = Clock::now();
+  RequestMetrics& m = fe.metrics;
+  m.prompt_tokens = static_cast<int64_t>(r.req.prompt.size());
+  if (const Sequence* s = sched_->find(r.sid)) {
+    m.cached_tokens = std::max<int64_t>(s->cached_tokens, 0);
+    m.generated_tokens = s->n_generated();
+    m.preemptions = s->preemptions;
+  }
+  m.queue_seconds =
+      r.scheduled_once ? seconds(r.submitted, r.first_scheduled) : seconds(r.submitted, now);
+  m.ttft_seconds = r.got_token ? seconds(r.submitted, r.first_token) : 0.0;
+  m.total_seconds = seconds(r.submitted, now);
+  m.kv_regime = report_.layout_label;
+  if (sched_->find(r.sid) != nullptr) (void)sched_->finish(r.sid);
+  ++m_.requests_finished;
+  {
+    std::lock_guard lk(mu_);
+    live_.erase(r.rid);
+  }
+  auto cb = std::move(r.cb.on_finish);
+  const kv::SeqId sid = r.sid;
+  reqs_.erase(sid);  // r is gone from here on
+  if (cb) cb(fe);
+}
+
+void EngineImpl::publish_metrics() {
+  EngineMetrics m = m_;
+  const kv::BlockManager& mgr = store_->manager();
+  const std::array<std::string, kv::kPoolKinds> names = {
+      "f16",
+      planner::kv_format_name(report_.layout.k) +
+          (report_.layout.k == report_.layout.v ? std::string()
+                                                : "/" + planner::kv_format_name(report_.layout.v))};
+  for (int p = 0; p < kv::kPoolKinds; ++p) {
+    const kv::BlockPool& pool = mgr.pool(kv::PoolKind(p));
+    if (pool.n_blocks() == 0) continue;
+    EngineMetrics::Pool e;
+    e.format = names[static_cast<size_t>(p)];
+    e.blocks_total = pool.n_blocks();
+    e.blocks_used = pool.num_active();
+    e.blocks_cached = pool.num_cached();
+    e.blocks_free = pool.num_available();
+    m.pools.push_back(e);
+  }
+  m.requests_running = sched_->num_running();
+  m.prefix_queried_blocks = mgr.prefix_stats().queried_blocks;
+  m.prefix_hit_blocks = mgr.prefix_stats().hit_blocks;
+  m.preemptions = sched_->preemptions();
+  std::lock_guard lk(mu_);
+  // Waiting = not yet running: still in the hand-over queue or in the scheduler's queue.
+  m.requests_waiting = static_cast<int64_t>(incoming_.size()) + sched_->num_waiting();
+  snapshot_ = m;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& cfg) {
+  auto e = std::make_unique<EngineImpl>();
+  if (Status s = e->init(cfg); !s) return Error{s.error()};
+  return std::unique_ptr<Engine>(std::move(e));
+}
+
+}  // namespace bie

@@ -1,0 +1,165 @@
+#include "bie/engine/scheduler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+
+namespace bie {
+
+int64_t SchedulerOutput::n_tokens() const {
+  int64_t n = 0;
+  for (const ScheduledSeq& s : scheduled) n += s.n_tokens;
+  return n;
+}
+
+Scheduler::Scheduler(const SchedulerConfig& cfg, PagedKvStore& store) : cfg_(cfg), store_(store) {
+  const planner::KvLayout& l = store_.layout();
+  per_channel_ =
+      l.k.type == planner::KvType::kInt4Channel || l.v.type == planner::KvType::kInt4Channel;
+}
+
+void Scheduler::add(kv::SeqId id, std::vector<int32_t> prompt) {
+  assert(seqs_.count(id) == 0 && !prompt.empty());
+  auto s = std::make_unique<Sequence>();
+  s->id = id;
+  s->arrival = next_arrival_++;
+  s->n_prompt = static_cast<int64_t>(prompt.size());
+  s->tokens = std::move(prompt);
+  s->cached_tokens = -1;  // not admitted yet
+  waiting_.push_back(id);
+  seqs_.emplace(id, std::move(s));
+}
+
+Sequence* Scheduler::find(kv::SeqId id) {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+Status Scheduler::finish(kv::SeqId id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return Error{fmt::format("scheduler: unknown sequence {}", id)};
+  if (store_.manager().has_sequence(id)) {
+    if (Status s = store_.manager().free(id); !s) return s;
+  }
+  std::erase(running_, id);
+  std::erase(waiting_, id);
+  it->second->status = SeqStatus::kFinished;
+  seqs_.erase(it);
+  return {};
+}
+
+int64_t Scheduler::chunk_for(const Sequence& s, int64_t budget) const {
+  const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.computed;
+  int64_t n = std::min({remaining, budget, cfg_.chunked_prefill_size});
+  if (n <= 0) return 0;
+  if (per_channel_ && n < remaining) {
+    // A body block of a per-channel format is written as a whole tile: a chunk that is not the
+    // last ends on a block boundary (the last one ends in the FP16 window).
+    const int64_t B = store_.layout().block_size;
+    n = (s.computed + n) / B * B - s.computed;
+  }
+  return std::max<int64_t>(n, 0);
+}
+
+bool Scheduler::ensure_blocks(Sequence& s) {
+  const kv::BlockManager& m = store_.manager();
+  const int64_t held = m.has_sequence(s.id) ? m.num_tokens(s.id) : 0;
+  const auto known = static_cast<int64_t>(s.tokens.size());
+  if (held >= known) return true;
+  const auto fresh = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(held));
+  if (!store_.can_append(s.id, s.computed, static_cast<int64_t>(fresh.size()))) return false;
+  return store_.append_tokens(s.id, s.computed, fresh).ok();
+}
+
+void Scheduler::preempt(kv::SeqId id, SchedulerOutput& out) {
+  Sequence& s = *seqs_.at(id);
+  if (store_.manager().has_sequence(id)) (void)store_.manager().free(id);
+  s.computed = 0;
+  s.status = SeqStatus::kWaiting;
+  ++s.preemptions;
+  ++preemptions_;
+  std::erase(running_, id);
+  waiting_.push_front(id);
+  out.preempted.push_back(id);
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  int64_t budget = cfg_.max_num_batched_tokens;
+  // Running sequences first, oldest first; the newest gives up its blocks when one is short.
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    const kv::SeqId id = running_[i];
+    Sequence& s = *seqs_.at(id);
+    bool preempted_self = false;
+    while (!ensure_blocks(s)) {
+      const kv::SeqId victim = running_.back();
+      preempt(victim, out);
+      if (victim == id) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;  // it was the newest: nothing after it runs
+    const int64_t n = chunk_for(s, budget);
+    if (n == 0) continue;
+    out.scheduled.push_back({&s, n, s.computed + n == static_cast<int64_t>(s.tokens.size())});
+    budget -= n;
+  }
+  // Then waiting sequences in FCFS order; one that does not fit blocks those behind it. None is
+  // admitted in a step that had to preempt (blocks are short).
+  while (out.preempted.empty() && !waiting_.empty() && budget > 0 &&
+         static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
+    const kv::SeqId id = waiting_.front();
+    Sequence& s = *seqs_.at(id);
+    const auto n_known = static_cast<int64_t>(s.tokens.size());
+    if (!store_.can_append(id, 0, n_known)) break;
+    auto cached = store_.append_tokens(id, 0, s.tokens);
+    if (!cached) break;  // unreachable after can_append
+    s.computed = *cached;
+    if (s.cached_tokens < 0) s.cached_tokens = *cached;
+    s.status = SeqStatus::kRunning;
+    waiting_.pop_front();
+    running_.push_back(id);
+    const int64_t n = chunk_for(s, budget);
+    if (n == 0) continue;
+    out.scheduled.push_back({&s, n, s.computed + n == n_known});
+    budget -= n;
+  }
+  return out;
+}
+
+Status Scheduler::commit(const SchedulerOutput& out) {
+  for (const ScheduledSeq& sc : out.scheduled) {
+    Sequence& s = *sc.seq;
+    s.computed += sc.n_tokens;
+    if (Status st = store_.manager().mark_computed(s.id, s.computed); !st) return st;
+  }
+  return {};
+}
+
+void Scheduler::append_token(kv::SeqId id, int32_t token) {
+  seqs_.at(id)->tokens.push_back(token);
+}
+
+Status Scheduler::check_integrity() const {
+  const kv::BlockManager& m = store_.manager();
+  for (const kv::SeqId id : running_) {
+    const Sequence& s = *seqs_.at(id);
+    if (!m.has_sequence(id)) return Error{fmt::format("running sequence {} holds no blocks", id)};
+    if (m.num_computed(id) != s.computed) {
+      return Error{fmt::format("sequence {}: computed {} but the manager says {}", id, s.computed,
+                               m.num_computed(id))};
+    }
+  }
+  for (const kv::SeqId id : waiting_) {
+    if (m.has_sequence(id)) return Error{fmt::format("waiting sequence {} holds blocks", id)};
+  }
+  if (m.num_sequences() != static_cast<int64_t>(running_.size())) {
+    return Error{fmt::format("the manager holds {} sequences, {} are running", m.num_sequences(),
+                             running_.size())};
+  }
+  return store_.check_integrity();
+}
+
+}  // namespace bie

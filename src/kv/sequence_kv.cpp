@@ -1,0 +1,35 @@
+#include "bie/kv/sequence_kv.h"
+
+#include <fmt/format.h>
+
+namespace bie {
+
+bool SequenceKv::can_append(int64_t n) const {
+  const kv::BlockManager& m = store_.manager();
+  return n >= 0 && computed_ + n <= capacity_ && m.has_sequence(seq_) &&
+         m.num_tokens(seq_) >= computed_ + n;
+}
+
+Status SequenceKv::append(int64_t n) {
+  if (!can_append(n)) {
+    return Error{fmt::format("sequence {}: positions [{}, {}) are not allocated", seq_, computed_,
+                             computed_ + n)};
+  }
+  computed_ += n;
+  return {};
+}
+
+void SequenceKv::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
+                        float* out, ThreadPool& pool) {
+  store_.attend(seq_, il, pos0, n, q, n_head, scale, out, pool);
+  if (il == store_.geometry().n_layer - 1 && pos0 + n == computed_ && store_.layout().mixed()) {
+    if (Status s = store_.migrate_exits(seq_, computed_); !s) migration_deferred_ = true;
+  }
+}
+
+Status SequenceKv::truncate(int64_t n) {
+  if (n >= computed_) return {};
+  return Error{"SequenceKv: rollback goes through the scheduler"};
+}
+
+}  // namespace bie
