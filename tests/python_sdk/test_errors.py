@@ -81,11 +81,17 @@ def test_bad_prompts_raise_value_error(engine):
         engine.generate([[]])
 
 
-def test_request_beyond_max_model_len_is_out_of_memory(engine):
+def test_prompt_beyond_max_model_len_is_out_of_memory(engine):
+    long_prompt = "hello " * 1100  # > max_model_len 1024 tokens
+    assert len(engine.tokenize(long_prompt)) > 1024
     with pytest.raises(bi.BieOutOfMemory) as info:
-        engine.generate("Hello", bi.SamplingParams(max_tokens=5000))
+        engine.generate(["Hi", long_prompt], bi.SamplingParams(max_tokens=4))
     assert isinstance(info.value, MemoryError)
-    assert "max_model_len" in str(info.value)
+    assert "max_model_len is 1024" in str(info.value)  # the field, not the CLI flag
+    # max_tokens beyond what max_model_len leaves is capped.
+    ids = engine.tokenize(long_prompt)[:1016]
+    out = engine.generate(ids, bi.SamplingParams(temperature=0, max_tokens=5000, ignore_eos=True))[0]
+    assert len(out.token_ids) == 1024 - 1016 and out.finish_reason == "length"
     # The engine is unharmed.
     assert engine.generate("Hello", bi.SamplingParams(temperature=0, max_tokens=4))[0].token_ids
 
