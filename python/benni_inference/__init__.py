@@ -459,7 +459,8 @@ class BieEngine:
 
         Raises:
             ValueError: a bad prompt or parameter.
-            BieOutOfMemory: a prompt (+ max_tokens) beyond max_model_len or the KV budget.
+            BieOutOfMemory: a prompt that leaves no room within max_model_len (a larger
+                max_tokens than what is left is capped, not refused).
             KeyboardInterrupt: Ctrl-C; the batch is cancelled first.
         """
         params = params if params is not None else SamplingParams()
