@@ -57,6 +57,7 @@ EngineConfig base_config() {
   cfg.kv.chunked_prefill_size = 64;
   cfg.kv.kv_cache_memory = 192ull << 20;
   cfg.threads = 2;
+  cfg.check_integrity = true;
   return cfg;
 }
 
@@ -119,6 +120,232 @@ TEST(Engine, GreedyMatchesSingleSequenceGenerate) {
   EXPECT_EQ(c.tokens, want);
   eng.wait_idle();
   EXPECT_EQ(used_blocks(eng), 0);
+}
+
+// Runs each prompt alone, then all together; returns (alone, together) token lists.
+std::pair<std::vector<std::vector<int32_t>>, std::vector<std::vector<int32_t>>> alone_and_together(
+    Engine& eng, int max_tokens) {
+  std::vector<std::vector<int32_t>> alone, together;
+  RequestId id = 100;
+
+  for (const char* p : kPrompts) {
+    Collected c;
+    EXPECT_FALSE(eng.submit(id++, greedy(eng.tokenizer(), p, max_tokens), collect(c)).has_value());
+    c.wait();
+    alone.push_back(c.tokens);
+  }
+  std::vector<std::unique_ptr<Collected>> cs;
+  for (const char* p : kPrompts) {
+    cs.push_back(std::make_unique<Collected>());
+    EXPECT_FALSE(
+        eng.submit(id++, greedy(eng.tokenizer(), p, max_tokens), collect(*cs.back())).has_value());
+  }
+  for (auto& c : cs) {
+    c->wait();
+    together.push_back(c->tokens);
+  }
+
+  return {alone, together};
+}
+
+TEST(Engine, ConcurrentBatchEqualsRequestsAlone) {
+  auto e = Engine::create(base_config());
+  ASSERT_TRUE(e.ok()) << e.error();
+  auto [alone, together] = alone_and_together(**e, 16);
+  EXPECT_EQ(alone, together);
+  const EngineMetrics m = (*e)->metrics();
+  EXPECT_GT(m.batched_seqs, m.steps);  // some steps ran several sequences
+  (*e)->wait_idle();
+  EXPECT_EQ(used_blocks(**e), 0);
+}
+
+TEST(Engine, PrefixCacheHitGivesSameOutputAndSkipsWork) {
+  EngineConfig cfg = base_config();
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  std::string system = "You are a helpful assistant. ";
+  for (int i = 0; i < 12; ++i) system += "Answer briefly and precisely, with facts only. ";
+  Collected a, b;
+  ASSERT_FALSE(eng.submit(1, greedy(eng.tokenizer(), system + "Q: 2+2?", 12), collect(a)));
+  a.wait();
+  ASSERT_FALSE(eng.submit(2, greedy(eng.tokenizer(), system + "Q: 2+2?", 12), collect(b)));
+  b.wait();
+  EXPECT_EQ(a.finish->metrics.cached_tokens, 0);
+  const int64_t n_prompt = b.finish->metrics.prompt_tokens;
+  EXPECT_EQ(b.finish->metrics.cached_tokens, (n_prompt - 1) / 16 * 16);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_GT(eng.metrics().prefix_hit_blocks, 0);
+
+  cfg.enable_prefix_caching = false;
+  auto off = Engine::create(cfg);
+  ASSERT_TRUE(off.ok());
+  Collected c;
+  ASSERT_FALSE((*off)->submit(1, greedy(eng.tokenizer(), system + "Q: 2+2?", 12), collect(c)));
+  c.wait();
+  EXPECT_EQ(c.finish->metrics.cached_tokens, 0);
+  EXPECT_EQ(c.tokens, a.tokens);
+}
+
+// Quantised KV: a prompt's body blocks are cached in the body format, its sink/window blocks in
+// FP16. A repeat of the prompt hits every full block (FP16 where it needs FP16, body where body)
+// and reproduces the output exactly; a longer prompt that needs some of those FP16 blocks in the
+// body format quantises the cached FP16 copy (docs/serving.md "Prefix caching and quantised KV").
+TEST(Engine, PrefixCacheWithQuantisedBody) {
+  EngineConfig cfg = base_config();
+  cfg.kv.kv.dtype = "int8";
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "Line " + std::to_string(i) + " of the shared context. ";
+  const EngineRequest a = greedy(eng.tokenizer(), text, 12);
+  ASSERT_GT(a.prompt.size(), 300u);  // well past the 128-token window
+  Collected first, again, longer;
+  ASSERT_FALSE(eng.submit(1, a, collect(first)));
+  first.wait();
+  ASSERT_FALSE(eng.submit(2, a, collect(again)));
+  again.wait();
+  EXPECT_EQ(again.finish->metrics.cached_tokens,
+            static_cast<int64_t>((a.prompt.size() - 1) / 16 * 16));
+  EXPECT_EQ(again.tokens, first.tokens);
+
+  EngineRequest b = a;
+  const auto more = eng.tokenizer().encode(" And one more line that pushes the window on.");
+  b.prompt.insert(b.prompt.end(), more.begin(), more.end());
+  ASSERT_FALSE(eng.submit(3, b, collect(longer)));
+  longer.wait();
+  EXPECT_GE(longer.finish->metrics.cached_tokens, static_cast<int64_t>(a.prompt.size() / 16 * 16));
+  EXPECT_EQ(longer.finish->finish_reason, "length");
+  eng.wait_idle();
+  EXPECT_EQ(used_blocks(eng), 0);
+}
+
+// Every 4-bit regime under continuous batching with prefill chunks that do not fall on block
+// boundaries (per-channel keys need whole tiles): all requests finish, invariants hold after
+// every step, nothing leaks.
+TEST(Engine, QuantisedRegimesUnderBatchingWithOddChunks) {
+  for (const char* dtype : {"int4_asym", "int4_channel", "fp8_e4m3"}) {
+    EngineConfig cfg = base_config();
+    cfg.kv.kv.dtype = dtype;
+    cfg.kv.chunked_prefill_size = 24;
+    cfg.max_num_batched_tokens = 40;
+    auto e = Engine::create(cfg);
+    ASSERT_TRUE(e.ok()) << dtype << ": " << e.error();
+    Engine& eng = **e;
+    std::vector<std::unique_ptr<Collected>> cs;
+    for (int i = 0; i < 4; ++i) {
+      std::string text;
+      for (int j = 0; j < 20 + 15 * i; ++j) text += "word" + std::to_string(j * (i + 1)) + " ";
+      cs.push_back(std::make_unique<Collected>());
+      ASSERT_FALSE(eng.submit(i, greedy(eng.tokenizer(), text, 20), collect(*cs.back())));
+    }
+    for (auto& c : cs) {
+      c->wait();
+      EXPECT_EQ(c->finish->finish_reason, "length") << dtype << ": " << c->finish->error;
+    }
+    eng.wait_idle();
+    EXPECT_EQ(used_blocks(eng), 0) << dtype;
+  }
+}
+
+TEST(Engine, PreemptionUnderATightBudgetLosesNothing) {
+  EngineConfig cfg = base_config();
+  cfg.kv.max_model_len = 128;
+  cfg.kv.max_num_seqs = 8;
+  // 20 blocks of 16 tokens (23040 bytes per f16 token): 8 sequences of ~60 tokens need 32.
+  cfg.kv.kv_cache_memory = 20 * 16 * 23040ull;
+  cfg.enable_prefix_caching = false;
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.error();
+  auto [alone, together] = alone_and_together(**e, 52);
+  EXPECT_EQ(alone, together);
+  EXPECT_GT((*e)->metrics().preemptions, 0);
+  (*e)->wait_idle();
+  EXPECT_EQ(used_blocks(**e), 0);
+}
+
+TEST(Engine, CancelFreesBlocksAndRefusalsAreClear) {
+  EngineConfig cfg = base_config();
+  cfg.kv.max_num_seqs = 1;
+  cfg.max_queue = 1;
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  // A client that goes away after 3 tokens.
+  Collected gone;
+  RequestCallbacks cb = collect(gone);
+  auto inner = cb.on_token;
+  cb.on_token = [&gone, inner](const TokenEvent& ev) {
+    inner(ev);
+    std::lock_guard lk(gone.mu);
+    return gone.tokens.size() < 3;
+  };
+  ASSERT_FALSE(eng.submit(1, greedy(eng.tokenizer(), kPrompts[1], 200), cb));
+  gone.wait();
+  EXPECT_EQ(gone.finish->finish_reason, "cancelled");
+  EXPECT_EQ(gone.tokens.size(), 3u);
+
+  // Running + one queued fill the engine; the third is refused with kQueueFull.
+  Collected r1, r2, r3;
+  ASSERT_FALSE(eng.submit(2, greedy(eng.tokenizer(), kPrompts[2], 64), collect(r1)));
+  ASSERT_FALSE(eng.submit(3, greedy(eng.tokenizer(), kPrompts[3], 64), collect(r2)));
+  auto full = eng.submit(4, greedy(eng.tokenizer(), kPrompts[4], 64), collect(r3));
+  ASSERT_TRUE(full.has_value());
+  EXPECT_EQ(full->kind, SubmitError::kQueueFull);
+  eng.cancel(3);
+  eng.cancel(2);
+  r1.wait();
+  r2.wait();
+  EXPECT_EQ(r2.finish->finish_reason, "cancelled");
+
+  EngineRequest too_long = greedy(eng.tokenizer(), "x", 8);
+  too_long.prompt.assign(1024, too_long.prompt[0]);
+  auto tl = eng.submit(5, too_long, collect(r3));
+  ASSERT_TRUE(tl.has_value());
+  EXPECT_EQ(tl->kind, SubmitError::kTooLong);
+  EngineRequest bad = greedy(eng.tokenizer(), "x", 8);
+  bad.sampling.top_p = 1.5f;
+  auto bp = eng.submit(6, bad, collect(r3));
+  ASSERT_TRUE(bp.has_value());
+  EXPECT_EQ(bp->kind, SubmitError::kInvalid);
+  EXPECT_NE(bp->message.find("top_p"), std::string::npos);
+  eng.wait_idle();
+  EXPECT_EQ(used_blocks(eng), 0);
+  EXPECT_GE(eng.metrics().admission_refusals, 3);
+}
+
+TEST(Engine, StopStringsEndGenerationBeforeTheMatch) {
+  auto e = Engine::create(base_config());
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  Collected free_run;
+  ASSERT_FALSE(eng.submit(1, greedy(eng.tokenizer(), kPrompts[0], 16), collect(free_run)));
+  free_run.wait();
+  const std::string full = free_run.text;
+  ASSERT_GT(full.size(), 6u);
+  const std::string stop = full.substr(4, 3);
+  EngineRequest r = greedy(eng.tokenizer(), kPrompts[0], 16);
+  r.stop = {stop};
+  Collected c;
+  ASSERT_FALSE(eng.submit(2, r, collect(c)));
+  c.wait();
+  EXPECT_EQ(c.finish->finish_reason, "stop");
+  EXPECT_EQ(c.text, full.substr(0, full.find(stop)));
+}
+
+TEST(Engine, ShutdownFinishesRunningRequests) {
+  auto e = Engine::create(base_config());
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  Collected c;
+  ASSERT_FALSE(eng.submit(1, greedy(eng.tokenizer(), kPrompts[0], 8), collect(c)));
+  eng.shutdown(true);
+  ASSERT_TRUE(c.finish.has_value());
+  EXPECT_NE(c.finish->finish_reason, "error");
+  auto late = eng.submit(2, greedy(eng.tokenizer(), kPrompts[0], 8), collect(c));
+  ASSERT_TRUE(late.has_value());
+  EXPECT_EQ(late->kind, SubmitError::kShuttingDown);
 }
 
 }  // namespace

@@ -159,8 +159,8 @@ int bench(const BenchArgs& a) {
       c.kv_bytes_at_depth = kv_held_bytes(kv);
       const std::vector<int32_t> test = random_tokens(c.n);
       const auto t0 = clock::now();
-      const Status s =
-          prefill(m, kv, pool, test, c.decode ? 1 : base->chunked_prefill_size, align, logits);
+      const Status s = prefill(m, kv, pool, test, c.decode ? 1 : base->chunked_prefill_size, align,
+                               logits, c.decode ? MatmulPath::kDecode : MatmulPath::kPrefill);
       const double sec = std::chrono::duration<double>(clock::now() - t0).count();
       if (!s) return fail(kExitFailure, s.error());
       c.tps.push_back(c.n / sec);

@@ -165,6 +165,7 @@ Status EngineImpl::init(const EngineConfig& cfg) {
   if (!g) return Error{g.error()};
   KvEngineOptions plan_opts = o;
   plan_opts.chunked_prefill_size = batched;  // the workspace holds one step's tokens
+  plan_opts.require_all_seqs = false;
   auto rep = plan_kv_setup(*g, model_->weight_bytes(), model_->hparams().n_ctx_train, plan_opts);
   if (!rep) return Error{rep.error()};
   report_ = std::move(rep).value();
@@ -368,6 +369,10 @@ void EngineImpl::step() {
     }
     return;
   }
+  // Decode chunks first: their rows form one run of matrix-vector kernels.
+  std::stable_partition(out.scheduled.begin(), out.scheduled.end(), [](const ScheduledSeq& sc) {
+    return sc.seq->computed >= sc.seq->n_prompt;
+  });
   const auto now = Clock::now();
   std::vector<SequenceKv> views;
   std::vector<BatchSequence> batch;
@@ -386,6 +391,7 @@ void EngineImpl::step() {
                                                           static_cast<size_t>(sc.n_tokens));
     b.kv = &views.back();
     b.logits = sc.sample ? BatchSequence::Logits::kLast : BatchSequence::Logits::kNone;
+    b.decode_from = std::max<int64_t>(0, s.n_prompt - s.computed);
     batch.push_back(b);
     if (s.computed < s.n_prompt) {
       m_.computed_prompt_tokens += std::min(sc.n_tokens, s.n_prompt - s.computed);
@@ -401,6 +407,14 @@ void EngineImpl::step() {
   if (Status st = sched_->commit(out); !st) {
     for (const ScheduledSeq& sc : out.scheduled) finish(*reqs_.at(sc.seq->id), "error", st.error());
     return;
+  }
+  if (cfg_.check_integrity) {
+    if (Status st = sched_->check_integrity(); !st) {
+      std::vector<Request*> all;
+      for (auto& [sid, r] : reqs_) all.push_back(r.get());
+      for (Request* r : all) finish(*r, "error", "integrity check failed: " + st.error());
+      return;
+    }
   }
   const auto n_vocab = static_cast<size_t>(info_.n_vocab);
   size_t row = 0;

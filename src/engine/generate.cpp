@@ -17,7 +17,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 Status prefill(Model& model, KvCache& kv, ThreadPool& pool, std::span<const int32_t> prompt,
-               int64_t chunk, int64_t align, std::vector<float>& logits) {
+               int64_t chunk, int64_t align, std::vector<float>& logits, MatmulPath path) {
   if (prompt.empty()) return Error{"the prompt is empty (it must contain at least one token)"};
   if (chunk <= 0 || align <= 0) return Error{"prefill chunk and alignment must be > 0"};
   if (!kv.can_append(static_cast<int64_t>(prompt.size()))) {
@@ -27,7 +27,9 @@ Status prefill(Model& model, KvCache& kv, ThreadPool& pool, std::span<const int3
   for (size_t off = 0; off < prompt.size();) {
     const auto len = static_cast<size_t>(
         prefill_chunk_len(kv.n_tokens(), static_cast<int64_t>(prompt.size() - off), chunk, align));
-    if (Status s = model.forward(prompt.subspan(off, len), kv, pool, logits); !s) return s;
+    ForwardOptions fo;
+    fo.path = path;
+    if (Status s = model.forward(prompt.subspan(off, len), kv, pool, logits, fo); !s) return s;
     off += len;
   }
   return {};
@@ -90,7 +92,9 @@ Result<GenerationStats> generate(Model& model, KvCache& kv, ThreadPool& pool,
       break;
     }
     const int32_t one[1] = {tok};
-    if (Status s = model.forward(one, kv, pool, logits); !s) return Error{s.error()};
+    ForwardOptions fo;
+    fo.path = MatmulPath::kDecode;
+    if (Status s = model.forward(one, kv, pool, logits, fo); !s) return Error{s.error()};
   }
   stats.decode_seconds = seconds_since(t1);
   return stats;

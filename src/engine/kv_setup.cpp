@@ -126,7 +126,7 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
   r.max_concurrency = r.seq_bytes > 0 ? static_cast<int64_t>(r.kv_budget_bytes / r.seq_bytes) : 0;
   r.tokens_fit =
       planner::kv_max_tokens(g, r.layout, r.kv_budget_bytes, 1, planner::kMaxPlanContext);
-  if (r.max_concurrency < r.max_num_seqs) {
+  if (r.max_concurrency < (o.require_all_seqs ? r.max_num_seqs : 1)) {
     return Error{fmt::format(
         "the KV budget {} holds {} of the {} sequence(s) of --max-model-len {} asked for at {} "
         "(one needs {}; {} tokens fit); lower --max-model-len or the KV dtype, or raise {}",
@@ -145,12 +145,23 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
   r.body_block_bytes = p.body_block_bytes;
   r.fp16_blocks = p.fp16_blocks;
   r.body_blocks = p.body_blocks;
-  if (r.explicit_kv_memory) {
+  if (r.explicit_kv_memory || want.total_bytes() > r.kv_budget_bytes) {
     // Fill the given bytes: FP16 blocks for every sequence of max_model_len that fits, the rest
     // as body blocks (an unmixed layout has only body blocks).
+    // (The serving engine keeps FP16 sink/window blocks for every running sequence when the
+    // budget allows: short sequences live wholly in FP16.)
     const planner::KvPoolPlan all =
         planner::kv_pool_plan(g, r.layout, r.max_model_len, r.max_concurrency);
     r.fp16_blocks = all.groups[0].fp16_blocks;
+    if (!o.require_all_seqs && r.max_num_seqs > r.max_concurrency) {
+      const planner::KvGroupPool one =
+          planner::kv_pool_plan(g, r.layout, r.max_model_len, 1).groups[0];
+      const int64_t want16 = one.fp16_blocks * r.max_num_seqs;
+      const uint64_t body_one = static_cast<uint64_t>(one.body_blocks) * r.body_block_bytes;
+      if (static_cast<uint64_t>(want16) * r.fp16_block_bytes + body_one <= r.kv_budget_bytes) {
+        r.fp16_blocks = want16;
+      }
+    }
     const uint64_t fp16_total = static_cast<uint64_t>(r.fp16_blocks) * r.fp16_block_bytes;
     r.body_blocks =
         r.body_block_bytes > 0

@@ -91,6 +91,24 @@ class LlamaModel final : public Model {
   std::vector<int64_t> seq_row_;   // [n_seq] first activation row of each sequence
   std::vector<int64_t> seq_pos_;   // [n_seq] first position of each sequence
   std::vector<int64_t> out_rows_;  // activation rows that get logits, in output order
+  struct Segment {
+    int64_t row0, n;
+    MatmulPath path;
+  };
+  std::vector<Segment> segments_;  // consecutive rows sharing a matmul path
+
+  [[nodiscard]] MatmulPath path_of(int64_t row) const {
+    for (const Segment& sg : segments_) {
+      if (row >= sg.row0 && row < sg.row0 + sg.n) return sg.path;
+    }
+    return MatmulPath::kAuto;
+  }
+  // y[rows] = W x[rows], one matmul per segment (each with its own kernel path).
+  void mm(const WeightView& w, const float* x, float* y, ThreadPool& pool) {
+    for (const Segment& sg : segments_) {
+      matmul(w, x + sg.row0 * w.n_in, sg.n, y + sg.row0 * w.n_out, pool, mm_, sg.path);
+    }
+  }
 };
 
 void LlamaModel::read_hparams(Binder& b) {
@@ -225,12 +243,29 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
   tok_.resize(static_cast<size_t>(n));
   pos_.resize(static_cast<size_t>(n));
   out_rows_.clear();
+  segments_.clear();
+  const auto add_rows = [&](int64_t row0, int64_t cnt, MatmulPath path) {
+    if (cnt <= 0) return;
+    if (!segments_.empty() && segments_.back().path == path &&
+        segments_.back().row0 + segments_.back().n == row0) {
+      segments_.back().n += cnt;
+    } else {
+      segments_.push_back({row0, cnt, path});
+    }
+  };
   int64_t row = 0;
   for (size_t s = 0; s < n_seq; ++s) {
     const BatchSequence& bs = seqs[s];
     const auto ns = static_cast<int64_t>(bs.tokens.size());
     seq_row_[s] = row;
     seq_pos_[s] = bs.kv->n_tokens();
+    if (bs.decode_from < 0) {
+      add_rows(row, ns, bs.path);
+    } else {
+      const int64_t np = std::min(bs.decode_from, ns);
+      add_rows(row, np, MatmulPath::kPrefill);
+      add_rows(row + np, ns - np, MatmulPath::kDecode);
+    }
     for (int64_t i = 0; i < ns; ++i) {
       tok_[static_cast<size_t>(row + i)] = bs.tokens[static_cast<size_t>(i)];
       pos_[static_cast<size_t>(row + i)] = seq_pos_[s] + i;
@@ -267,9 +302,9 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
       ops::rms_norm(x_.data() + i * n_embd, l.attn_norm, xn_.data() + i * n_embd, n_embd,
                     hp.rms_eps);
     });
-    matmul(l.wq, xn_.data(), n, q_.data(), pool, mm_);
-    matmul(l.wk, xn_.data(), n, k_.data(), pool, mm_);
-    matmul(l.wv, xn_.data(), n, v_.data(), pool, mm_);
+    mm(l.wq, xn_.data(), q_.data(), pool);
+    mm(l.wk, xn_.data(), k_.data(), pool);
+    mm(l.wv, xn_.data(), v_.data(), pool);
     for_each_token(pool, n, [&](int64_t i) {
       float* q = q_.data() + i * q_dim;
       float* k = k_.data() + i * kv_dim;
@@ -290,18 +325,18 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
       kv.attend(il, seq_pos_[sq], ns, q_.data() + r0 * q_dim, hp.n_head, attn_scale,
                 attn_.data() + r0 * q_dim, pool);
     }
-    matmul(l.wo, attn_.data(), n, proj_.data(), pool, mm_);
+    mm(l.wo, attn_.data(), proj_.data(), pool);
     for_each_token(pool, n, [&](int64_t i) {
       float* x = x_.data() + i * n_embd;
       ops::add_inplace(x, proj_.data() + i * n_embd, n_embd);
       ops::rms_norm(x, l.ffn_norm, xn_.data() + i * n_embd, n_embd, hp.rms_eps);
     });
-    matmul(l.w_gate, xn_.data(), n, gate_.data(), pool, mm_);
-    matmul(l.w_up, xn_.data(), n, up_.data(), pool, mm_);
+    mm(l.w_gate, xn_.data(), gate_.data(), pool);
+    mm(l.w_up, xn_.data(), up_.data(), pool);
     for_each_token(pool, n, [&](int64_t i) {
       ops::silu_mul_inplace(gate_.data() + i * n_ff, up_.data() + i * n_ff, n_ff);
     });
-    matmul(l.w_down, gate_.data(), n, proj_.data(), pool, mm_);
+    mm(l.w_down, gate_.data(), proj_.data(), pool);
     for_each_token(pool, n, [&](int64_t i) {
       ops::add_inplace(x_.data() + i * n_embd, proj_.data() + i * n_embd, n_embd);
     });
@@ -317,7 +352,15 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
                   xn_.data() + i * n_embd, n_embd, hp.rms_eps);
   });
   logits.resize(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab));
-  matmul(output_, xn_.data(), n_out, logits.data(), pool, mm_);
+  // Each logits row with its token's kernel path (runs of equal paths in one call).
+  for (int64_t i = 0; i < n_out;) {
+    const MatmulPath path = path_of(out_rows_[static_cast<size_t>(i)]);
+    int64_t j = i + 1;
+    while (j < n_out && path_of(out_rows_[static_cast<size_t>(j)]) == path) ++j;
+    matmul(output_, xn_.data() + i * n_embd, j - i, logits.data() + i * hp.n_vocab, pool, mm_,
+           path);
+    i = j;
+  }
   return {};
 }
 

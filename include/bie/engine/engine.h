@@ -33,6 +33,9 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 0;
   bool enable_prefix_caching = true;
   int64_t max_queue = 256;  // requests waiting for admission before submit() refuses (429)
+  // Verify the scheduler's and the block manager's invariants after every step (tests, debug
+  // runs); a violation ends every request with an error naming it.
+  bool check_integrity = false;
 };
 
 // Why a request's submission was refused (maps onto an HTTP status).

@@ -37,9 +37,11 @@ struct GenerateRequest {
 // Runs `prompt` through `model` into `kv` in forwards cut by prefill_chunk_len(chunk, align);
 // `logits` holds the last token's logits afterwards. Errors on an empty prompt or one that does
 // not fit in the cache.
+// `path`: the matmul kernels (kPrefill for prompts; kDecode to time decode steps).
 [[nodiscard]] Status prefill(Model& model, KvCache& kv, ThreadPool& pool,
                              std::span<const int32_t> prompt, int64_t chunk, int64_t align,
-                             std::vector<float>& logits);
+                             std::vector<float>& logits,
+                             MatmulPath path = MatmulPath::kPrefill);
 
 struct GenerationStats {
   int64_t n_prompt = 0;

@@ -30,6 +30,10 @@ struct KvEngineOptions {
   // at max_model_len x max_num_seqs); the device budget below is then not consulted.
   std::optional<uint64_t> kv_cache_memory;
   double gpu_memory_utilization = 0.9;    // share of device memory the engine may use
+  // true (one-sequence tools): the budget must hold max_num_seqs sequences of max_model_len.
+  // false (the serving engine): one must fit; more sequences share the pools, admitted by free
+  // blocks, and max_num_seqs only caps how many run at once.
+  bool require_all_seqs = true;
   std::optional<uint64_t> device_memory;  // default: physical RAM (MemTotal)
 };
 

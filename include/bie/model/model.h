@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bie/backend/matmul.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/common/result.h"
 #include "bie/gguf/gguf_file.h"
@@ -47,6 +48,9 @@ struct ModelHParams {
 
 struct ForwardOptions {
   bool logits_all = false;  // logits for every token of the batch, not only the last
+  // The kernels the tokens' matmuls use (see MatmulPath): generation names kPrefill for prompt
+  // tokens and kDecode for generated ones, so results do not depend on how tokens are batched.
+  MatmulPath path = MatmulPath::kAuto;
 };
 
 // One sequence's part of a batched forward pass: `tokens` run at positions
@@ -56,6 +60,10 @@ struct BatchSequence {
   std::span<const int32_t> tokens;
   KvCache* kv = nullptr;
   Logits logits = Logits::kLast;
+  // Tokens [0, decode_from) are prompt tokens (MatmulPath::kPrefill), the rest generated ones
+  // (kDecode); -1 with `path` below for all of them.
+  int64_t decode_from = -1;
+  MatmulPath path = MatmulPath::kAuto;  // used when decode_from < 0
 };
 
 class Model {

@@ -95,80 +95,83 @@ void MatmulScratch::reserve(size_t activation_bytes, int n_threads, size_t panel
   }
 }
 
-void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
-            MatmulScratch& scratch) {
-  if (n_tokens <= 0 || w.n_out <= 0) return;
-  const quant::TypeTraits* tr = quant::traits(w.type);
-  assert(tr != nullptr && tr->vec_dot != nullptr);
-  assert(w.n_in % tr->block_size == 0);
-  assert(w.row_bytes >= quant::row_size(w.type, w.n_in));
+namespace {
+
+// Matrix-vector kernels for 1 <= n_tokens <= kMaxMatvecTokens. False if the type has none.
+bool matvec_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+                 MatmulScratch& scratch) {
+  if (!has_avx2() || n_tokens > cpu::kMaxMatvecTokens) return false;
+  const cpu::MatvecPlan plan = cpu::avx2_matvec_plan(w.type, w.n_in);
+  if (!plan.supported) return false;
   const int nth = pool.size();
-
-  if (has_avx2() && n_tokens <= cpu::kMaxMatvecTokens) {
-    const cpu::MatvecPlan plan = cpu::avx2_matvec_plan(w.type, w.n_in);
-    if (plan.supported) {
-      auto* acts = static_cast<uint8_t*>(
-          scratch.activations(plan.act_row_bytes * static_cast<size_t>(n_tokens)));
-      // A few rows of n_in values: not worth waking the pool.
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        cpu::avx2_matvec_prepare(w.type, w.n_in, x + t * w.n_in,
-                                 acts + static_cast<size_t>(t) * plan.act_row_bytes);
-      }
-      struct Job {
-        const WeightView* w;
-        const uint8_t* acts;
-        size_t act_row_bytes;
-        int64_t n_tokens;
-        float* y;
-        int64_t chunk_rows;
-        std::atomic<int64_t> next;
-      } job{&w, acts, plan.act_row_bytes, n_tokens, y, matvec_chunk_rows(w, nth), {0}};
-      Job* jp = &job;
-      pool.run_on_all([jp](int, int) {
-        // Threads take contiguous chunks of rows as they come free, so a thread slowed by
-        // another process does not hold the whole step back.
-        for (;;) {
-          const int64_t r0 = jp->next.fetch_add(jp->chunk_rows, std::memory_order_relaxed);
-          if (r0 >= jp->w->n_out) break;
-          const int64_t r1 = std::min(jp->w->n_out, r0 + jp->chunk_rows);
-          cpu::avx2_matvec_rows(*jp->w, jp->acts, jp->act_row_bytes, jp->n_tokens, r0, r1, jp->y);
-        }
-      });
-      return;
-    }
+  auto* acts = static_cast<uint8_t*>(
+      scratch.activations(plan.act_row_bytes * static_cast<size_t>(n_tokens)));
+  // A few rows of n_in values: not worth waking the pool.
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    cpu::avx2_matvec_prepare(w.type, w.n_in, x + t * w.n_in,
+                             acts + static_cast<size_t>(t) * plan.act_row_bytes);
   }
-
-  if (has_avx2() && n_tokens >= kMinTileTokens) {
-    const cpu::TilePlan plan = cpu::avx2_tile_plan(w.type, w.n_in);
-    if (plan.supported) {
-      scratch.reserve(plan.act_row_bytes * static_cast<size_t>(n_tokens), nth, plan.panel_bytes);
-      auto* acts = static_cast<uint8_t*>(scratch.activations(0));
-      struct Job {
-        const WeightView* w;
-        const float* x;
-        int64_t n_tokens;
-        float* y;
-        MatmulScratch* scratch;
-        cpu::TilePlan plan;
-        uint8_t* acts;
-      } job{&w, x, n_tokens, y, &scratch, plan, acts};
-      const Job* jp = &job;
-      pool.run_on_all([jp](int ith, int nt) {
-        const auto [t0, t1] = split(jp->n_tokens, 1, ith, nt);
-        if (t0 < t1) cpu::avx2_prepare_acts(jp->w->type, jp->w->n_in, jp->x, t0, t1, jp->acts);
-      });
-      pool.run_on_all([jp](int ith, int nt) {
-        const auto [r0, r1] = split(jp->w->n_out, jp->plan.rows_per_panel, ith, nt);
-        if (r0 >= r1) return;
-        auto* panel = static_cast<uint8_t*>(jp->scratch->panel(ith, 0));
-        cpu::avx2_tile_rows(*jp->w, jp->acts, jp->plan.act_row_bytes, jp->n_tokens, r0, r1, jp->y,
-                            panel);
-      });
-      return;
+  struct Job {
+    const WeightView* w;
+    const uint8_t* acts;
+    size_t act_row_bytes;
+    int64_t n_tokens;
+    float* y;
+    int64_t chunk_rows;
+    std::atomic<int64_t> next;
+  } job{&w, acts, plan.act_row_bytes, n_tokens, y, matvec_chunk_rows(w, nth), {0}};
+  Job* jp = &job;
+  pool.run_on_all([jp](int, int) {
+    // Threads take contiguous chunks of rows as they come free, so a thread slowed by
+    // another process does not hold the whole step back.
+    for (;;) {
+      const int64_t r0 = jp->next.fetch_add(jp->chunk_rows, std::memory_order_relaxed);
+      if (r0 >= jp->w->n_out) break;
+      const int64_t r1 = std::min(jp->w->n_out, r0 + jp->chunk_rows);
+      cpu::avx2_matvec_rows(*jp->w, jp->acts, jp->act_row_bytes, jp->n_tokens, r0, r1, jp->y);
     }
-  }
+  });
+  return true;
+}
 
-  // Row-by-row path: activations in vec_dot_type, one vec_dot per (row, token).
+// Tiled kernels (weight panels repacked per call). False if the type has none.
+bool tile_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+               MatmulScratch& scratch) {
+  if (!has_avx2()) return false;
+  const cpu::TilePlan plan = cpu::avx2_tile_plan(w.type, w.n_in);
+  if (!plan.supported) return false;
+  const int nth = pool.size();
+  scratch.reserve(plan.act_row_bytes * static_cast<size_t>(n_tokens), nth, plan.panel_bytes);
+  auto* acts = static_cast<uint8_t*>(scratch.activations(0));
+  struct Job {
+    const WeightView* w;
+    const float* x;
+    int64_t n_tokens;
+    float* y;
+    MatmulScratch* scratch;
+    cpu::TilePlan plan;
+    uint8_t* acts;
+  } job{&w, x, n_tokens, y, &scratch, plan, acts};
+  const Job* jp = &job;
+  pool.run_on_all([jp](int ith, int nt) {
+    const auto [t0, t1] = split(jp->n_tokens, 1, ith, nt);
+    if (t0 < t1) cpu::avx2_prepare_acts(jp->w->type, jp->w->n_in, jp->x, t0, t1, jp->acts);
+  });
+  pool.run_on_all([jp](int ith, int nt) {
+    const auto [r0, r1] = split(jp->w->n_out, jp->plan.rows_per_panel, ith, nt);
+    if (r0 >= r1) return;
+    auto* panel = static_cast<uint8_t*>(jp->scratch->panel(ith, 0));
+    cpu::avx2_tile_rows(*jp->w, jp->acts, jp->plan.act_row_bytes, jp->n_tokens, r0, r1, jp->y,
+                        panel);
+  });
+  return true;
+}
+
+// Row-by-row path: activations in vec_dot_type, one vec_dot per (row, token). Every token's
+// sums are independent of n_tokens.
+void row_dot_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+                  MatmulScratch& scratch) {
+  const quant::TypeTraits* tr = quant::traits(w.type);
   const quant::TypeTraits* at = quant::traits(tr->vec_dot_type);
   const size_t act_row_bytes = quant::row_size(tr->vec_dot_type, w.n_in);
   const uint8_t* acts = reinterpret_cast<const uint8_t*>(x);
@@ -203,6 +206,36 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
     const auto [r0, r1] = split(jp->w->n_out, kRowChunk, ith, nt);
     if (r0 < r1) row_dot_range(*jp, r0, r1);
   });
+}
+
+}  // namespace
+
+void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+            MatmulScratch& scratch, MatmulPath path) {
+  if (n_tokens <= 0 || w.n_out <= 0) return;
+  [[maybe_unused]] const quant::TypeTraits* tr = quant::traits(w.type);
+  assert(tr != nullptr && tr->vec_dot != nullptr);
+  assert(w.n_in % tr->block_size == 0);
+  assert(w.row_bytes >= quant::row_size(w.type, w.n_in));
+  switch (path) {
+    case MatmulPath::kDecode:
+      if (has_avx2() && cpu::avx2_matvec_plan(w.type, w.n_in).supported) {
+        for (int64_t t = 0; t < n_tokens; t += cpu::kMaxMatvecTokens) {
+          const int64_t nt = std::min<int64_t>(cpu::kMaxMatvecTokens, n_tokens - t);
+          (void)matvec_path(w, x + t * w.n_in, nt, y + t * w.n_out, pool, scratch);
+        }
+        return;
+      }
+      break;
+    case MatmulPath::kPrefill:
+      if (tile_path(w, x, n_tokens, y, pool, scratch)) return;
+      break;
+    case MatmulPath::kAuto:
+      if (matvec_path(w, x, n_tokens, y, pool, scratch)) return;
+      if (n_tokens >= kMinTileTokens && tile_path(w, x, n_tokens, y, pool, scratch)) return;
+      break;
+  }
+  row_dot_path(w, x, n_tokens, y, pool, scratch);
 }
 
 }  // namespace bie
