@@ -106,8 +106,8 @@ class EngineConfig:
         paged_block_size: tokens per KV block.
         enable_prefix_caching: share identical prompt prefixes between requests.
         chunked_prefill_size: prompt tokens per forward pass (bounds activation memory).
-        max_num_seqs: sequences run at once (the KV budget must hold this many of max_model_len);
-            None = as many as the budget holds, up to 8.
+        max_num_seqs: sequences run at once (they share the KV pools, admitted by free blocks;
+            the budget must hold at least one sequence of max_model_len).
         max_num_batched_tokens: tokens one engine step may schedule; 0 = automatic.
         gpu_memory_utilization: share of device memory the engine may use, in (0, 1].
         device_memory: device memory in bytes or as a size ("16GiB"); None = physical RAM.
@@ -117,6 +117,8 @@ class EngineConfig:
             available yet: values > 0 raise ValueError).
         kv_rotate: Hadamard-rotate K and Q; None = on for int4_asym keys.
         max_queue: requests waiting for admission before submission is refused.
+        check_integrity: verify the scheduler's and KV block manager's invariants after every
+            step (slow; for tests and debugging).
     """
 
     model: str = "default"
@@ -130,7 +132,7 @@ class EngineConfig:
     paged_block_size: int = 16
     enable_prefix_caching: bool = True
     chunked_prefill_size: int = 512
-    max_num_seqs: Optional[int] = None
+    max_num_seqs: int = 8
     max_num_batched_tokens: int = 0
     gpu_memory_utilization: float = 0.90
     device_memory: Optional[Union[int, str]] = None
@@ -139,6 +141,7 @@ class EngineConfig:
     speculative_draft_tokens: int = 0
     kv_rotate: Optional[bool] = None
     max_queue: int = 256
+    check_integrity: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -167,8 +170,7 @@ class EngineConfig:
                 f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}"
             )
         _check_int("chunked_prefill_size", self.chunked_prefill_size, 1, 8192)
-        if self.max_num_seqs is not None:
-            _check_int("max_num_seqs", self.max_num_seqs, 1, 1 << 16)
+        _check_int("max_num_seqs", self.max_num_seqs, 1, 1 << 16)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 0)
         u = self.gpu_memory_utilization
         if not _is_number(u) or not 0.0 < u <= 1.0:
@@ -185,6 +187,8 @@ class EngineConfig:
         if self.kv_rotate is not None and not isinstance(self.kv_rotate, bool):
             raise ValueError(f"kv_rotate must be True, False or None, got {self.kv_rotate!r}")
         _check_int("max_queue", self.max_queue, 1)
+        if not isinstance(self.check_integrity, bool):
+            raise ValueError(f"check_integrity must be True or False, got {self.check_integrity!r}")
 
     def to_dict(self) -> Dict[str, Any]:
         """The fields as a plain dict."""
@@ -392,7 +396,8 @@ class BieEngine:
 
         Raises:
             ValueError: a bad config value, or a model file that does not exist.
-            BieOutOfMemory: the weights, workspace or max_num_seqs x max_model_len KV do not fit.
+            BieOutOfMemory: the weights and workspace, or one sequence of max_model_len, do not
+                fit the budget.
             RuntimeError: the model cannot be loaded.
         """
         if config is None:

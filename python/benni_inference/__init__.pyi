@@ -19,7 +19,7 @@ class EngineConfig:
     paged_block_size: int = 16
     enable_prefix_caching: bool = True
     chunked_prefill_size: int = 512
-    max_num_seqs: Optional[int] = None
+    max_num_seqs: int = 8
     max_num_batched_tokens: int = 0
     gpu_memory_utilization: float = 0.90
     device_memory: Optional[Union[int, str]] = None
@@ -28,6 +28,7 @@ class EngineConfig:
     speculative_draft_tokens: int = 0
     kv_rotate: Optional[bool] = None
     max_queue: int = 256
+    check_integrity: bool = False
     def validate(self) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
 

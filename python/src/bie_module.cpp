@@ -8,7 +8,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -23,9 +22,7 @@
 #include "bie/engine/engine.h"
 #include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
-#include "bie/gguf/gguf_file.h"
 #include "bie/planner/kv_layout_flags.h"
-#include "bie/planner/model_geometry.h"
 #include "bie/tokenizer/chat_template.h"
 #include "bie/tokenizer/tokenizer.h"
 
@@ -62,23 +59,6 @@ std::optional<uint64_t> byte_size(const py::dict& d, const char* key) {
   return *b;
 }
 
-// max_num_seqs=None: as many sequences of max_model_len as the budget holds, at most
-// kAutoMaxNumSeqs, at least 1 (Engine::create then reports a budget that cannot hold one).
-constexpr int64_t kAutoMaxNumSeqs = 8;
-
-int64_t auto_max_num_seqs(const std::string& path, KvEngineOptions opts) {
-  auto file = gguf::GgufFile::open(path);
-  if (!file) return 1;
-  auto g = planner::geometry_from_gguf(**file);
-  if (!g) return 1;
-  uint64_t weights = 0;
-  for (const gguf::TensorInfo& t : (*file)->tensors()) weights += t.n_bytes;
-  opts.max_num_seqs = 1;
-  auto r = plan_kv_setup(*g, weights, g->n_ctx_train, opts);
-  if (!r) return 1;
-  return std::clamp<int64_t>(r->max_concurrency, 1, kAutoMaxNumSeqs);
-}
-
 EngineConfig engine_config_from(const py::dict& d) {
   EngineConfig c;
   c.model = get_or<std::string>(d, "model", "default");
@@ -92,7 +72,7 @@ EngineConfig engine_config_from(const py::dict& d) {
   f.window_tokens = get_or<int>(d, "kv_window_tokens", f.window_tokens);
   if (d.contains("kv_rotate") && !d["kv_rotate"].is_none()) f.rotate = d["kv_rotate"].cast<bool>();
   c.kv.max_model_len = get_or<int64_t>(d, "max_model_len", 0);
-  c.kv.max_num_seqs = get_or<int64_t>(d, "max_num_seqs", 0);
+  c.kv.max_num_seqs = get_or<int64_t>(d, "max_num_seqs", c.kv.max_num_seqs);
   c.kv.chunked_prefill_size = get_or<int64_t>(d, "chunked_prefill_size", c.kv.chunked_prefill_size);
   c.kv.gpu_memory_utilization =
       get_or<double>(d, "gpu_memory_utilization", c.kv.gpu_memory_utilization);
@@ -102,12 +82,11 @@ EngineConfig engine_config_from(const py::dict& d) {
   c.max_num_batched_tokens = get_or<int64_t>(d, "max_num_batched_tokens", 0);
   c.enable_prefix_caching = get_or<bool>(d, "enable_prefix_caching", true);
   c.max_queue = get_or<int64_t>(d, "max_queue", c.max_queue);
+  c.check_integrity = get_or<bool>(d, "check_integrity", false);
 
   // Argument errors the engine would only report as a failed start: name them as ValueError.
   if (auto layout = planner::resolve_kv_layout(f); !layout) throw py::value_error(layout.error());
-  auto path = resolve_model_path(c.model);
-  if (!path) throw py::value_error(path.error());
-  if (c.kv.max_num_seqs <= 0) c.kv.max_num_seqs = auto_max_num_seqs(*path, c.kv);
+  if (auto path = resolve_model_path(c.model); !path) throw py::value_error(path.error());
   return c;
 }
 

@@ -25,7 +25,7 @@ def pytest_configure(config):
 
 def small_config(**overrides):
     """The default model with a small context so the tests stay quick on 2 cores."""
-    kw = dict(model="default", max_model_len=1024, max_num_seqs=8, threads=2)
+    kw = dict(model="default", max_model_len=1024, max_num_seqs=8, threads=2, check_integrity=True)
     kw.update(overrides)
     return bi.EngineConfig(**kw)
 

@@ -60,12 +60,6 @@ def test_batch_of_4_equals_4_single_calls(engine):
     assert [o.text for o in batch] == [o.text for o in singles]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine numerics: a decode step of more than 4 sequences runs the tiled GEMM "
-    "(src/backend/cpu/matmul.cpp, kMaxMatvecTokens = 4) whose sums are not bit-identical to the "
-    "one-token matvec, so greedy output flips on near ties; remove this mark once they agree",
-)
 def test_batch_of_8_equals_8_single_calls(engine):
     params = bi.SamplingParams(**GREEDY)
     batch = engine.generate(PROMPTS, params)
