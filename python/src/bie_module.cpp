@@ -463,23 +463,30 @@ class Stream {
   // The next text piece; StopIteration at the end.
   std::string next() {
     for (;;) {
+      std::optional<std::string> piece;
+      bool finished = false;
       {
         py::gil_scoped_release nogil;
         std::unique_lock lk(batch_->mu);
         Output& o = batch_->outs[0];
         batch_->cv.wait_for(lk, kSignalPoll, [&] { return !o.pending.empty() || o.finished; });
         if (!o.pending.empty()) {
-          std::string piece = std::move(o.pending.front());
+          piece = std::move(o.pending.front());
           o.pending.pop_front();
-          return piece;
+        } else {
+          finished = o.finished;
         }
-        if (o.finished) {
-          if (o.finish.finish_reason == "error" && !reported_error_) {
-            reported_error_ = true;
-            throw std::runtime_error(o.finish.error);
-          }
-          throw py::stop_iteration();
+      }
+      // Exceptions are raised with the GIL held.
+      if (piece) return std::move(*piece);
+      if (finished) {
+        std::lock_guard lk(batch_->mu);
+        const FinishEvent& f = batch_->outs[0].finish;
+        if (f.finish_reason == "error" && !reported_error_) {
+          reported_error_ = true;
+          throw std::runtime_error(f.error);
         }
+        throw py::stop_iteration();
       }
       if (PyErr_CheckSignals() != 0) {
         cancel();

@@ -164,3 +164,18 @@ def test_quantised_kv_regime_is_reported():
         assert "int4_asym" in out.metrics.kv_regime
         assert e.plan()["kv_regime"] == out.metrics.kv_regime
         assert out.text
+
+
+def test_logprobs_are_returned_when_asked(engine):
+    out = engine.generate(
+        "The capital of France is", bi.SamplingParams(temperature=0.0, max_tokens=6, logprobs=3)
+    )[0]
+    assert len(out.logprobs) == len(out.token_ids)
+    assert all(lp <= 0.0 for lp in out.logprobs)
+    assert len(out.top_logprobs) == len(out.token_ids)
+    for chosen, lp, alts in zip(out.token_ids, out.logprobs, out.top_logprobs):
+        assert len(alts) == 3
+        assert alts[0][0] == chosen  # greedy: the chosen token is the best alternative
+        assert alts[0][1] == pytest.approx(lp)
+    plain = engine.generate("The capital of France is", bi.SamplingParams(temperature=0.0, max_tokens=6))[0]
+    assert plain.logprobs is None and plain.token_ids == out.token_ids
