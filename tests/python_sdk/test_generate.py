@@ -179,3 +179,15 @@ def test_logprobs_are_returned_when_asked(engine):
         assert alts[0][1] == pytest.approx(lp)
     plain = engine.generate("The capital of France is", bi.SamplingParams(temperature=0.0, max_tokens=6))[0]
     assert plain.logprobs is None and plain.token_ids == out.token_ids
+
+
+def test_prefix_cache_hits_show_in_metrics(engine):
+    system = "You are a terse assistant who answers questions about geography. " * 4
+    params = bi.SamplingParams(temperature=0.0, max_tokens=4)
+    first = engine.generate(system + "Question: the capital of Spain?", params)[0]
+    second = engine.generate(system + "Question: the capital of Italy?", params)[0]
+    block = engine.plan()["block_size"]
+    assert first.metrics.prompt_tokens > 3 * block
+    assert second.metrics.cached_tokens >= 2 * block
+    assert second.metrics.cached_tokens % block == 0
+    assert second.metrics.cached_tokens < second.metrics.prompt_tokens
