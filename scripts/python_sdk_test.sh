@@ -5,7 +5,8 @@
 #   python_sdk_test.sh pip BUILD_DIR PYTHON     `pip install .` into a venv (the first time as a
 #                                               user would, later incrementally), then the example
 #                                               and the install checks against the installed package
-# Each mode keeps its venv in BUILD_DIR (.venv-sdk, .venv-sdk-pip); pytest comes from PyPI once.
+# Both use one venv, BUILD_DIR/.venv-sdk (pytest from PyPI once); in staged mode PYTHONPATH puts
+# the build tree's package ahead of the installed one.
 set -euo pipefail
 mode=$1
 build=$(cd "$2" && pwd)
@@ -13,7 +14,6 @@ py=${3:-python3}
 src=$(cd "$(dirname "$0")/.." && pwd)
 
 venv=$build/.venv-sdk
-[ "$mode" = pip ] && venv=$build/.venv-sdk-pip
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import pytest" 2>/dev/null; then
   rm -rf "$venv"
   "$py" -m venv "$venv"
@@ -25,6 +25,8 @@ case "$mode" in
   staged)
     export PYTHONPATH=$build/python
     cd "$src"
+    "$venv/bin/python" -c "import benni_inference, sys; f = benni_inference.__file__; \
+      sys.exit(0 if f.startswith('$build/python/') else 'staged tests would import ' + f)"
     exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python_sdk -m "not installed"
     ;;
   pip)
