@@ -20,7 +20,7 @@ import os
 import random
 import re
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _bie
 from ._bie import BieOutOfMemory

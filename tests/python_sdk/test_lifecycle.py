@@ -82,13 +82,13 @@ def test_close_while_another_thread_generates():
     e = bi.BieEngine(small_config())
     result = {}
 
-    def worker():
+    def worker(engine):
         try:
-            result["out"] = e.generate("Count slowly: 1, 2, 3,", LONG)
+            result["out"] = engine.generate("Count slowly: 1, 2, 3,", LONG)
         except Exception as ex:  # noqa: BLE001 - recorded for the assertion below
             result["err"] = ex
 
-    t = threading.Thread(target=worker)
+    t = threading.Thread(target=worker, args=(e,))
     t.start()
     time.sleep(0.5)
     e.close()
@@ -98,7 +98,7 @@ def test_close_while_another_thread_generates():
         assert result["out"][0].finish_reason == "cancelled"
     else:
         assert isinstance(result["err"], RuntimeError)
-    del e
+    del e, t
     assert thread_counts() == (py0, os0)
 
 
