@@ -500,18 +500,29 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
         zacc[r] = _mm256_fmadd_ps(pv, zz, zacc[r]);
       }
     }
+    if (j < rows) {
+      // The tail as one more 8-row step with zeros past `rows`: every row j lands in lane j % 8
+      // whatever `rows` is, so a query's sum does not depend on how many keys its tile sees
+      // (batch invariance; masked rows add exact zeros).
+      alignas(32) float pt[R][8] = {};
+      alignas(32) float zt[8] = {};
+      for (int jj = j; jj < rows; ++jj) {
+        const uint8_t* grp = tile + jj * rb + b * gb;
+        const float sc = f16c(grp);
+        zt[jj - j] = f16c(grp + 2);
+        BIE_UNROLL
+        for (int r = 0; r < R; ++r) {
+          w[r][jj] = p[r * ps + jj] * sc;
+          pt[r][jj - j] = p[r * ps + jj];
+        }
+      }
+      const __m256 zz = _mm256_load_ps(zt);
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) zacc[r] = _mm256_fmadd_ps(_mm256_load_ps(pt[r]), zz, zacc[r]);
+    }
     float zsum[R];
     BIE_UNROLL
     for (int r = 0; r < R; ++r) zsum[r] = hsum(zacc[r]);
-    for (; j < rows; ++j) {
-      const uint8_t* grp = tile + j * rb + b * gb;
-      const float sc = f16c(grp), zz = f16c(grp + 2);
-      BIE_UNROLL
-      for (int r = 0; r < R; ++r) {
-        w[r][j] = p[r * ps + j] * sc;
-        zsum[r] += p[r * ps + j] * zz;
-      }
-    }
     BIE_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 z = _mm256_set1_ps(zsum[r]);

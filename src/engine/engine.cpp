@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "bie/backend/thread_pool.h"
+#include "bie/engine/drafter.h"
 #include "bie/engine/model_path.h"
 #include "bie/engine/scheduler.h"
 #include "bie/engine/stop_strings.h"
@@ -57,6 +58,11 @@ Result<std::string> file_sha256(const std::string& path) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr int32_t kMaxDraftTokens = 15;
+// Verify tokens one step may carry across all speculating sequences: two passes of the 4-token
+// matrix-vector kernels. Beyond it decode is no longer bound by reading the weights, and drafts
+// cost about what they save.
+constexpr int64_t kMaxVerifyTokens = 8;
 
 double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -72,6 +78,9 @@ struct Request {
   Clock::time_point submitted, first_scheduled, first_token;
   bool scheduled_once = false;
   bool got_token = false;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  int32_t gamma = 0;  // adaptive γ for this request
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<tokenizer::StreamDecoder> decoder;
   std::unique_ptr<StopStrings> stops;
@@ -99,7 +108,12 @@ class EngineImpl final : public Engine {
  private:
   void loop();
   void step();
-  void sample(Request& r, Sequence& s, float* logits);
+  // Proposes drafts for running sequences that are decoding (speculation on).
+  void draft();
+  // Samples (or verifies drafts) from sc's logits rows and commits the verified tokens.
+  void sample(const ScheduledSeq& sc, float* logits);
+  // Streams one generated token; false when the request finished (it is gone then).
+  [[nodiscard]] bool emit(Request& r, Sequence& s, int32_t tok, const float* raw);
   void finish(Request& r, const std::string& reason, const std::string& error = {});
   void publish_metrics();
 
@@ -112,6 +126,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<PagedKvStore> store_;
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Drafter> drafter_;  // null: speculation off
 
   // Engine thread only.
   std::unordered_map<kv::SeqId, std::unique_ptr<Request>> reqs_;
@@ -151,6 +166,17 @@ Status EngineImpl::init(const EngineConfig& cfg) {
         batched, o.max_num_seqs)};
   }
   if (cfg.max_queue < 0) return Error{"--max-queue must be >= 0"};
+  if (cfg.speculative_draft_tokens < 0 || cfg.speculative_draft_tokens > kMaxDraftTokens) {
+    return Error{fmt::format("--speculative-draft-tokens must be in [0, {}], got {}",
+                             kMaxDraftTokens, cfg.speculative_draft_tokens)};
+  }
+  if (cfg.speculative_ngram_min < 1 || cfg.speculative_ngram_max < cfg.speculative_ngram_min ||
+      cfg.speculative_ngram_max > 16) {
+    return Error{
+        fmt::format("--speculative-ngram sizes must satisfy 1 <= min <= max <= 16, got "
+                    "{}..{}",
+                    cfg.speculative_ngram_min, cfg.speculative_ngram_max)};
+  }
   auto path = resolve_model_path(cfg.model);
   if (!path) return Error{path.error()};
   LoadOptions lo;
@@ -184,6 +210,16 @@ Status EngineImpl::init(const EngineConfig& cfg) {
   if (!store) return Error{store.error()};
   store_ = std::move(store).value();
 
+  if (cfg.speculative_draft_tokens > 0) {
+    const planner::KvLayout& l = report_.layout;
+    if (l.mixed() && l.window_tokens < cfg.speculative_draft_tokens + 1) {
+      return Error{fmt::format(
+          "speculative decoding rolls back only FP16 window tokens: --kv-window {} must be at "
+          "least --speculative-draft-tokens + 1 = {}",
+          l.window_tokens, cfg.speculative_draft_tokens + 1)};
+    }
+    drafter_ = std::make_unique<NgramDrafter>(cfg.speculative_ngram_max, cfg.speculative_ngram_min);
+  }
   SchedulerConfig schc;
   schc.max_num_seqs = o.max_num_seqs;
   schc.max_num_batched_tokens = batched;
@@ -243,6 +279,7 @@ std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
   r->sampler = std::make_unique<Sampler>(req.sampling, info_.n_vocab);
   r->decoder = std::make_unique<tokenizer::StreamDecoder>(*tok_);
   r->stops = std::make_unique<StopStrings>(req.stop);
+  r->gamma = cfg_.speculative_draft_tokens;
   r->req = std::move(req);
   r->cb = std::move(cb);
   {
@@ -358,7 +395,34 @@ void EngineImpl::loop() {
   idle_cv_.notify_all();
 }
 
+void EngineImpl::draft() {
+  std::vector<Sequence*> decoding;
+  for (const kv::SeqId id : sched_->running()) {
+    Sequence* s = sched_->find(id);
+    if (s != nullptr && s->computed + 1 == static_cast<int64_t>(s->tokens.size())) {
+      decoding.push_back(s);
+    }
+  }
+  if (decoding.empty()) return;
+  const int64_t per_seq = kMaxVerifyTokens / static_cast<int64_t>(decoding.size()) - 1;
+  if (per_seq < 1) return;
+  const auto t0 = Clock::now();
+  for (Sequence* s : decoding) {
+    const Request& r = *reqs_.at(s->id);
+    // Never draft past the request's last token or the context.
+    const int64_t room =
+        std::min<int64_t>(r.max_tokens - s->n_generated(),
+                          max_model_len_ - static_cast<int64_t>(s->tokens.size())) -
+        1;
+    const auto n = static_cast<int>(std::min<int64_t>({per_seq, r.gamma, room}));
+    if (n < 1) continue;
+    drafter_->propose(s->tokens, n, s->draft);
+  }
+  m_.drafter_seconds += seconds(t0, Clock::now());
+}
+
 void EngineImpl::step() {
+  if (drafter_) draft();
   SchedulerOutput out = sched_->schedule();
   if (out.scheduled.empty()) {
     // Nothing could run: with nothing running, the queue's head can never fit the pools.
@@ -376,6 +440,7 @@ void EngineImpl::step() {
   const auto now = Clock::now();
   std::vector<SequenceKv> views;
   std::vector<BatchSequence> batch;
+  std::deque<std::vector<int32_t>> verify_tokens;  // stable addresses
   views.reserve(out.scheduled.size());
   batch.reserve(out.scheduled.size());
   for (const ScheduledSeq& sc : out.scheduled) {
@@ -385,12 +450,22 @@ void EngineImpl::step() {
       r.scheduled_once = true;
       r.first_scheduled = now;
     }
-    views.emplace_back(*store_, s.id, s.computed, max_model_len_);
+    views.emplace_back(*store_, s.id, s.computed, max_model_len_, sc.n_draft == 0);
     BatchSequence b;
-    b.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.computed),
-                                                          static_cast<size_t>(sc.n_tokens));
+    if (sc.n_draft > 0) {  // the decode token and its drafts, contiguous
+      verify_tokens.emplace_back();
+      std::vector<int32_t>& v = verify_tokens.back();
+      v.push_back(s.tokens.back());
+      v.insert(v.end(), s.draft.begin(), s.draft.begin() + sc.n_draft);
+      b.tokens = v;
+    } else {
+      b.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.computed),
+                                                            static_cast<size_t>(sc.n_tokens));
+    }
     b.kv = &views.back();
-    b.logits = sc.sample ? BatchSequence::Logits::kLast : BatchSequence::Logits::kNone;
+    b.logits = sc.n_draft > 0 ? BatchSequence::Logits::kAll
+               : sc.sample    ? BatchSequence::Logits::kLast
+                              : BatchSequence::Logits::kNone;
     b.decode_from = std::max<int64_t>(0, s.n_prompt - s.computed);
     batch.push_back(b);
     if (s.computed < s.n_prompt) {
@@ -401,10 +476,6 @@ void EngineImpl::step() {
   m_.batched_tokens += out.n_tokens();
   m_.batched_seqs += static_cast<int64_t>(out.scheduled.size());
   if (Status st = model_->forward_batch(batch, *pool_, logits_); !st) {
-    for (const ScheduledSeq& sc : out.scheduled) finish(*reqs_.at(sc.seq->id), "error", st.error());
-    return;
-  }
-  if (Status st = sched_->commit(out); !st) {
     for (const ScheduledSeq& sc : out.scheduled) finish(*reqs_.at(sc.seq->id), "error", st.error());
     return;
   }
@@ -419,35 +490,90 @@ void EngineImpl::step() {
   const auto n_vocab = static_cast<size_t>(info_.n_vocab);
   size_t row = 0;
   for (const ScheduledSeq& sc : out.scheduled) {
-    if (!sc.sample) continue;
-    sample(*reqs_.at(sc.seq->id), *sc.seq, logits_.data() + row * n_vocab);
-    ++row;
+    if (!sc.sample) {
+      if (Status st = sched_->commit(sc, sc.n_tokens); !st) {
+        finish(*reqs_.at(sc.seq->id), "error", st.error());
+      }
+      continue;
+    }
+    float* rows = logits_.data() + row * n_vocab;
+    row += static_cast<size_t>(1 + sc.n_draft);
+    sample(sc, rows);
   }
 }
 
-void EngineImpl::sample(Request& r, Sequence& s, float* logits) {
+void EngineImpl::sample(const ScheduledSeq& sc, float* logits) {
+  Sequence& s = *sc.seq;
+  Request& r = *reqs_.at(s.id);
+  const auto n_vocab = static_cast<size_t>(info_.n_vocab);
+  const bool want_raw = r.req.logprobs >= 0;
+  if (sc.n_draft == 0) {
+    if (want_raw) raw_.assign(logits, logits + n_vocab);
+    const int32_t tok = r.sampler->sample(logits, s.tokens);
+    if (Status st = sched_->commit(sc, sc.n_tokens); !st) {
+      finish(r, "error", st.error());
+      return;
+    }
+    (void)emit(r, s, tok, want_raw ? raw_.data() : nullptr);
+    return;
+  }
+  // Verify drafts in order: row i holds the logits after the decode token and i drafts.
+  const std::vector<int32_t> drafts(s.draft.begin(), s.draft.begin() + sc.n_draft);
+  int64_t accepted = 0;
+  std::vector<int32_t> out_tokens;
+  std::vector<std::vector<float>> out_raw;
+  std::vector<int32_t> history = s.tokens;
+  for (int64_t i = 0; i <= sc.n_draft; ++i) {
+    float* row = logits + static_cast<size_t>(i) * n_vocab;
+    if (want_raw) out_raw.emplace_back(row, row + n_vocab);
+    if (i == sc.n_draft) {  // every draft accepted: the bonus token
+      out_tokens.push_back(r.sampler->sample(row, history));
+      break;
+    }
+    const DraftVerdict v = r.sampler->verify(row, history, drafts[static_cast<size_t>(i)]);
+    out_tokens.push_back(v.token);
+    history.push_back(v.token);
+    if (!v.accepted) break;
+    ++accepted;
+  }
+  r.draft_tokens += sc.n_draft;
+  r.accepted_tokens += accepted;
+  ++m_.spec_steps;
+  m_.draft_tokens += sc.n_draft;
+  m_.accepted_tokens += accepted;
+  if (cfg_.speculative_adaptive) {
+    r.gamma = accepted == sc.n_draft ? std::min(r.gamma + 1, cfg_.speculative_draft_tokens)
+                                     : std::max<int32_t>(1, static_cast<int32_t>(accepted) + 1);
+  }
+  if (Status st = sched_->commit(sc, sc.n_tokens + accepted); !st) {
+    finish(r, "error", st.error());
+    return;
+  }
+  for (size_t i = 0; i < out_tokens.size(); ++i) {
+    if (!emit(r, s, out_tokens[i], want_raw ? out_raw[i].data() : nullptr)) return;
+    if (i + 1 < out_tokens.size()) {
+      // An accepted draft: its K/V is already computed (commit above counted it).
+    }
+  }
+}
+
+bool EngineImpl::emit(Request& r, Sequence& s, int32_t tok, const float* raw) {
   TokenEvent ev;
-  const int32_t n_vocab = info_.n_vocab;
-  if (r.req.logprobs >= 0) raw_.assign(logits, logits + n_vocab);
-  const int32_t tok = r.sampler->sample(logits, s.tokens);
   ev.token = tok;
-  if (r.req.logprobs >= 0) {
-    const float mx = *std::max_element(raw_.begin(), raw_.end());
+  const int32_t n_vocab = info_.n_vocab;
+  if (raw != nullptr) {
+    const float mx = *std::max_element(raw, raw + n_vocab);
     double sum = 0;
-    for (const float x : raw_) sum += std::exp(static_cast<double>(x - mx));
+    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(raw[i] - mx));
     const float lse = mx + static_cast<float>(std::log(sum));
-    ev.logprob = raw_[static_cast<size_t>(tok)] - lse;
+    ev.logprob = raw[tok] - lse;
     const auto k = static_cast<size_t>(r.req.logprobs);
     if (k > 0) {
       std::vector<int32_t> idx(static_cast<size_t>(n_vocab));
       for (int32_t i = 0; i < n_vocab; ++i) idx[static_cast<size_t>(i)] = i;
       std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
-                        [&](int32_t a, int32_t b) {
-                          return raw_[static_cast<size_t>(a)] > raw_[static_cast<size_t>(b)];
-                        });
-      for (size_t i = 0; i < k; ++i) {
-        ev.top.push_back({idx[i], raw_[static_cast<size_t>(idx[i])] - lse});
-      }
+                        [&](int32_t a, int32_t b) { return raw[a] > raw[b]; });
+      for (size_t i = 0; i < k; ++i) ev.top.push_back({idx[i], raw[idx[i]] - lse});
     }
   }
   if (!r.got_token) {
@@ -456,7 +582,7 @@ void EngineImpl::sample(Request& r, Sequence& s, float* logits) {
   }
   if (tok_->is_eog(tok) && !r.req.ignore_eos) {
     finish(r, "stop");
-    return;
+    return false;
   }
   ev.text = r.stops->push(r.decoder->push(tok));
   sched_->append_token(s.id, tok);
@@ -469,7 +595,10 @@ void EngineImpl::sample(Request& r, Sequence& s, float* logits) {
   } else if (s.n_generated() >= r.max_tokens ||
              static_cast<int64_t>(s.tokens.size()) >= max_model_len_) {
     finish(r, "length");
+  } else {
+    return true;
   }
+  return false;
 }
 
 void EngineImpl::finish(Request& r, const std::string& reason, const std::string& error) {
@@ -493,6 +622,8 @@ void EngineImpl::finish(Request& r, const std::string& reason, const std::string
   m.ttft_seconds = r.got_token ? seconds(r.submitted, r.first_token) : 0.0;
   m.total_seconds = seconds(r.submitted, now);
   m.kv_regime = report_.layout_label;
+  m.draft_tokens = r.draft_tokens;
+  m.accepted_tokens = r.accepted_tokens;
   if (sched_->find(r.sid) != nullptr) (void)sched_->finish(r.sid);
   ++m_.requests_finished;
   {

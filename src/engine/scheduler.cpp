@@ -9,7 +9,7 @@ namespace bie {
 
 int64_t SchedulerOutput::n_tokens() const {
   int64_t n = 0;
-  for (const ScheduledSeq& s : scheduled) n += s.n_tokens;
+  for (const ScheduledSeq& s : scheduled) n += s.n_tokens + s.n_draft;
   return n;
 }
 
@@ -62,14 +62,19 @@ int64_t Scheduler::chunk_for(const Sequence& s, int64_t budget) const {
   return std::max<int64_t>(n, 0);
 }
 
-bool Scheduler::ensure_blocks(Sequence& s) {
+bool Scheduler::ensure_blocks(Sequence& s, bool draft) {
   const kv::BlockManager& m = store_.manager();
   const int64_t held = m.has_sequence(s.id) ? m.num_tokens(s.id) : 0;
   const auto known = static_cast<int64_t>(s.tokens.size());
-  if (held >= known) return true;
-  const auto fresh = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(held));
-  if (!store_.can_append(s.id, s.computed, static_cast<int64_t>(fresh.size()))) return false;
-  return store_.append_tokens(s.id, s.computed, fresh).ok();
+  if (held < known) {
+    const auto fresh = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(held));
+    if (!store_.can_append(s.id, s.computed, static_cast<int64_t>(fresh.size()))) return false;
+    if (!store_.append_tokens(s.id, s.computed, fresh).ok()) return false;
+  }
+  if (!draft || s.draft.empty()) return true;
+  const auto n = static_cast<int64_t>(s.draft.size());
+  if (!store_.can_append(s.id, s.computed, n, /*migrate=*/false)) return false;
+  return store_.append_tokens(s.id, s.computed, s.draft, /*migrate=*/false).ok();
 }
 
 void Scheduler::preempt(kv::SeqId id, SchedulerOutput& out) {
@@ -91,6 +96,21 @@ SchedulerOutput Scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     const kv::SeqId id = running_[i];
     Sequence& s = *seqs_.at(id);
+    // Speculation: the decode token and its drafts, if they fit the budget and the blocks.
+    const bool decoding = s.computed + 1 == static_cast<int64_t>(s.tokens.size());
+    if (!decoding) s.draft.clear();
+    if (static_cast<int64_t>(s.draft.size()) > budget - 1) {
+      s.draft.resize(static_cast<size_t>(std::max<int64_t>(budget - 1, 0)));
+    }
+    if (!s.draft.empty()) {
+      if (ensure_blocks(s, /*draft=*/true)) {
+        const auto nd = static_cast<int64_t>(s.draft.size());
+        out.scheduled.push_back({.seq = &s, .n_tokens = 1, .n_draft = nd, .sample = true});
+        budget -= 1 + nd;
+        continue;
+      }
+      s.draft.clear();  // no blocks for drafts this step: plain decode
+    }
     bool preempted_self = false;
     while (!ensure_blocks(s)) {
       const kv::SeqId victim = running_.back();
@@ -103,7 +123,9 @@ SchedulerOutput Scheduler::schedule() {
     if (preempted_self) break;  // it was the newest: nothing after it runs
     const int64_t n = chunk_for(s, budget);
     if (n == 0) continue;
-    out.scheduled.push_back({&s, n, s.computed + n == static_cast<int64_t>(s.tokens.size())});
+    out.scheduled.push_back({.seq = &s,
+                             .n_tokens = n,
+                             .sample = s.computed + n == static_cast<int64_t>(s.tokens.size())});
     budget -= n;
   }
   // Then waiting sequences in FCFS order; one that does not fit blocks those behind it. None is
@@ -123,19 +145,23 @@ SchedulerOutput Scheduler::schedule() {
     running_.push_back(id);
     const int64_t n = chunk_for(s, budget);
     if (n == 0) continue;
-    out.scheduled.push_back({&s, n, s.computed + n == n_known});
+    out.scheduled.push_back({.seq = &s, .n_tokens = n, .sample = s.computed + n == n_known});
     budget -= n;
   }
   return out;
 }
 
-Status Scheduler::commit(const SchedulerOutput& out) {
-  for (const ScheduledSeq& sc : out.scheduled) {
-    Sequence& s = *sc.seq;
-    s.computed += sc.n_tokens;
-    if (Status st = store_.manager().mark_computed(s.id, s.computed); !st) return st;
+Status Scheduler::commit(const ScheduledSeq& sc, int64_t n_verified) {
+  Sequence& s = *sc.seq;
+  assert(n_verified >= sc.n_tokens && n_verified <= sc.n_tokens + sc.n_draft);
+  kv::BlockManager& m = store_.manager();
+  if (sc.n_draft > 0) {
+    // Rejected drafts: back to the verified length (their blocks are FP16 window blocks).
+    if (Status st = m.truncate(s.id, s.computed + n_verified); !st) return st;
+    s.draft.clear();
   }
-  return {};
+  s.computed += n_verified;
+  return m.mark_computed(s.id, s.computed);
 }
 
 void Scheduler::append_token(kv::SeqId id, int32_t token) {

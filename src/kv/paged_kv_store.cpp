@@ -138,7 +138,7 @@ bool PagedKvStore::can_migrate_now(int64_t written_rows) const {
 }
 
 std::optional<std::vector<int64_t>> PagedKvStore::plan_append(kv::SeqId s, int64_t written,
-                                                              int64_t n) const {
+                                                              int64_t n, bool migrate) const {
   assert(mgr_->has_sequence(s) && n > 0);
   const planner::KvLayout& l = cfg_.layout;
   const int64_t B = l.block_size;
@@ -186,26 +186,26 @@ std::optional<std::vector<int64_t>> PagedKvStore::plan_append(kv::SeqId s, int64
       --avail;
       where.push_back(f16 ? kv::PoolKind::kFp16 : kv::PoolKind::kBody);
     }
-    if (!migrate_exits_dry(x1, false)) return std::nullopt;
+    if (migrate && !migrate_exits_dry(x1, false)) return std::nullopt;
     x = x1;
   }
   // Blocks kept FP16 through the pass move after it (attend -> migrate_window_exits).
-  if (!migrate_exits_dry(n0 + n, true)) return std::nullopt;
+  if (migrate && !migrate_exits_dry(n0 + n, true)) return std::nullopt;
   return pieces;
 }
 
-bool PagedKvStore::can_append(kv::SeqId s, int64_t written, int64_t n) const {
+bool PagedKvStore::can_append(kv::SeqId s, int64_t written, int64_t n, bool migrate) const {
   if (n <= 0) return n == 0;
   if (!mgr_->has_sequence(s)) {
     // The first tokens: the manager places every block by its role at once.
     std::vector<int32_t> placeholder(static_cast<size_t>(n), 0);
     return mgr_->can_allocate(placeholder);
   }
-  return plan_append(s, written, n).has_value();
+  return plan_append(s, written, n, migrate).has_value();
 }
 
 Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
-                                            std::span<const int32_t> tokens) {
+                                            std::span<const int32_t> tokens, bool migrate) {
   const auto n = static_cast<int64_t>(tokens.size());
   if (n == 0) return int64_t{0};
   if (!mgr_->has_sequence(s)) {
@@ -217,7 +217,7 @@ Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
     }
     return *r;
   }
-  const std::optional<std::vector<int64_t>> pieces = plan_append(s, written, n);
+  const std::optional<std::vector<int64_t>> pieces = plan_append(s, written, n, migrate);
   if (!pieces) {
     const kv::BlockPool& f16 = mgr_->pool(kv::PoolKind::kFp16);
     const kv::BlockPool& body = mgr_->pool(kv::PoolKind::kBody);
@@ -233,7 +233,7 @@ Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
     if (!r) return Error{r.error()};  // unreachable after plan_append
     off += static_cast<size_t>(k);
     execute_copies(*r);
-    if (cfg_.layout.mixed()) {
+    if (cfg_.layout.mixed() && migrate) {
       if (Status st = migrate_exits(s, written); !st) return Error{st.error()};
     }
   }
@@ -323,15 +323,21 @@ void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const fl
     for (int64_t r = 0; r < n * n_head; ++r) kv::hadamard_rotate(q_rot_.data() + r * d, d);
     q = q_rot_.data();
   }
-  // Tasks: (query tile x KV heads x split). A tile of up to kMaxTileQ queries reads each block
-  // once for all its rows; splits cut long contexts so that one decode token fills every thread.
+  // Tasks: (query tile x KV heads x context part). A tile of up to kMaxTileQ queries reads each
+  // block once for all its rows. Parts lie on a fixed grid of absolute block indices
+  // (attention::kSplitGridTokens), so a query's partial sums and their merge order depend only on
+  // its own position: the same bits whether it runs alone (decode), in a prefill chunk of any
+  // size, or with speculative drafts. Parts also let one decode token fill every thread.
   const int tile_q =
       static_cast<int>(std::min<int64_t>({attention::kMaxTileQ, n, std::max(1, 128 / group)}));
   const int64_t n_tiles = (n + tile_q - 1) / tile_q;
-  attention::PagedTaskPlan plan = attention::plan_paged_tasks(n_tiles, H, n_ctx, pool.size());
-  if (tile_q * H * group > 256)
-    plan = attention::PagedTaskPlan{1, attention::plan_kv_splits(n_tiles * H, n_ctx, pool.size())};
-  const int hpt = plan.heads_per_task, splits = plan.splits;
+  const int64_t grid = std::max<int64_t>(1, attention::kSplitGridTokens / B);  // blocks per part
+  const int64_t nb_all = (n_ctx + B - 1) / B;
+  const int splits = static_cast<int>((nb_all + grid - 1) / grid);
+  const int hpt =
+      tile_q * H * group > 256
+          ? 1
+          : attention::plan_paged_tasks(n_tiles * splits, H, 0, pool.size()).heads_per_task;
   const int head_tasks = H / hpt;
   const int64_t n_tasks = n_tiles * head_tasks * splits;
   const int rows = tile_q * hpt * group;
@@ -355,8 +361,8 @@ void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const fl
       a.q_pos0 = pos0 + tile * tile_q;
       a.n_q = static_cast<int>(std::min<int64_t>(tile_q, n - tile * tile_q));
       const int64_t nb = (a.q_pos0 + a.n_q + B - 1) / B;  // blocks the tile can see
-      a.block_begin = nb * sp / splits;
-      a.block_end = nb * (sp + 1) / splits;
+      a.block_begin = std::min<int64_t>(nb, sp * grid);
+      a.block_end = std::min<int64_t>(nb, (sp + 1) * grid);  // empty part: m = -inf, skipped
       a.kv_head = ht * hpt;
       a.n_kv = hpt;
       a.group = group;
@@ -369,7 +375,7 @@ void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const fl
   });
   // Merge each (tile, KV heads)'s splits into out.
   pool.parallel_for(n_tiles * head_tasks, [&](int64_t begin, int64_t end, int) {
-    std::array<attention::PagedAttnPartial, attention::kMaxKvSplits> parts;
+    std::vector<attention::PagedAttnPartial> parts(static_cast<size_t>(splits));
     for (int64_t th = begin; th < end; ++th) {
       const int64_t tile = th / head_tasks;
       const int ht = static_cast<int>(th % head_tasks);

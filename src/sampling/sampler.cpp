@@ -64,16 +64,19 @@ void Sampler::apply_penalties(float* logits, std::span<const int32_t> history) {
   }
 }
 
-int32_t Sampler::sample(float* logits, std::span<const int32_t> history) {
+const std::vector<TokenProb>& Sampler::distribution(float* logits,
+                                                    std::span<const int32_t> history) {
   apply_penalties(logits, history);
-  if (params_.temperature <= 0.0f) return argmax(logits, n_vocab_);
-
+  dist_.clear();
+  if (params_.temperature <= 0.0f) {
+    dist_.push_back({argmax(logits, n_vocab_), 1.0});
+    return dist_;
+  }
   candidates_.resize(static_cast<size_t>(n_vocab_));
   for (int32_t i = 0; i < n_vocab_; ++i) candidates_[static_cast<size_t>(i)] = {i, logits[i]};
   auto by_logit = [](const Candidate& a, const Candidate& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
   };
-
   size_t n = candidates_.size();
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
     n = static_cast<size_t>(params_.top_k);
@@ -83,7 +86,6 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> history) {
     std::sort(candidates_.begin(), candidates_.end(), by_logit);
   }
   candidates_.resize(n);
-
   // Softmax over the survivors (before temperature, as llama.cpp's top-p and min-p see it).
   auto probabilities = [&](float temp) {
     std::vector<double> p(candidates_.size());
@@ -96,7 +98,6 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> history) {
     for (double& x : p) x /= sum;
     return p;
   };
-
   if (params_.top_p < 1.0f) {
     const auto p = probabilities(1.0f);
     double cum = 0.0;
@@ -117,16 +118,53 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> history) {
     while (keep < candidates_.size() && candidates_[keep].logit >= threshold) ++keep;
     candidates_.resize(keep);
   }
-
   const auto p = probabilities(params_.temperature);
+  dist_.resize(p.size());
+  for (size_t i = 0; i < p.size(); ++i) dist_[i] = {candidates_[i].id, p[i]};
+  return dist_;
+}
+
+int32_t Sampler::draw(const std::vector<TokenProb>& dist) {
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  const double r = uniform(rng_);
+  double total = 0.0;
+  for (const TokenProb& t : dist) total += t.p;
+  const double r = uniform(rng_) * total;
   double cum = 0.0;
-  for (size_t i = 0; i < p.size(); ++i) {
-    cum += p[i];
-    if (r < cum) return candidates_[i].id;
+  for (const TokenProb& t : dist) {
+    cum += t.p;
+    if (r < cum) return t.id;
   }
-  return candidates_.back().id;
+  return dist.back().id;
+}
+
+int32_t Sampler::sample(float* logits, std::span<const int32_t> history) {
+  const std::vector<TokenProb>& d = distribution(logits, history);
+  if (params_.temperature <= 0.0f) return d.front().id;
+  return draw(d);
+}
+
+DraftVerdict Sampler::verify(float* logits, std::span<const int32_t> history, int32_t draft,
+                             const std::vector<TokenProb>* q) {
+  const std::vector<TokenProb>& p = distribution(logits, history);
+  if (params_.temperature <= 0.0f) return {p.front().id == draft, p.front().id};
+  const auto prob_in = [](const std::vector<TokenProb>& d, int32_t id) {
+    for (const TokenProb& t : d) {
+      if (t.id == id) return t.p;
+    }
+    return 0.0;
+  };
+  const double pd = prob_in(p, draft);
+  const double qd = q != nullptr ? prob_in(*q, draft) : 1.0;
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  if (qd > 0.0 && uniform(rng_) < std::min(1.0, pd / qd)) return {true, draft};
+  // Rejected: draw from the part of p that q does not cover.
+  residual_.clear();
+  for (const TokenProb& t : p) {
+    const double r = t.p - (q != nullptr ? prob_in(*q, t.id) : (t.id == draft ? 1.0 : 0.0));
+    if (r > 0.0) residual_.push_back({t.id, r});
+  }
+  if (residual_.empty()) return {false, p.front().id};  // p == q up to rounding
+  return {false, draw(residual_)};
 }
 
 }  // namespace bie

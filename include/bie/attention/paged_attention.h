@@ -89,6 +89,9 @@ struct PagedAttnPartial {
 // one idle a third of the time). The smallest s <= kMaxKvSplits minimising the makespan
 // ceil(tiles * s / n_threads) / s, with at least kMinSplitTokens visible tokens per chunk.
 inline constexpr int64_t kMinSplitTokens = 512;
+// PagedKvStore cuts every query's context into parts on this fixed grid of absolute positions
+// (whole blocks), whatever the tile, so per-query results do not depend on batching.
+inline constexpr int64_t kSplitGridTokens = 256;
 inline constexpr int kMaxKvSplits = 8;
 [[nodiscard]] int plan_kv_splits(int64_t tiles, int64_t visible_tokens, int n_threads);
 

@@ -36,6 +36,13 @@ struct EngineConfig {
   // Verify the scheduler's and the block manager's invariants after every step (tests, debug
   // runs); a violation ends every request with an error naming it.
   bool check_integrity = false;
+  // Speculative decoding (prompt-lookup n-gram drafter): up to this many draft tokens per step
+  // (the BRIEF's --speculative-draft-tokens; 0: off). The engine drafts only while a step's
+  // verify tokens stay within two 4-token matrix-vector passes (see docs/serving.md).
+  int32_t speculative_draft_tokens = 0;
+  int32_t speculative_ngram_max = 3;  // longest suffix matched (tokens)
+  int32_t speculative_ngram_min = 1;  // shortest suffix matched
+  bool speculative_adaptive = false;  // shrink γ after rejections, grow it after acceptances
 };
 
 // Why a request's submission was refused (maps onto an HTTP status).
@@ -69,10 +76,15 @@ struct RequestMetrics {
   int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;
-  double queue_seconds = 0.0;  // submit -> first scheduled
-  double ttft_seconds = 0.0;   // submit -> first token
-  double total_seconds = 0.0;  // submit -> finish
-  std::string kv_regime;       // planner::kv_layout_label of the cache it ran in
+  double queue_seconds = 0.0;   // submit -> first scheduled
+  double ttft_seconds = 0.0;    // submit -> first token
+  double total_seconds = 0.0;   // submit -> finish
+  std::string kv_regime;        // planner::kv_layout_label of the cache it ran in
+  int64_t draft_tokens = 0;     // speculative proposals verified
+  int64_t accepted_tokens = 0;  // of which accepted
+  [[nodiscard]] double acceptance_rate() const {
+    return draft_tokens > 0 ? static_cast<double>(accepted_tokens) / draft_tokens : 0.0;
+  }
   [[nodiscard]] double decode_tps() const;
 };
 
@@ -122,8 +134,12 @@ struct EngineMetrics {
   int64_t preemptions = 0;
   int64_t admission_refusals = 0;  // submit() refusals (queue full, too long)
   int64_t steps = 0;
-  int64_t batched_tokens = 0;  // sum over steps of tokens in the step (mean batch = / steps)
-  int64_t batched_seqs = 0;    // sum over steps of sequences in the step
+  int64_t batched_tokens = 0;   // sum over steps of tokens in the step (mean batch = / steps)
+  int64_t batched_seqs = 0;     // sum over steps of sequences in the step
+  int64_t spec_steps = 0;       // sequence-steps that verified drafts
+  int64_t draft_tokens = 0;     // draft tokens verified
+  int64_t accepted_tokens = 0;  // accepted (mean accepted per spec step = / spec_steps)
+  double drafter_seconds = 0;   // time spent proposing
 };
 
 struct ModelInfo {

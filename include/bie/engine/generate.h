@@ -40,8 +40,7 @@ struct GenerateRequest {
 // `path`: the matmul kernels (kPrefill for prompts; kDecode to time decode steps).
 [[nodiscard]] Status prefill(Model& model, KvCache& kv, ThreadPool& pool,
                              std::span<const int32_t> prompt, int64_t chunk, int64_t align,
-                             std::vector<float>& logits,
-                             MatmulPath path = MatmulPath::kPrefill);
+                             std::vector<float>& logits, MatmulPath path = MatmulPath::kPrefill);
 
 struct GenerationStats {
   int64_t n_prompt = 0;

@@ -29,7 +29,7 @@ struct KvEngineOptions {
   // --kv-cache-memory: the KV pools get exactly this many bytes (filled with blocks, not capped
   // at max_model_len x max_num_seqs); the device budget below is then not consulted.
   std::optional<uint64_t> kv_cache_memory;
-  double gpu_memory_utilization = 0.9;    // share of device memory the engine may use
+  double gpu_memory_utilization = 0.9;  // share of device memory the engine may use
   // true (one-sequence tools): the budget must hold max_num_seqs sequences of max_model_len.
   // false (the serving engine): one must fit; more sequences share the pools, admitted by free
   // blocks, and max_num_seqs only caps how many run at once.

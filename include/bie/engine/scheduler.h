@@ -29,8 +29,11 @@ struct SchedulerConfig {
 
 struct ScheduledSeq {
   Sequence* seq = nullptr;
-  int64_t n_tokens = 0;  // run tokens [seq->computed, seq->computed + n_tokens)
-  bool sample = false;   // the chunk reaches the last known token: sample the next one
+  // Run tokens [seq->computed, seq->computed + n_tokens) of seq->tokens, then n_draft draft
+  // tokens (seq->draft[0, n_draft)) to verify.
+  int64_t n_tokens = 0;
+  int64_t n_draft = 0;
+  bool sample = false;  // the chunk reaches the last known token: sample the next one
 };
 
 struct SchedulerOutput {
@@ -51,9 +54,10 @@ class Scheduler {
   [[nodiscard]] Status finish(kv::SeqId id);
 
   [[nodiscard]] SchedulerOutput schedule();
-  // After the forward pass: the scheduled tokens are computed (full blocks enter the prefix
-  // cache). Sampled tokens are appended with append_token.
-  [[nodiscard]] Status commit(const SchedulerOutput& out);
+  // After the forward pass: the first n_verified scheduled tokens of sc (its n_tokens, plus the
+  // accepted drafts) are computed; full blocks among them enter the prefix cache, rejected draft
+  // positions are rolled back (FP16 window blocks only). Sampled tokens come via append_token.
+  [[nodiscard]] Status commit(const ScheduledSeq& sc, int64_t n_verified);
   // Appends a sampled token to a running sequence (its blocks are taken at the next schedule()).
   void append_token(kv::SeqId id, int32_t token);
 
@@ -69,8 +73,9 @@ class Scheduler {
  private:
   // Tokens of the next prefill chunk of s within `budget` (0: none fits this step).
   [[nodiscard]] int64_t chunk_for(const Sequence& s, int64_t budget) const;
-  // Makes the manager hold every known token of s (decode: the last sampled token).
-  [[nodiscard]] bool ensure_blocks(Sequence& s);
+  // Makes the manager hold every known token of s (decode: the last sampled token) and, with
+  // draft, its draft tokens (no window exits for those: they may be rolled back).
+  [[nodiscard]] bool ensure_blocks(Sequence& s, bool draft = false);
   void preempt(kv::SeqId id, SchedulerOutput& out);
 
   SchedulerConfig cfg_;

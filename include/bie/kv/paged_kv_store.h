@@ -54,13 +54,15 @@ class PagedKvStore {
   // ---- block bookkeeping with the data work it implies --------------------------------------
   // Whether `n` more tokens fit for sequence s, which holds `written` tokens' K/V (a dry run of
   // append_tokens, migrations included). A sequence not started yet: can_allocate.
-  [[nodiscard]] bool can_append(kv::SeqId s, int64_t written, int64_t n) const;
+  // migrate = false (speculative draft tokens, which may be rolled back): no block leaves the
+  // FP16 window for them; the window exits happen with the next append of verified tokens.
+  [[nodiscard]] bool can_append(kv::SeqId s, int64_t written, int64_t n, bool migrate = true) const;
   // Appends tokens to s (starting it with allocate when new) in pieces up to block boundaries and,
   // between pieces, moves every block that has left the FP16 window to the body pool (written
   // blocks re-quantised), so pools planned for a sequence's peak hold any chunking. Copy-on-write
   // copies are executed. Returns the tokens served from the prefix cache (new sequences only).
   [[nodiscard]] Result<int64_t> append_tokens(kv::SeqId s, int64_t written,
-                                              std::span<const int32_t> tokens);
+                                              std::span<const int32_t> tokens, bool migrate = true);
   // Quantises every block of s that has left the FP16 window (`written` tokens stored) into the
   // body pool and frees its FP16 block. Partly written per-channel tiles wait.
   [[nodiscard]] Status migrate_exits(kv::SeqId s, int64_t written);
@@ -98,7 +100,7 @@ class PagedKvStore {
   // a block boundary, then one block at a time; nullopt when the pools cannot hold them with the
   // migrations in between.
   [[nodiscard]] std::optional<std::vector<int64_t>> plan_append(kv::SeqId s, int64_t written,
-                                                                int64_t n) const;
+                                                                int64_t n, bool migrate) const;
   // Whether a block with `written` of its rows stored may move to the body pool now.
   [[nodiscard]] bool can_migrate_now(int64_t written_rows) const;
 

@@ -14,8 +14,14 @@ namespace bie {
 class SequenceKv final : public KvCache {
  public:
   // computed: tokens of s whose K/V are stored; capacity: the sequence's max_model_len.
-  SequenceKv(PagedKvStore& store, kv::SeqId s, int64_t computed, int64_t capacity)
-      : store_(store), seq_(s), computed_(computed), capacity_(capacity) {}
+  // migrate_after_pass = false while the pass holds unverified draft tokens.
+  SequenceKv(PagedKvStore& store, kv::SeqId s, int64_t computed, int64_t capacity,
+             bool migrate_after_pass = true)
+      : store_(store),
+        seq_(s),
+        computed_(computed),
+        capacity_(capacity),
+        migrate_after_pass_(migrate_after_pass) {}
 
   [[nodiscard]] const KvGeometry& geometry() const override { return store_.geometry(); }
   [[nodiscard]] int64_t n_tokens() const override { return computed_; }
@@ -39,6 +45,7 @@ class SequenceKv final : public KvCache {
   kv::SeqId seq_;
   int64_t computed_;
   int64_t capacity_;
+  bool migrate_after_pass_;
   bool migration_deferred_ = false;
 };
 

@@ -28,6 +28,17 @@ struct SamplingParams {
   [[nodiscard]] Status validate() const;
 };
 
+struct TokenProb {
+  int32_t id = 0;
+  double p = 0.0;
+};
+
+// Outcome of verifying one draft token against the target's logits.
+struct DraftVerdict {
+  bool accepted = false;
+  int32_t token = 0;  // the draft token if accepted, else the token drawn in its place
+};
+
 class Sampler {
  public:
   Sampler(const SamplingParams& params, int32_t n_vocab);
@@ -36,9 +47,24 @@ class Sampler {
   // `history`: the tokens seen so far in this sequence (prompt + generated), oldest first.
   [[nodiscard]] int32_t sample(float* logits, std::span<const int32_t> history);
 
+  // The distribution sample() draws from after every transform (penalties, top-k, top-p, min-p,
+  // temperature): the surviving tokens with their probabilities, best first (greedy: the argmax
+  // with probability 1). Valid until the next call. `logits` is modified in place.
+  [[nodiscard]] const std::vector<TokenProb>& distribution(float* logits,
+                                                           std::span<const int32_t> history);
+
+  // Speculative decoding's verification of draft token `draft`, proposed with probability
+  // distribution q (nullptr: a deterministic drafter, q = one-hot at draft): accept with
+  // probability min(1, p(draft) / q(draft)); on rejection draw from norm(max(0, p - q)). The
+  // emitted token is then distributed exactly as sample() would draw it. Greedy: accepted iff
+  // draft is the argmax, else the argmax is returned.
+  [[nodiscard]] DraftVerdict verify(float* logits, std::span<const int32_t> history, int32_t draft,
+                                    const std::vector<TokenProb>* q = nullptr);
+
   [[nodiscard]] const SamplingParams& params() const { return params_; }
 
  private:
+  [[nodiscard]] int32_t draw(const std::vector<TokenProb>& dist);
   void apply_penalties(float* logits, std::span<const int32_t> history);
 
   struct Candidate {
@@ -50,6 +76,8 @@ class Sampler {
   int32_t n_vocab_;
   std::mt19937_64 rng_;
   std::vector<Candidate> candidates_;  // reused between calls
+  std::vector<TokenProb> dist_;        // reused: distribution()'s result
+  std::vector<TokenProb> residual_;    // reused: verify()'s rejection distribution
   std::vector<int32_t> counts_;        // reused: occurrences per token id in the window
 };
 

@@ -37,6 +37,8 @@ class ChatTemplate {
   std::string name_;
   std::string end_of_turn_;
   std::string bos_text_;  // prepended where the family's template writes bos_token
+  // System turn the template inserts when the conversation has none (SmolLM2's ChatML does).
+  std::string default_system_;
 };
 
 }  // namespace bie::tokenizer

@@ -1,0 +1,33 @@
+// Drafters for speculative decoding: propose up to γ tokens that the target model then verifies
+// in one forward pass (Sampler::verify). NgramDrafter is prompt-lookup decoding: it finds the
+// most recent earlier occurrence of the sequence's last n tokens (n from n_max down to n_min) in
+// the prompt and generated text and proposes the tokens that followed it. It needs no model and
+// proposes nothing when nothing matches, so open-ended text costs almost nothing. Deterministic
+// (q = one-hot). One per engine; not thread-safe.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace bie {
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Appends up to max_tokens proposals for what follows `tokens` to `out` (cleared first).
+  virtual void propose(std::span<const int32_t> tokens, int max_tokens,
+                       std::vector<int32_t>& out) = 0;
+};
+
+class NgramDrafter final : public Drafter {
+ public:
+  // note: 1 <= n_min <= n_max
+  NgramDrafter(int n_max, int n_min) : n_max_(n_max), n_min_(n_min) {}
+  void propose(std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out) override;
+
+ private:
+  int n_max_;
+  int n_min_;
+};
+
+}  // namespace bie

@@ -1,0 +1,144 @@
+// bie-serve: the OpenAI-compatible HTTP server. Listens first (so /health answers 503 while the
+// model loads), loads the Engine on a helper thread, prints the start-up report, then serves
+// until SIGTERM/SIGINT: stop accepting, let running requests finish, exit 0.
+#include <pthread.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "bie/engine/engine.h"
+#include "bie/server/server.h"
+#include "cli/kv_options.h"
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+
+struct ServeArgs {
+  std::string model = "default";
+  bie::server::ServerConfig server;
+  bie::cli::KvCliFlags kv;
+  int32_t threads = 0;
+  int64_t max_num_batched_tokens = 0;
+  int64_t max_queue = 256;
+  bool prefix_caching = true;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ServeArgs a;
+  a.kv.opts.max_num_seqs = 16;  // a server holds many sequences; `bie run` holds one
+  CLI::App app{"bie-serve — OpenAI-compatible server for the Benni Inference Engine"};
+  app.set_version_flag("--version", "bie-serve 0.1.0");
+  app.add_option("-m,--model", a.model, "GGUF file, or 'default' (SmolLM2-135M-Instruct Q4_1)")
+      ->capture_default_str();
+  app.add_option("--host", a.server.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", a.server.port, "TCP port (0: any free port)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--api-key", a.server.api_key,
+                 "require 'Authorization: Bearer KEY' on /v1/* (default: no auth)");
+  app.add_option("--served-model-name", a.server.served_model_name,
+                 "model name in /v1/models and responses (default: the file stem)");
+  app.add_option("--max-queue", a.max_queue, "requests waiting for admission before 429")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--max-num-batched-tokens", a.max_num_batched_tokens,
+                 "tokens one engine step may schedule (0: max(chunked prefill, max-num-seqs))")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a.prefix_caching,
+               "reuse KV blocks of identical prompt prefixes (default: on)");
+  app.add_option("-t,--threads", a.threads, "compute threads (0: all cores)")
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--http-threads", a.server.http_threads,
+                 "connections served at once (0: max-num-seqs + max-queue + 64, at most 1024)")
+      ->check(CLI::Range(0, 4096));
+  a.server.http_threads = 0;
+  bie::cli::add_kv_engine_flags(
+      &app, a.kv, "KV format: f16, int8, fp8_e4m3, int4_asym[_gN], int4_channel, q8_0, q4_0");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "bie-serve: %s (see --help)\n", e.what());
+    return kExitBadInput;
+  }
+  auto kv = bie::cli::to_engine_options(a.kv);
+  if (!kv) {
+    std::fprintf(stderr, "bie-serve: %s\n", kv.error().c_str());
+    return kExitBadInput;
+  }
+  bie::EngineConfig ec;
+  ec.model = a.model;
+  ec.kv = *kv;
+  ec.threads = a.threads;
+  ec.max_num_batched_tokens = a.max_num_batched_tokens;
+  ec.enable_prefix_caching = a.prefix_caching;
+  ec.max_queue = a.max_queue;
+  if (a.server.http_threads == 0) {
+    a.server.http_threads =
+        static_cast<int>(std::min<int64_t>(1024, kv->max_num_seqs + a.max_queue + 64));
+  }
+
+  // Signals are taken synchronously by main (sigwait); every thread started below inherits the
+  // mask. SIGUSR1 is the loader thread saying the model failed to load.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  bie::server::Server server(a.server);
+  if (bie::Status st = server.start(); !st) {
+    std::fprintf(stderr, "bie-serve: %s\n", st.error().c_str());
+    return kExitFailure;
+  }
+  std::fprintf(stderr, "bie-serve: listening on http://%s:%d (loading model '%s')\n",
+               a.server.host.c_str(), server.port(), a.model.c_str());
+  std::fflush(stderr);
+
+  std::unique_ptr<bie::Engine> engine;
+  std::string load_error;
+  std::thread loader([&] {
+    auto e = bie::Engine::create(ec);
+    if (!e) {
+      load_error = e.error();
+      ::kill(::getpid(), SIGUSR1);
+      return;
+    }
+    engine = std::move(e).value();
+    const std::string report = bie::format_kv_report(engine->kv_report());
+    std::fwrite(report.data(), 1, report.size(), stderr);
+    server.set_engine(engine.get());
+    const bie::ModelInfo& mi = engine->model_info();
+    std::fprintf(stderr, "bie-serve: model '%s' (sha256 %s) ready on http://%s:%d\n", mi.id.c_str(),
+                 mi.sha256.c_str(), a.server.host.c_str(), server.port());
+    std::fflush(stderr);
+  });
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  server.begin_shutdown();  // no new connections; new requests get 503
+  loader.join();
+  if (!load_error.empty()) {
+    std::fprintf(stderr, "bie-serve: %s\n", load_error.c_str());
+    server.stop();
+    return kExitFailure;
+  }
+  std::fprintf(stderr, "bie-serve: %s: finishing running requests, then exiting\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM");
+  if (engine) engine->shutdown(/*finish_running=*/true);
+  server.stop();
+  std::fprintf(stderr, "bie-serve: stopped\n");
+  return kExitOk;
+}

@@ -1,0 +1,292 @@
+#include "server/openai_request.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/unicode.h"
+
+namespace bie::server {
+
+using nlohmann::json;
+
+bool valid_utf8(std::string_view s) {
+  return tokenizer::unicode::valid_prefix_len(s) == s.size();
+}
+
+namespace {
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "boolean";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::object:
+      return "object";
+    case json::value_t::number_float:
+      return "number";
+    default:
+      return "integer";
+  }
+}
+
+ApiError wrong_type(const std::string& field, const char* want, const json& got) {
+  return bad_request(fmt::format("'{}' must be {}, got {}", field, want, type_name(got)), field,
+                     "invalid_type");
+}
+
+// Reads an optional field; null counts as absent (OpenAI clients send null for "not given").
+const json* field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+struct Reader {
+  const json& obj;
+  std::optional<ApiError> err;
+
+  std::optional<double> number(const char* name, double lo, double hi, bool lo_open = false) {
+    const json* v = field(obj, name);
+    if (v == nullptr || err) return std::nullopt;
+    if (!v->is_number()) {
+      err = wrong_type(name, "a number", *v);
+      return std::nullopt;
+    }
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) {
+      err = bad_request(
+          fmt::format("'{}' must be in {}{}, {}], got {}", name, lo_open ? "(" : "[", lo, hi, d),
+          name, "invalid_value");
+      return std::nullopt;
+    }
+    return d;
+  }
+
+  std::optional<int64_t> integer(const char* name, int64_t lo, int64_t hi) {
+    const json* v = field(obj, name);
+    if (v == nullptr || err) return std::nullopt;
+    if (!v->is_number_integer()) {
+      err = wrong_type(name, "an integer", *v);
+      return std::nullopt;
+    }
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      err = bad_request(fmt::format("'{}' is too large", name), name, "invalid_value");
+      return std::nullopt;
+    }
+    const int64_t i = v->get<int64_t>();
+    if (i < lo || i > hi) {
+      err = bad_request(fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, i), name,
+                        "invalid_value");
+      return std::nullopt;
+    }
+    return i;
+  }
+
+  std::optional<bool> boolean(const char* name) {
+    const json* v = field(obj, name);
+    if (v == nullptr || err) return std::nullopt;
+    if (!v->is_boolean()) {
+      err = wrong_type(name, "a boolean", *v);
+      return std::nullopt;
+    }
+    return v->get<bool>();
+  }
+};
+
+// Message content: a string, or an array of {"type": "text", "text": ...} parts.
+std::optional<ApiError> read_content(const json& m, size_t i, std::string& out) {
+  const std::string name = fmt::format("messages[{}].content", i);
+  auto it = m.find("content");
+  if (it == m.end() || it->is_null()) return std::nullopt;  // e.g. an assistant turn
+  if (it->is_string()) {
+    out = it->get<std::string>();
+    return std::nullopt;
+  }
+  if (!it->is_array()) return wrong_type(name, "a string or an array of text parts", *it);
+  for (const json& part : *it) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      return bad_request(name + ": only {\"type\": \"text\", \"text\": ...} parts are supported",
+                         name, "invalid_value");
+    }
+    out += part["text"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_messages(const json& body, ParsedRequest& r) {
+  auto it = body.find("messages");
+  if (it == body.end() || it->is_null()) {
+    return bad_request("'messages' is required", "messages", "missing_field");
+  }
+  if (!it->is_array()) return wrong_type("messages", "an array", *it);
+  if (it->empty()) return bad_request("'messages' must not be empty", "messages", "invalid_value");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    if (!m.is_object()) return wrong_type(fmt::format("messages[{}]", i), "an object", m);
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return bad_request(fmt::format("messages[{}].role must be a string", i),
+                         fmt::format("messages[{}].role", i), "invalid_type");
+    }
+    tokenizer::ChatMessage msg;
+    msg.role = role->get<std::string>();
+    if (msg.role == "developer") msg.role = "system";  // OpenAI's newer name for it
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant") {
+      return bad_request(fmt::format("messages[{}].role '{}' is not supported (expected "
+                                     "'system', 'user' or 'assistant')",
+                                     i, msg.role),
+                         fmt::format("messages[{}].role", i), "invalid_value");
+    }
+    if (auto e = read_content(m, i, msg.content)) return e;
+    r.messages.push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_prompt(const json& body, ParsedRequest& r) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) {
+    return bad_request("'prompt' is required", "prompt", "missing_field");
+  }
+  const json& p = *it;
+  if (p.is_string()) {
+    r.prompt_text = p.get<std::string>();
+    return std::nullopt;
+  }
+  if (p.is_array()) {
+    if (p.size() == 1 && p[0].is_string()) {
+      r.prompt_text = p[0].get<std::string>();
+      return std::nullopt;
+    }
+    if (!p.empty() && p[0].is_string()) {
+      return bad_request("only one prompt per request is supported", "prompt", "invalid_value");
+    }
+    if (!p.empty() && p[0].is_array()) {
+      if (p.size() != 1) {
+        return bad_request("only one prompt per request is supported", "prompt", "invalid_value");
+      }
+      return read_prompt(json{{"prompt", p[0]}}, r);
+    }
+    r.prompt_is_tokens = true;
+    for (const json& t : p) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+        return bad_request("'prompt' must be a string or an array of token ids", "prompt",
+                           "invalid_type");
+      }
+      r.prompt_tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    return std::nullopt;
+  }
+  return wrong_type("prompt", "a string or an array of token ids", p);
+}
+
+std::optional<ApiError> read_stop(const json& body, int32_t max_stop,
+                                  std::vector<std::string>& out) {
+  const json* v = field(body, "stop");
+  if (v == nullptr) return std::nullopt;
+  if (v->is_string()) {
+    if (!v->get<std::string>().empty()) out.push_back(v->get<std::string>());
+    return std::nullopt;
+  }
+  if (!v->is_array()) return wrong_type("stop", "a string or an array of strings", *v);
+  if (static_cast<int32_t>(v->size()) > max_stop) {
+    return bad_request(
+        fmt::format("'stop' has {} strings; at most {} are supported", v->size(), max_stop), "stop",
+        "invalid_value");
+  }
+  for (const json& s : *v) {
+    if (!s.is_string()) return wrong_type("stop", "a string or an array of strings", s);
+    if (!s.get<std::string>().empty()) out.push_back(s.get<std::string>());
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, Endpoint endpoint,
+                                                    const ParseLimits& limits) {
+  if (!valid_utf8(body)) {
+    return bad_request("the request body is not valid UTF-8", {}, "invalid_utf8");
+  }
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    return bad_request(std::string("malformed JSON body: ") + e.what(), {}, "invalid_json");
+  }
+  if (!j.is_object()) return bad_request("the JSON body must be an object", {}, "invalid_json");
+
+  ParsedRequest r;
+  r.endpoint = endpoint;
+  if (const json* m = field(j, "model")) {
+    if (!m->is_string()) return wrong_type("model", "a string", *m);
+    r.model = m->get<std::string>();
+  }
+  if (endpoint == Endpoint::kChat) {
+    if (auto e = read_messages(j, r)) return *e;
+  } else {
+    if (auto e = read_prompt(j, r)) return *e;
+  }
+
+  Reader rd{j, std::nullopt};
+  SamplingParams& s = r.engine.sampling;
+  // OpenAI's defaults: temperature 1, top_p 1, no top-k/min-p, no penalties.
+  s.temperature = static_cast<float>(rd.number("temperature", 0.0, 2.0).value_or(1.0));
+  s.top_p = static_cast<float>(rd.number("top_p", 0.0, 1.0, /*lo_open=*/true).value_or(1.0));
+  s.top_k = static_cast<int32_t>(rd.integer("top_k", -1, 1 << 20).value_or(0));
+  if (s.top_k < 0) s.top_k = 0;
+  s.min_p = static_cast<float>(rd.number("min_p", 0.0, 1.0).value_or(0.0));
+  s.presence_penalty = static_cast<float>(rd.number("presence_penalty", -2.0, 2.0).value_or(0.0));
+  s.frequency_penalty = static_cast<float>(rd.number("frequency_penalty", -2.0, 2.0).value_or(0.0));
+  s.repetition_penalty =
+      static_cast<float>(rd.number("repetition_penalty", 0.0, 10.0, true).value_or(1.0));
+  if (auto seed = rd.integer("seed", INT64_MIN, INT64_MAX)) s.seed = static_cast<uint64_t>(*seed);
+  const int64_t max_len = limits.max_model_len > 0 ? limits.max_model_len : INT32_MAX;
+  auto max_tokens = rd.integer("max_tokens", 1, max_len);
+  if (auto mct = rd.integer("max_completion_tokens", 1, max_len)) max_tokens = mct;
+  if (max_tokens) r.max_tokens = static_cast<int32_t>(*max_tokens);
+  if (auto n = rd.integer("n", 1, 1 << 20); n && *n != 1) {
+    return bad_request("only n = 1 is supported", "n", "invalid_value");
+  }
+  r.stream = rd.boolean("stream").value_or(false);
+  r.engine.ignore_eos = rd.boolean("ignore_eos").value_or(false);  // extension (as vLLM)
+  if (const json* so = field(j, "stream_options")) {
+    if (!so->is_object()) return wrong_type("stream_options", "an object", *so);
+    Reader sr{*so, std::nullopt};
+    r.include_usage = sr.boolean("include_usage").value_or(false);
+    if (sr.err) return *sr.err;
+  }
+  if (endpoint == Endpoint::kCompletions) {
+    if (auto lp = rd.integer("logprobs", 0, limits.max_top_logprobs)) {
+      r.logprobs = true;
+      r.top_logprobs = static_cast<int32_t>(*lp);
+    }
+    if (rd.boolean("echo").value_or(false)) {
+      return bad_request("'echo' is not supported", "echo", "invalid_value");
+    }
+  } else {
+    r.logprobs = rd.boolean("logprobs").value_or(false);
+    if (auto tl = rd.integer("top_logprobs", 0, limits.max_top_logprobs)) {
+      if (!r.logprobs && *tl > 0) {
+        return bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs",
+                           "invalid_value");
+      }
+      r.top_logprobs = static_cast<int32_t>(*tl);
+    }
+  }
+  if (rd.err) return *rd.err;
+  if (auto e = read_stop(j, limits.max_stop, r.engine.stop)) return *e;
+  r.engine.logprobs = r.logprobs ? r.top_logprobs : -1;
+  if (Status st = s.validate(); !st) return bad_request(st.error(), {}, "invalid_value");
+  return r;
+}
+
+}  // namespace bie::server

@@ -1,0 +1,147 @@
+#include "server/openai_response.h"
+
+#include "bie/tokenizer/tokenizer.h"
+
+namespace bie::server {
+
+using nlohmann::json;
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_frame(const json& payload) {
+  return "data: " + dump(payload) + "\n\n";
+}
+
+json bie_object(const ResponseContext& ctx) {
+  return {{"kv", ctx.kv_regime}, {"model_sha256", ctx.model_sha256}};
+}
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+namespace {
+
+// Token text, made valid for JSON (a token may be part of a multi-byte character).
+std::string token_text(const ResponseContext& ctx, int32_t id) {
+  if (ctx.tok == nullptr) return {};
+  return std::string(ctx.tok->token_to_piece(id));
+}
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// Chat shape: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
+json chat_logprobs(const ResponseContext& ctx, std::span<const TokenEvent> events) {
+  json content = json::array();
+  for (const TokenEvent& e : events) {
+    const std::string t = token_text(ctx, e.token);
+    json top = json::array();
+    for (const TopLogprob& alt : e.top) {
+      const std::string at = token_text(ctx, alt.token);
+      top.push_back({{"token", at}, {"logprob", alt.logprob}, {"bytes", bytes_of(at)}});
+    }
+    content.push_back(
+        {{"token", t}, {"logprob", e.logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+// Legacy completions shape: parallel arrays; text_offset counts bytes from `offset`.
+json completion_logprobs(const ResponseContext& ctx, std::span<const TokenEvent> events,
+                         int64_t offset) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  for (const TokenEvent& e : events) {
+    tokens.push_back(token_text(ctx, e.token));
+    lps.push_back(e.logprob);
+    json top = json::object();
+    for (const TopLogprob& alt : e.top) top[token_text(ctx, alt.token)] = alt.logprob;
+    tops.push_back(top);
+    offs.push_back(offset);
+    offset += static_cast<int64_t>(e.text.size());
+  }
+  return {
+      {"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+json logprobs_for(const ResponseContext& ctx, std::span<const TokenEvent> events) {
+  if (!ctx.logprobs) return nullptr;
+  return ctx.endpoint == Endpoint::kChat ? chat_logprobs(ctx, events)
+                                         : completion_logprobs(ctx, events, 0);
+}
+
+json finish_or_null(const std::string& reason) {
+  return reason.empty() ? json(nullptr) : json(reason);
+}
+
+}  // namespace
+
+json full_response(const ResponseContext& ctx, const std::string& text,
+                   const std::string& finish_reason, const Usage& usage,
+                   std::span<const TokenEvent> events) {
+  json choice = {{"index", 0},
+                 {"logprobs", logprobs_for(ctx, events)},
+                 {"finish_reason", finish_or_null(finish_reason)}};
+  const bool chat = ctx.endpoint == Endpoint::kChat;
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  return {{"id", ctx.id},
+          {"object", chat ? "chat.completion" : "text_completion"},
+          {"created", ctx.created},
+          {"model", ctx.model},
+          {"system_fingerprint", nullptr},
+          {"choices", json::array({choice})},
+          {"usage", usage_json(usage)},
+          {"bie", bie_object(ctx)}};
+}
+
+json stream_chunk(const ResponseContext& ctx, const std::string& text,
+                  std::span<const TokenEvent> events, const std::string& finish_reason,
+                  bool first_chat_chunk, bool with_usage_null) {
+  const bool chat = ctx.endpoint == Endpoint::kChat;
+  json choice = {{"index", 0},
+                 {"logprobs", events.empty() ? json(nullptr) : logprobs_for(ctx, events)},
+                 {"finish_reason", finish_or_null(finish_reason)}};
+  if (chat) {
+    json delta = json::object();
+    if (first_chat_chunk) delta["role"] = "assistant";
+    if (!text.empty() || first_chat_chunk) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  json j = {{"id", ctx.id},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", ctx.created},
+            {"model", ctx.model},
+            {"system_fingerprint", nullptr},
+            {"choices", json::array({choice})},
+            {"bie", bie_object(ctx)}};
+  if (with_usage_null) j["usage"] = nullptr;
+  return j;
+}
+
+json usage_chunk(const ResponseContext& ctx, const Usage& usage) {
+  const bool chat = ctx.endpoint == Endpoint::kChat;
+  return {{"id", ctx.id},
+          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", ctx.created},
+          {"model", ctx.model},
+          {"system_fingerprint", nullptr},
+          {"choices", json::array()},
+          {"usage", usage_json(usage)},
+          {"bie", bie_object(ctx)}};
+}
+
+}  // namespace bie::server

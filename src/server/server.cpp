@@ -1,0 +1,467 @@
+#include "bie/server/server.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <optional>
+#include <thread>
+
+#include "bie/engine/engine.h"
+#include "bie/tokenizer/chat_template.h"
+#include "bie/tokenizer/tokenizer.h"
+#include "server/api_error.h"
+#include "server/auth.h"
+#include "server/openai_request.h"
+#include "server/openai_response.h"
+#include "server/request_stream.h"
+#include "server/server_metrics.h"
+
+namespace bie::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+constexpr auto kPollInterval = std::chrono::milliseconds(100);
+constexpr auto kKeepAliveComment = std::chrono::seconds(1);
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(e.body(), "application/json");
+}
+
+void send_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(dump(j), "application/json");
+}
+
+ApiError submit_error(const SubmitFailure& f) {
+  switch (f.kind) {
+    case SubmitError::kInvalid:
+      return bad_request(f.message, {}, "invalid_value");
+    case SubmitError::kTooLong:
+      return too_large(f.message, "messages", "context_length_exceeded");
+    case SubmitError::kQueueFull:
+      return too_many_requests(f.message);
+    case SubmitError::kShuttingDown:
+      return unavailable(f.message);
+  }
+  return internal_error(f.message);
+}
+
+// What the handler knows about one accepted request, for the response and the log line.
+struct Flight {
+  RequestId id = 0;
+  ResponseContext ctx;
+  bool include_usage = false;
+  Clock::time_point arrived;
+  int64_t prompt_tokens = 0;
+  // Written on the engine thread by the callbacks (read after finish, under the stream's lock).
+  std::atomic<double> ttft{-1.0};
+};
+
+}  // namespace
+
+struct Server::Impl {
+  ServerConfig cfg;
+  httplib::Server http;
+  std::thread listener;
+  int port = 0;
+  std::atomic<Engine*> engine{nullptr};
+  std::atomic<bool> shutting_down{false};
+  std::atomic<RequestId> next_id{1};
+  std::optional<Result<tokenizer::ChatTemplate>> chat_template;  // set with the engine
+  std::string model_name;                                        // served name
+  ServerMetrics metrics;
+
+  explicit Impl(ServerConfig c) : cfg(std::move(c)) {}
+
+  void routes();
+  void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
+  [[nodiscard]] std::optional<ApiError> tokenize(Engine& eng, ParsedRequest& p,
+                                                 std::vector<int32_t>& out) const;
+  void stream_response(httplib::Response& res, Engine& eng, std::shared_ptr<Flight> fl,
+                       std::shared_ptr<RequestStream> rs);
+  void whole_response(httplib::Response& res, Flight& fl, RequestStream& rs);
+  void log_finish(const Flight& fl, const FinishEvent& f) const;
+  [[nodiscard]] bool model_known(const std::string& name) const;
+};
+
+bool Server::Impl::model_known(const std::string& name) const {
+  Engine* eng = engine.load();
+  return name.empty() || name == model_name || (eng != nullptr && name == eng->model_info().id) ||
+         name == "default";
+}
+
+std::optional<ApiError> Server::Impl::tokenize(Engine& eng, ParsedRequest& p,
+                                               std::vector<int32_t>& out) const {
+  const tokenizer::Tokenizer& tok = eng.tokenizer();
+  tokenizer::EncodeOptions eo;
+  eo.parse_special = true;
+  if (p.endpoint == Endpoint::kChat) {
+    const Result<tokenizer::ChatTemplate>& tmpl = *chat_template;
+    if (!tmpl.ok()) return bad_request(tmpl.error(), "messages", "no_chat_template");
+    auto text = tmpl->render(p.messages);
+    if (!text.ok()) return bad_request(text.error(), "messages", "invalid_value");
+    // The template already wrote BOS as text where the model wants one.
+    const tokenizer::TokenId bos = tok.bos();
+    if (tok.vocab().valid(bos) && text->rfind(tok.vocab().text(bos), 0) == 0) eo.add_bos = false;
+    out = tok.encode(*text, eo);
+    p.engine.stop.push_back(tmpl->end_of_turn());
+    return std::nullopt;
+  }
+  if (p.prompt_is_tokens) {
+    for (int32_t t : p.prompt_tokens) {
+      if (t >= tok.n_tokens()) {
+        return bad_request("prompt token id " + std::to_string(t) + " is outside the vocabulary",
+                           "prompt", "invalid_value");
+      }
+    }
+    out = p.prompt_tokens;
+    return std::nullopt;
+  }
+  out = tok.encode(p.prompt_text, eo);
+  return std::nullopt;
+}
+
+void Server::Impl::log_finish(const Flight& fl, const FinishEvent& f) const {
+  const RequestMetrics& m = f.metrics;
+  const double ttft = fl.ttft.load();
+  const double total = seconds_since(fl.arrived);
+  const double decode = total - std::max(ttft, 0.0);
+  const double tps = m.generated_tokens > 1 && decode > 0
+                         ? static_cast<double>(m.generated_tokens - 1) / decode
+                         : 0.0;
+  spdlog::info(
+      "request {} prompt={} cached={} completion={} ttft={:.3f}s tok/s={:.1f} kv={} "
+      "finish={}{}",
+      fl.ctx.id, fl.prompt_tokens, m.cached_tokens, m.generated_tokens, ttft, tps,
+      m.kv_regime.empty() ? fl.ctx.kv_regime : m.kv_regime, f.finish_reason,
+      f.error.empty() ? "" : " error=" + f.error);
+}
+
+void Server::Impl::whole_response(httplib::Response& res, Flight& fl, RequestStream& rs) {
+  std::string text;
+  std::vector<TokenEvent> all, batch;
+  std::optional<FinishEvent> fin;
+  while (!fin) {
+    fin = rs.take(batch, kPollInterval);
+    for (TokenEvent& e : batch) {
+      text += e.text;
+      all.push_back(std::move(e));
+    }
+  }
+  if (fin->finish_reason == "error") {
+    send_error(res, internal_error("generation failed: " + fin->error));
+    return;
+  }
+  if (fin->finish_reason == "cancelled" && shutting_down.load()) {
+    send_error(res, unavailable("the server is shutting down"));
+    return;
+  }
+  text += fin->tail_text;
+  if (!fin->metrics.kv_regime.empty()) fl.ctx.kv_regime = fin->metrics.kv_regime;
+  Usage u{fl.prompt_tokens, static_cast<int64_t>(all.size()), fin->metrics.cached_tokens};
+  send_json(res, 200, full_response(fl.ctx, text, fin->finish_reason, u, all));
+}
+
+void Server::Impl::stream_response(httplib::Response& res, Engine& eng, std::shared_ptr<Flight> fl,
+                                   std::shared_ptr<RequestStream> rs) {
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  auto provider = [this, &eng, fl, rs](size_t, httplib::DataSink& sink) {
+    const auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+    const auto gone = [&] {
+      rs->mark_client_gone();
+      eng.cancel(fl->id);
+      return false;  // tells httplib the response is over
+    };
+    bool first = true;
+    std::vector<TokenEvent> batch;
+    auto last_write = Clock::now();
+    for (;;) {
+      std::optional<FinishEvent> fin = rs->take(batch, kPollInterval);
+      std::string text;
+      for (const TokenEvent& e : batch) text += e.text;
+      if (!batch.empty()) {
+        if (!write(sse_frame(stream_chunk(fl->ctx, text, batch, "", first, fl->include_usage)))) {
+          return gone();
+        }
+        first = false;
+        last_write = Clock::now();
+      }
+      if (fin) {
+        if (!fin->metrics.kv_regime.empty()) fl->ctx.kv_regime = fin->metrics.kv_regime;
+        std::string out;
+        if (fin->finish_reason == "error") {
+          out += sse_frame(json::parse(internal_error("generation failed: " + fin->error).body()));
+        } else {
+          out += sse_frame(stream_chunk(fl->ctx, fin->tail_text, {}, fin->finish_reason, first,
+                                        fl->include_usage));
+        }
+        if (fl->include_usage) {
+          Usage u{fl->prompt_tokens, fin->metrics.generated_tokens, fin->metrics.cached_tokens};
+          out += sse_frame(usage_chunk(fl->ctx, u));
+        }
+        out += kSseDone;
+        if (!write(out)) return false;
+        sink.done();
+        return true;
+      }
+      // Nothing new for a while: an SSE comment, so a client that went away is noticed while
+      // the request still waits in the queue.
+      if (Clock::now() - last_write >= kKeepAliveComment) {
+        if (!write(": keep-alive\n\n")) return gone();
+        last_write = Clock::now();
+      }
+    }
+  };
+  // Runs when the response ends for any reason: a request still in flight is cancelled.
+  auto releaser = [&eng, fl, rs](bool) {
+    if (!rs->finished()) {
+      rs->mark_client_gone();
+      eng.cancel(fl->id);
+    }
+  };
+  res.set_chunked_content_provider("text/event-stream", provider, releaser);
+}
+
+void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res,
+                                   Endpoint ep) {
+  const Clock::time_point arrived = Clock::now();
+  Engine* eng = engine.load();
+  if (eng == nullptr) return send_error(res, unavailable("the model is still loading"));
+  if (shutting_down.load()) return send_error(res, unavailable("the server is shutting down"));
+
+  ParseLimits limits;
+  limits.max_model_len = eng->model_info().max_model_len;
+  auto parsed = parse_request(req.body, ep, limits);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+  ParsedRequest& p = std::get<ParsedRequest>(parsed);
+  if (!model_known(p.model)) {
+    return send_error(res, not_found("the model '" + p.model +
+                                         "' does not exist (this server "
+                                         "serves '" +
+                                         model_name + "')",
+                                     "model", "model_not_found"));
+  }
+  std::vector<int32_t> prompt;
+  if (auto e = tokenize(*eng, p, prompt)) return send_error(res, *e);
+  if (prompt.empty()) return send_error(res, bad_request("the prompt is empty", "prompt"));
+  const int64_t max_len = eng->model_info().max_model_len;
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  if (max_len > 0 && n_prompt >= max_len) {
+    return send_error(
+        res, too_large("the prompt has " + std::to_string(n_prompt) +
+                           " tokens; this server's --max-model-len is " + std::to_string(max_len) +
+                           " (prompt plus at least one generated token)",
+                       ep == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded"));
+  }
+  // Defaults as OpenAI: 16 for completions, the rest of the context for chat.
+  const int64_t room = max_len > 0 ? max_len - n_prompt : INT32_MAX;
+  int64_t max_tokens = p.max_tokens ? *p.max_tokens : (ep == Endpoint::kChat ? room : 16);
+  max_tokens = std::min(max_tokens, room);
+
+  auto fl = std::make_shared<Flight>();
+  fl->id = next_id.fetch_add(1);
+  fl->arrived = arrived;
+  fl->prompt_tokens = n_prompt;
+  fl->include_usage = p.stream && p.include_usage;
+  fl->ctx.endpoint = ep;
+  fl->ctx.id = (ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(fl->id);
+  fl->ctx.created = std::chrono::duration_cast<std::chrono::seconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+  fl->ctx.model = model_name;
+  fl->ctx.kv_regime = eng->kv_regime();
+  fl->ctx.model_sha256 = eng->model_info().sha256;
+  fl->ctx.logprobs = p.logprobs;
+  fl->ctx.tok = &eng->tokenizer();
+
+  EngineRequest er = std::move(p.engine);
+  er.prompt = std::move(prompt);
+  er.max_tokens = static_cast<int32_t>(max_tokens);
+
+  auto rs = std::make_shared<RequestStream>();
+  RequestCallbacks cb;
+  auto last_token = std::make_shared<Clock::time_point>();
+  cb.on_token = [this, fl, rs, last_token](const TokenEvent& ev) {
+    const Clock::time_point now = Clock::now();
+    if (fl->ttft.load() < 0) {
+      const double t = std::chrono::duration<double>(now - fl->arrived).count();
+      fl->ttft.store(t);
+      metrics.observe_ttft(t);
+    } else {
+      metrics.observe_inter_token(std::chrono::duration<double>(now - *last_token).count());
+    }
+    *last_token = now;
+    return rs->push_token(ev);
+  };
+  cb.on_finish = [this, fl, rs](const FinishEvent& f) {
+    metrics.observe_e2e(seconds_since(fl->arrived));
+    log_finish(*fl, f);
+    rs->push_finish(f);
+  };
+  if (auto failure = eng->submit(fl->id, std::move(er), std::move(cb))) {
+    return send_error(res, submit_error(*failure));
+  }
+  if (p.stream) return stream_response(res, *eng, fl, rs);
+  whole_response(res, *fl, *rs);
+}
+
+void Server::Impl::routes() {
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.path.rfind("/v1/", 0) == 0 &&
+        !authorized(req.get_header_value("Authorization"), cfg.api_key)) {
+      send_error(res, unauthorized("missing or incorrect API key (send 'Authorization: Bearer "
+                                   "<key>')"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  // A client that announces a large body with "Expect: 100-continue" (curl does) is refused
+  // before it sends it. Without that header httplib reads and discards an oversized body (never
+  // buffering more than the limit) and then answers 413.
+  http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string len = req.get_header_value("Content-Length");
+    if (!len.empty() && std::strtoull(len.c_str(), nullptr, 10) > cfg.max_body_bytes) {
+      send_error(res, too_large("the request body is larger than the server accepts", {},
+                                "body_too_large"));
+      return 413;
+    }
+    return 100;
+  });
+  http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    metrics.count_response(req.path, res.status);
+  });
+  // Statuses httplib sets itself (unknown route, body too large, bad request line) get the
+  // OpenAI error shape; responses that already carry a body are left alone.
+  http.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        ApiError e;
+        if (res.status == 404) {
+          e = not_found("no route " + req.method + " " + req.path, {}, "unknown_route");
+        } else if (res.status == 413) {
+          e = too_large("the request body is larger than the server accepts", {}, "body_too_large");
+        } else if (res.status == 405) {
+          e = bad_request("method not allowed", {}, "method_not_allowed");
+          e.status = 405;
+        } else {
+          e = bad_request("bad request", {}, "bad_request");
+          e.status = res.status;
+        }
+        send_error(res, e);
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown error";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& ex) {
+          what = ex.what();
+        } catch (...) {
+        }
+        send_error(res, internal_error(what));
+      });
+
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (shutting_down.load()) return send_json(res, 503, {{"status", "shutting_down"}});
+    if (engine.load() == nullptr) return send_json(res, 503, {{"status", "loading"}});
+    send_json(res, 200, {{"status", "ok"}});
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    Engine* eng = engine.load();
+    std::optional<EngineMetrics> m;
+    if (eng != nullptr) m = eng->metrics();
+    res.set_content(metrics.render(m ? &*m : nullptr, eng ? model_name : cfg.served_model_name),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    Engine* eng = engine.load();
+    if (eng == nullptr) return send_error(res, unavailable("the model is still loading"));
+    const ModelInfo& mi = eng->model_info();
+    json model = {{"id", model_name},
+                  {"object", "model"},
+                  {"created", 0},
+                  {"owned_by", "bie"},
+                  {"max_model_len", mi.max_model_len},
+                  {"bie", {{"kv", eng->kv_regime()}, {"model_sha256", mi.sha256}}}};
+    send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(req, res, Endpoint::kCompletions);
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(req, res, Endpoint::kChat);
+  });
+}
+
+Server::Server(ServerConfig cfg) : impl_(std::make_unique<Impl>(std::move(cfg))) {}
+
+Server::~Server() {
+  begin_shutdown();
+  stop();
+}
+
+Status Server::start() {
+  // A client that goes away mid-write must not kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
+  Impl& s = *impl_;
+  s.model_name = s.cfg.served_model_name;
+  const int threads = std::max(4, s.cfg.http_threads);
+  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.http.set_payload_max_length(s.cfg.max_body_bytes);
+  s.http.set_keep_alive_timeout(s.cfg.keep_alive_seconds);
+  s.http.set_read_timeout(30, 0);
+  s.http.set_write_timeout(30, 0);
+  s.routes();
+  if (s.cfg.port == 0) {
+    s.port = s.http.bind_to_any_port(s.cfg.host);
+  } else {
+    s.port = s.http.bind_to_port(s.cfg.host, s.cfg.port) ? s.cfg.port : -1;
+  }
+  if (s.port <= 0) {
+    return Error{"cannot listen on " + s.cfg.host + ":" + std::to_string(s.cfg.port) +
+                 " (address in use or not available?)"};
+  }
+  s.listener = std::thread([&s] { s.http.listen_after_bind(); });
+  return {};
+}
+
+int Server::port() const {
+  return impl_->port;
+}
+
+void Server::set_engine(Engine* engine) {
+  Impl& s = *impl_;
+  if (s.model_name.empty()) s.model_name = engine->model_info().id;
+  s.chat_template.emplace(
+      tokenizer::ChatTemplate::detect(engine->model_info().chat_template, engine->tokenizer()));
+  s.engine.store(engine);
+}
+
+void Server::begin_shutdown() {
+  impl_->shutting_down.store(true);
+  impl_->http.stop();
+}
+
+void Server::stop() {
+  Impl& s = *impl_;
+  s.shutting_down.store(true);
+  s.http.stop();
+  if (s.listener.joinable()) s.listener.join();
+}
+
+}  // namespace bie::server

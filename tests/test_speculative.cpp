@@ -1,0 +1,224 @@
+// Speculative decoding: the n-gram drafter, the verification rule (statistically, on a tiny
+// vocabulary, with a deliberately wrong verifier that must fail the same test) and, end to end on
+// the default model, greedy output byte-identical with and without speculation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bie/engine/drafter.h"
+#include "bie/engine/engine.h"
+#include "bie/sampling/sampler.h"
+#include "bie/tokenizer/tokenizer.h"
+
+namespace bie {
+namespace {
+
+TEST(NgramDrafter, ProposesWhatFollowedTheMostRecentMatch) {
+  NgramDrafter d(3, 1);
+  std::vector<int32_t> out;
+  // ... 5 6 7 8 9 ... 5 6 7 -> propose 8 9 (the 3-gram 5 6 7 matched)
+  const std::vector<int32_t> t = {1, 5, 6, 7, 8, 9, 2, 3, 5, 6, 7};
+  d.propose(t, 4, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{8, 9, 2, 3}));
+  d.propose(t, 2, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{8, 9}));
+  // The longest suffix wins over a more recent shorter match; nothing matches -> nothing.
+  const std::vector<int32_t> u = {4, 1, 2, 3, 9, 2, 3, 0, 1, 2, 3};
+  d.propose(u, 3, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{9, 2, 3}));
+  d.propose(std::vector<int32_t>{1, 2, 3, 4}, 3, out);
+  EXPECT_TRUE(out.empty());
+  d.propose(std::vector<int32_t>{7}, 3, out);
+  EXPECT_TRUE(out.empty());
+}
+
+// G-test of the first emitted token's distribution against the target's, for draws through
+// verify() with a draft distribution q that differs from p. `verifier` picks the rule.
+double g_statistic(const std::vector<double>& expected_p, const std::vector<int64_t>& counts) {
+  int64_t n = 0;
+  for (const int64_t c : counts) n += c;
+  double g = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] == 0) continue;
+    const double e = expected_p[i] * static_cast<double>(n);
+    g += 2.0 * static_cast<double>(counts[i]) * std::log(static_cast<double>(counts[i]) / e);
+  }
+  return g;
+}
+
+struct Tiny {
+  static constexpr int32_t kVocab = 6;
+  std::vector<float> logits = {2.0f, 1.2f, 0.5f, 0.0f, -0.7f, -1.5f};
+  // The drafter's distribution: favours token 3, which the target finds unlikely.
+  std::vector<TokenProb> q = {{3, 0.6}, {0, 0.2}, {1, 0.1}, {5, 0.1}};
+  std::vector<double> target() const {
+    std::vector<double> p(kVocab);
+    double s = 0;
+    for (int i = 0; i < kVocab; ++i)
+      s += (p[static_cast<size_t>(i)] = std::exp(logits[static_cast<size_t>(i)]));
+    for (double& x : p) x /= s;
+    return p;
+  }
+};
+
+// Returns the G statistic of 40000 emitted tokens. wrong: accept every draft (no correction).
+double run_verification(bool wrong) {
+  Tiny t;
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  sp.min_p = 0.0f;
+  sp.seed = 1234;
+  Sampler sampler(sp, Tiny::kVocab);
+  std::mt19937_64 rng(99);
+  std::vector<int64_t> counts(Tiny::kVocab, 0);
+  for (int it = 0; it < 40000; ++it) {
+    // Draw the draft from q, as a draft model would.
+    std::uniform_real_distribution<double> u(0, 1);
+    double r = u(rng), cum = 0;
+    int32_t draft = t.q.back().id;
+    for (const TokenProb& x : t.q) {
+      cum += x.p;
+      if (r < cum) {
+        draft = x.id;
+        break;
+      }
+    }
+    std::vector<float> l = t.logits;
+    const DraftVerdict v = sampler.verify(l.data(), {}, draft, &t.q);
+    ++counts[static_cast<size_t>(wrong ? draft : v.token)];
+  }
+  return g_statistic(t.target(), counts);
+}
+
+TEST(SpeculativeVerify, EmittedTokensFollowTheTargetDistribution) {
+  // 5 degrees of freedom: the 99.9% quantile of chi-square(5) is 20.5.
+  EXPECT_LT(run_verification(false), 20.5);
+  EXPECT_GT(run_verification(true), 20.5);  // the test can fail
+}
+
+TEST(SpeculativeVerify, DeterministicDrafterAndGreedy) {
+  Tiny t;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  Sampler g(greedy, Tiny::kVocab);
+  std::vector<float> l = t.logits;
+  EXPECT_EQ(g.verify(l.data(), {}, 0).accepted, true);
+  l = t.logits;
+  const DraftVerdict v = g.verify(l.data(), {}, 2);
+  EXPECT_FALSE(v.accepted);
+  EXPECT_EQ(v.token, 0);
+  // A one-hot drafter (q = nullptr): first emitted token ~ p.
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  sp.min_p = 0.0f;
+  Sampler s(sp, Tiny::kVocab);
+  std::vector<int64_t> counts(Tiny::kVocab, 0);
+  for (int it = 0; it < 40000; ++it) {
+    l = t.logits;
+    ++counts[static_cast<size_t>(s.verify(l.data(), {}, 4).token)];
+  }
+  EXPECT_LT(g_statistic(t.target(), counts), 20.5);
+}
+
+struct Run {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int32_t> tokens;
+  std::optional<FinishEvent> fin;
+};
+
+std::vector<int32_t> generate_once(Engine& eng, const std::vector<int32_t>& prompt, int n,
+                                   FinishEvent* fin_out = nullptr) {
+  Run run;
+  RequestCallbacks cb;
+  cb.on_token = [&run](const TokenEvent& e) {
+    std::lock_guard lk(run.mu);
+    run.tokens.push_back(e.token);
+    return true;
+  };
+  cb.on_finish = [&run](const FinishEvent& f) {
+    std::lock_guard lk(run.mu);
+    run.fin = f;
+    run.cv.notify_all();
+  };
+  EngineRequest r;
+  r.prompt = prompt;
+  r.sampling.temperature = 0;
+  r.max_tokens = n;
+  static RequestId id = 1;
+  EXPECT_FALSE(eng.submit(id++, r, cb).has_value());
+  std::unique_lock lk(run.mu);
+  run.cv.wait(lk, [&] { return run.fin.has_value(); });
+  if (fin_out != nullptr) *fin_out = *run.fin;
+  return run.tokens;
+}
+
+EngineConfig spec_config(int gamma, const char* dtype) {
+  EngineConfig cfg;
+  cfg.kv.kv.dtype = dtype;
+  cfg.kv.max_model_len = 1024;
+  cfg.kv.max_num_seqs = 4;
+  cfg.kv.chunked_prefill_size = 256;
+  cfg.kv.kv_cache_memory = 96ull << 20;
+  cfg.threads = 2;
+  cfg.check_integrity = true;
+  cfg.speculative_draft_tokens = gamma;
+  return cfg;
+}
+
+// Input-grounded prompts: the answer repeats text from the prompt, so n-grams match.
+std::vector<std::string> grounded_prompts() {
+  return {
+      "<|im_start|>user\nRepeat this list exactly: apples, pears, plums, cherries, grapes, "
+      "lemons, limes, oranges, peaches.<|im_end|>\n<|im_start|>assistant\n",
+      "<|im_start|>user\nFix the typo in this code and print it again:\ndef add(a, b):\n    "
+      "retrun a + b\n\ndef sub(a, b):\n    return a - b\n<|im_end|>\n<|im_start|>assistant\n",
+      "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy",
+  };
+}
+
+TEST(Speculative, GreedyOutputIdenticalWithAndWithoutNgramDrafts) {
+  for (const char* dtype : {"f16", "int8"}) {
+    auto plain = Engine::create(spec_config(0, dtype));
+    auto spec = Engine::create(spec_config(5, dtype));
+    ASSERT_TRUE(plain.ok()) << plain.error();
+    ASSERT_TRUE(spec.ok()) << spec.error();
+    for (const std::string& text : grounded_prompts()) {
+      tokenizer::EncodeOptions eo;
+      eo.parse_special = true;
+      const auto prompt = (*plain)->tokenizer().encode(text, eo);
+      FinishEvent fin;
+      const auto want = generate_once(**plain, prompt, 48);
+      const auto got = generate_once(**spec, prompt, 48, &fin);
+      EXPECT_EQ(got, want) << dtype << ": " << text;
+      EXPECT_GT(fin.metrics.draft_tokens, 0) << text;
+    }
+    const EngineMetrics m = (*spec)->metrics();
+    EXPECT_GT(m.accepted_tokens, 0) << dtype;
+    (*spec)->wait_idle();
+    for (const auto& p : (*spec)->metrics().pools) EXPECT_EQ(p.blocks_used, 0) << dtype;
+  }
+}
+
+TEST(Speculative, BadGammaIsRefused) {
+  auto e = Engine::create(spec_config(99, "f16"));
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().find("--speculative-draft-tokens"), std::string::npos);
+  EngineConfig c = spec_config(5, "int4_asym");
+  c.kv.kv.window_tokens = 4;
+  auto w = Engine::create(c);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.error().find("--kv-window"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace bie
