@@ -28,6 +28,9 @@ struct ServeArgs {
   int64_t max_num_batched_tokens = 0;
   int64_t max_queue = 256;
   bool prefix_caching = true;
+  int32_t spec_tokens = 0;
+  std::string spec_ngram = "1:3";
+  bool spec_adaptive = false;
 };
 
 }  // namespace
@@ -62,6 +65,15 @@ int main(int argc, char** argv) {
                  "connections served at once (0: max-num-seqs + max-queue + 64, at most 1024)")
       ->check(CLI::Range(0, 4096));
   a.server.http_threads = 0;
+  app.add_option("--speculative-draft-tokens", a.spec_tokens,
+                 "draft tokens per step for speculative decoding with the prompt-lookup n-gram "
+                 "drafter (0: off; 1..15)")
+      ->capture_default_str();
+  app.add_option("--speculative-ngram", a.spec_ngram,
+                 "MIN:MAX suffix lengths the n-gram drafter matches")
+      ->capture_default_str();
+  app.add_flag("--speculative-adaptive", a.spec_adaptive,
+               "shrink the draft length after rejections, grow it after acceptances");
   bie::cli::add_kv_engine_flags(
       &app, a.kv, "KV format: f16, int8, fp8_e4m3, int4_asym[_gN], int4_channel, q8_0, q4_0");
   try {
@@ -83,6 +95,16 @@ int main(int argc, char** argv) {
   ec.max_num_batched_tokens = a.max_num_batched_tokens;
   ec.enable_prefix_caching = a.prefix_caching;
   ec.max_queue = a.max_queue;
+  ec.speculative_draft_tokens = a.spec_tokens;
+  ec.speculative_adaptive = a.spec_adaptive;
+  if (int lo = 0, hi = 0; std::sscanf(a.spec_ngram.c_str(), "%d:%d", &lo, &hi) == 2) {
+    ec.speculative_ngram_min = lo;
+    ec.speculative_ngram_max = hi;
+  } else {
+    std::fprintf(stderr, "bie-serve: --speculative-ngram wants MIN:MAX, got '%s'\n",
+                 a.spec_ngram.c_str());
+    return kExitBadInput;
+  }
   if (a.server.http_threads == 0) {
     a.server.http_threads =
         static_cast<int>(std::min<int64_t>(1024, kv->max_num_seqs + a.max_queue + 64));

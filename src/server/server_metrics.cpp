@@ -82,6 +82,10 @@ std::string ServerMetrics::render(const EngineMetrics* m, const std::string& mod
       gauge(out, name, help, "counter");
       out += fmt::format("{} {}\n", name, v);
     };
+    const auto counter_f = [&](const char* name, const char* help, double v) {
+      gauge(out, name, help, "counter");
+      out += fmt::format("{} {}\n", name, v);
+    };
     const auto plain_gauge = [&](const char* name, const char* help, double v) {
       gauge(out, name, help, "gauge");
       out += fmt::format("{} {}\n", name, v);
@@ -96,6 +100,20 @@ std::string ServerMetrics::render(const EngineMetrics* m, const std::string& mod
                                              : 0.0);
     counter("bie_preemptions_total", "sequences preempted (blocks freed, recomputed later)",
             m->preemptions);
+    counter("bie_spec_steps_total", "sequence-steps that verified speculative drafts",
+            m->spec_steps);
+    counter("bie_spec_draft_tokens_total", "speculative draft tokens verified", m->draft_tokens);
+    counter("bie_spec_accepted_tokens_total", "speculative draft tokens accepted",
+            m->accepted_tokens);
+    plain_gauge("bie_spec_acceptance_rate", "accepted / drafted tokens since start",
+                m->draft_tokens > 0
+                    ? static_cast<double>(m->accepted_tokens) / static_cast<double>(m->draft_tokens)
+                    : 0.0);
+    plain_gauge("bie_spec_mean_accepted_per_step", "accepted draft tokens per speculative step",
+                m->spec_steps > 0
+                    ? static_cast<double>(m->accepted_tokens) / static_cast<double>(m->spec_steps)
+                    : 0.0);
+    counter_f("bie_spec_drafter_seconds_total", "time spent proposing drafts", m->drafter_seconds);
     counter("bie_admission_refusals_total", "requests refused at submit (queue full, too long)",
             m->admission_refusals);
     plain_gauge("bie_requests_running", "requests holding KV blocks",
