@@ -18,9 +18,7 @@ engine = BieEngine(
         enable_prefix_caching=True,
         chunked_prefill_size=512,
         gpu_memory_utilization=0.90,
-        # The product page sets speculative_draft_tokens=5; speculative decoding is not available
-        # yet (a value > 0 raises ValueError until it lands), so this example runs without it.
-        speculative_draft_tokens=0,
+        speculative_draft_tokens=5,
     )
 )
 

@@ -113,8 +113,11 @@ class EngineConfig:
         device_memory: device memory in bytes or as a size ("16GiB"); None = physical RAM.
         kv_cache_memory: bytes for the KV pools (int or "2GiB"); overrides the budget above.
         threads: compute threads; 0 = all hardware threads.
-        speculative_draft_tokens: draft tokens per step for speculative decoding (0 = off; not
-            available yet: values > 0 raise ValueError).
+        speculative_draft_tokens: draft tokens per step for speculative decoding with the
+            prompt-lookup n-gram drafter (0 = off; 1..15). Greedy output is unchanged; sampled
+            output keeps its distribution (exact rejection sampling).
+        speculative_ngram_min, speculative_ngram_max: suffix lengths the drafter matches.
+        speculative_adaptive: shrink the draft length after rejections, grow it after acceptances.
         kv_rotate: Hadamard-rotate K and Q; None = on for int4_asym keys.
         max_queue: requests waiting for admission before submission is refused.
         check_integrity: verify the scheduler's and KV block manager's invariants after every
@@ -139,6 +142,9 @@ class EngineConfig:
     kv_cache_memory: Optional[Union[int, str]] = None
     threads: int = 0
     speculative_draft_tokens: int = 0
+    speculative_ngram_min: int = 1
+    speculative_ngram_max: int = 3
+    speculative_adaptive: bool = False
     kv_rotate: Optional[bool] = None
     max_queue: int = 256
     check_integrity: bool = False
@@ -178,11 +184,12 @@ class EngineConfig:
         _check_byte_size("device_memory", self.device_memory)
         _check_byte_size("kv_cache_memory", self.kv_cache_memory)
         _check_int("threads", self.threads, 0, 1024)
-        _check_int("speculative_draft_tokens", self.speculative_draft_tokens, 0)
-        if self.speculative_draft_tokens > 0:
+        _check_int("speculative_draft_tokens", self.speculative_draft_tokens, 0, 15)
+        _check_int("speculative_ngram_min", self.speculative_ngram_min, 1, 16)
+        _check_int("speculative_ngram_max", self.speculative_ngram_max, self.speculative_ngram_min, 16)
+        if not isinstance(self.speculative_adaptive, bool):
             raise ValueError(
-                "speculative_draft_tokens: speculative decoding not available yet "
-                f"(got {self.speculative_draft_tokens}; use 0)"
+                f"speculative_adaptive must be True or False, got {self.speculative_adaptive!r}"
             )
         if self.kv_rotate is not None and not isinstance(self.kv_rotate, bool):
             raise ValueError(f"kv_rotate must be True, False or None, got {self.kv_rotate!r}")
@@ -296,6 +303,7 @@ class RequestMetrics:
         cached_tokens: prompt tokens served from the prefix cache.
         prompt_tokens, generated_tokens, preemptions, queue_seconds, total_seconds: as named.
         acceptance_rate: share of draft tokens accepted when speculating; None otherwise.
+        draft_tokens, accepted_tokens: speculative proposals verified, and of those accepted.
     """
 
     ttft: float = 0.0
@@ -308,6 +316,8 @@ class RequestMetrics:
     queue_seconds: float = 0.0
     total_seconds: float = 0.0
     acceptance_rate: Optional[float] = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @dataclass

@@ -26,6 +26,9 @@ class EngineConfig:
     kv_cache_memory: Optional[Union[int, str]] = None
     threads: int = 0
     speculative_draft_tokens: int = 0
+    speculative_ngram_min: int = 1
+    speculative_ngram_max: int = 3
+    speculative_adaptive: bool = False
     kv_rotate: Optional[bool] = None
     max_queue: int = 256
     check_integrity: bool = False
@@ -61,6 +64,8 @@ class RequestMetrics:
     queue_seconds: float = 0.0
     total_seconds: float = 0.0
     acceptance_rate: Optional[float] = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 @dataclass
 class RequestOutput:

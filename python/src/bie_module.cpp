@@ -83,6 +83,10 @@ EngineConfig engine_config_from(const py::dict& d) {
   c.enable_prefix_caching = get_or<bool>(d, "enable_prefix_caching", true);
   c.max_queue = get_or<int64_t>(d, "max_queue", c.max_queue);
   c.check_integrity = get_or<bool>(d, "check_integrity", false);
+  c.speculative_draft_tokens = get_or<int32_t>(d, "speculative_draft_tokens", 0);
+  c.speculative_ngram_min = get_or<int32_t>(d, "speculative_ngram_min", c.speculative_ngram_min);
+  c.speculative_ngram_max = get_or<int32_t>(d, "speculative_ngram_max", c.speculative_ngram_max);
+  c.speculative_adaptive = get_or<bool>(d, "speculative_adaptive", false);
 
   // Argument errors the engine would only report as a failed start: name them as ValueError.
   if (auto layout = planner::resolve_kv_layout(f); !layout) throw py::value_error(layout.error());
@@ -189,6 +193,9 @@ py::dict to_dict(const Output& o, bool with_logprobs) {
   metrics["total_seconds"] = m.total_seconds;
   metrics["tokens_per_second"] = m.decode_tps();
   metrics["kv_regime"] = m.kv_regime;
+  metrics["draft_tokens"] = m.draft_tokens;
+  metrics["accepted_tokens"] = m.accepted_tokens;
+  metrics["acceptance_rate"] = m.draft_tokens > 0 ? py::cast(m.acceptance_rate()) : py::none();
   py::dict d;
   d["text"] = o.text;
   d["token_ids"] = o.tokens;
@@ -216,6 +223,8 @@ class EngineHandle {
     if (!e) {
       const std::string& msg = e.error();
       if (msg.find("budget") != std::string::npos) throw OutOfMemory(msg);
+      // A flag out of range or inconsistent with the KV layout ("... must be ...").
+      if (msg.find(" must ") != std::string::npos) throw py::value_error(msg);
       throw std::runtime_error(msg);
     }
     engine_ = std::shared_ptr<Engine>(std::move(*e));

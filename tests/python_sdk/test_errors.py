@@ -20,7 +20,8 @@ BAD_CONFIGS = [
     (dict(enable_prefix_caching="yes"), "enable_prefix_caching must be True or False"),
     (dict(kv_cache_dtype=""), "kv_cache_dtype must be a KV format name"),
     (dict(model=""), "model must be a GGUF path"),
-    (dict(speculative_draft_tokens=5), "speculative decoding not available yet"),
+    (dict(speculative_draft_tokens=16), "speculative_draft_tokens must be <= 15"),
+    (dict(speculative_ngram_min=3, speculative_ngram_max=2), "speculative_ngram_max must be >= 3"),
     (dict(speculative_draft_tokens=-1), "speculative_draft_tokens must be >= 0"),
 ]
 
@@ -37,6 +38,11 @@ def test_bad_config_values_raise_value_error(kwargs, message):
         (dict(kv_cache_dtype="int3"), "int3"),
         (dict(kv_cache_memory="lots"), "kv_cache_memory: 'lots' is not a byte size"),
         (dict(model="/nonexistent/model.gguf"), "/nonexistent/model.gguf"),
+        # The drafter's rollback stays inside the FP16 window: the engine names the field.
+        (
+            dict(kv_cache_dtype="int8", kv_window_tokens=8, speculative_draft_tokens=15),
+            "kv_window_tokens 8 must be at least speculative_draft_tokens",
+        ),
     ],
 )
 def test_engine_rejects_values_only_it_can_check(kwargs, message):

@@ -191,3 +191,18 @@ def test_prefix_cache_hits_show_in_metrics(engine):
     assert second.metrics.cached_tokens >= 2 * block
     assert second.metrics.cached_tokens % block == 0
     assert second.metrics.cached_tokens < second.metrics.prompt_tokens
+
+
+def test_speculative_decoding_keeps_greedy_output_and_reports_acceptance(engine):
+    from conftest import small_config
+
+    prompt = "Repeat after me: one two three four five. one two three four five. one two three"
+    params = bi.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = engine.generate(prompt, params)[0]
+    assert want.metrics.acceptance_rate is None and want.metrics.draft_tokens == 0
+    with bi.BieEngine(small_config(speculative_draft_tokens=5, max_num_seqs=2)) as e:
+        got = e.generate(prompt, params)[0]
+        assert got.token_ids == want.token_ids
+        m = got.metrics
+        assert m.draft_tokens > 0 and 0 <= m.accepted_tokens <= m.draft_tokens
+        assert m.acceptance_rate == pytest.approx(m.accepted_tokens / m.draft_tokens)
