@@ -29,7 +29,7 @@ struct ServeArgs {
   int64_t max_queue = 256;
   bool prefix_caching = true;
   int32_t spec_tokens = 0;
-  std::string spec_ngram = "1:3";
+  std::string spec_ngram = "2:3";
   bool spec_adaptive = false;
 };
 

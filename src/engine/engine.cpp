@@ -62,7 +62,7 @@ constexpr int32_t kMaxDraftTokens = 15;
 // Verify tokens one step may carry across all speculating sequences: two passes of the 4-token
 // matrix-vector kernels. Beyond it decode is no longer bound by reading the weights, and drafts
 // cost about what they save.
-constexpr int64_t kMaxVerifyTokens = 8;
+constexpr int64_t kMaxVerifyTokens = 4;
 
 double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();

@@ -41,7 +41,7 @@ struct EngineConfig {
   // verify tokens stay within two 4-token matrix-vector passes (see docs/serving.md).
   int32_t speculative_draft_tokens = 0;
   int32_t speculative_ngram_max = 3;  // longest suffix matched (tokens)
-  int32_t speculative_ngram_min = 1;  // shortest suffix matched
+  int32_t speculative_ngram_min = 2;  // shortest suffix matched
   bool speculative_adaptive = false;  // shrink γ after rejections, grow it after acceptances
 };
 
