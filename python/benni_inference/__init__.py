@@ -142,7 +142,7 @@ class EngineConfig:
     kv_cache_memory: Optional[Union[int, str]] = None
     threads: int = 0
     speculative_draft_tokens: int = 0
-    speculative_ngram_min: int = 1
+    speculative_ngram_min: int = 2
     speculative_ngram_max: int = 3
     speculative_adaptive: bool = False
     kv_rotate: Optional[bool] = None
