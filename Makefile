@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PROMPT ?= The capital of France is
 
-.PHONY: all deps models build run test test-asan bench clean format fuzz
+.PHONY: all deps models build run test test-python test-asan bench clean format fuzz
 
 all: build
 
@@ -29,9 +29,15 @@ test: deps models
 	scripts/setup_pyenv.sh $(BUILD)/.venv-test
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# Only the Python SDK's ctest steps (pytest on the build tree, then `pip install .` into a venv).
+test-python: deps models
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DBIE_WERROR=ON $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS) --target _bie bie_python_files
+	cd $(BUILD) && ctest --output-on-failure -R '^python_sdk'
+
 # Sanitizer build (ASan + UBSan) running the whole unit suite, corruption tests included.
 test-asan: deps models
-	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBIE_SANITIZE=ON -DBIE_WERROR=ON -DBIE_BUILD_BENCH=OFF
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBIE_SANITIZE=ON -DBIE_WERROR=ON -DBIE_BUILD_BENCH=OFF -DBIE_BUILD_PYTHON=OFF
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ctest --output-on-failure -j $(JOBS)
 
