@@ -633,6 +633,7 @@ void EngineImpl::finish(Request& r, const std::string& reason, const std::string
   auto cb = std::move(r.cb.on_finish);
   const kv::SeqId sid = r.sid;
   reqs_.erase(sid);  // r is gone from here on
+  publish_metrics();  // gauges read in on_finish already show this request gone
   if (cb) cb(fe);
 }
 
