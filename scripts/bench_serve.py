@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Serving throughput: C concurrent streaming clients against an OpenAI-compatible server.
 
-Each client loops over its prompts, sending /v1/completions with stream=true and greedy decoding
-(temperature 0, fixed max_tokens, ignore_eos where the server supports it), and records the time
+Each client loops over its prompts, sending /v1/chat/completions with stream=true and greedy decoding
+(chat completions, temperature 0, max_tokens, stopping at EOS like any client), and records the time
 to first token and the gaps between tokens. Reports output tokens/s over the whole run (all
 clients), requests/s, and TTFT / inter-token latency p50 and p99. Works against bie-serve and
 llama.cpp's server (python -m llama_cpp.server) alike, so both can be run side by side on the
@@ -37,20 +37,23 @@ PROMPTS = [
 ]
 
 
-def stream_one(url, model, prompt, max_tokens, timeout):
-    """Returns (n_tokens, ttft_s, [inter-token gaps]) or raises."""
+def stream_one(url, model, prompt, max_tokens, timeout, ignore_eos):
+    """One streamed greedy chat completion (both servers apply the model's chat template).
+    Returns (streamed tokens, ttft_s, [inter-token gaps]); a token is a chunk with content."""
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     body = {
         "model": model,
-        "prompt": prompt,
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
-        "ignore_eos": True,  # bie-serve extension; llama.cpp's server ignores unknown fields
     }
+    if ignore_eos:
+        body["ignore_eos"] = True  # bie-serve (and vLLM) extension
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
@@ -64,7 +67,7 @@ def stream_one(url, model, prompt, max_tokens, timeout):
             break
         chunk = json.loads(data)
         choices = chunk.get("choices") or []
-        if not choices or not choices[0].get("text"):
+        if not choices or not (choices[0].get("delta") or {}).get("content"):
             continue
         now = time.perf_counter()
         if ttft is None:
@@ -129,7 +132,7 @@ def run_level(args, conc):
                 return
             try:
                 r = stream_one(args.url, args.model, PROMPTS[i % len(PROMPTS)], args.max_tokens,
-                               args.timeout)
+                               args.timeout, args.ignore_eos)
                 with lock:
                     results.append(r)
             except Exception as e:  # noqa: BLE001 — reported, not fatal
@@ -175,6 +178,9 @@ def main():
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default 2 x clients, at least 4)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="ask for exactly --max-tokens tokens (bie-serve only; unfair vs servers "
+                         "that stop at EOS)")
     ap.add_argument("--label", default="", help="name printed with each row (e.g. bie, llama.cpp)")
     ap.add_argument("--json", action="store_true", help="one JSON object per level")
     args = ap.parse_args()
