@@ -91,7 +91,7 @@ def start_server(args):
     port = free_port()
     if args.server == "bie":
         cmd = [args.bin, "-m", args.gguf, "--port", str(port), "--threads", str(args.threads),
-               "--max-num-seqs", "16", "--max-model-len", "2048"]
+               "--max-num-seqs", "16", "--max-model-len", "2048"] + args.bie_args.split()
     else:
         # llama.cpp's Python server runs one request at a time; without this flag a new request
         # aborts the running one instead of queueing.
@@ -172,6 +172,8 @@ def main():
     ap.add_argument("--gguf", default=os.path.expanduser(
         "~/.cache/bie/models/SmolLM2-135M-Instruct.Q4_1.gguf"), help="model file to serve")
     ap.add_argument("--bin", default="build/bie-serve")
+    ap.add_argument("--bie-args", default="", help="extra bie-serve flags, e.g. "
+                    "'--speculative-draft-tokens 3'")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--model", default=None, help="model name in requests (default: /v1/models)")
     ap.add_argument("--concurrency", default="1,4,16", help="comma list of client counts")

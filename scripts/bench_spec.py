@@ -71,11 +71,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(binary, gguf, threads, gamma):
+def start(binary, gguf, threads, gamma, ngram="2:3", adaptive=False):
     port = free_port()
     cmd = [binary, "-m", gguf, "--port", str(port), "--threads", str(threads),
            "--max-num-seqs", "4", "--max-model-len", "4096", "--no-enable-prefix-caching",
-           "--speculative-draft-tokens", str(gamma)]
+           "--speculative-draft-tokens", str(gamma), "--speculative-ngram", ngram]
+    if adaptive:
+        cmd.append("--speculative-adaptive")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(1200):
         try:
@@ -136,9 +138,11 @@ def main():
     ap.add_argument("--gamma", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--ngram", default="2:3", help="--speculative-ngram MIN:MAX")
+    ap.add_argument("--adaptive", action="store_true", help="--speculative-adaptive")
     a = ap.parse_args()
     base, pb = start(a.bin, a.gguf, a.threads, 0)
-    spec, ps = start(a.bin, a.gguf, a.threads, a.gamma)
+    spec, ps = start(a.bin, a.gguf, a.threads, a.gamma, a.ngram, a.adaptive)
     try:
         rows = {}
         for name, text in GROUNDED + OPEN:
