@@ -315,6 +315,23 @@ TEST(Engine, CancelFreesBlocksAndRefusalsAreClear) {
   EXPECT_GE(eng.metrics().admission_refusals, 3);
 }
 
+TEST(Engine, CreateSaysWhatKindOfFailure) {
+  EngineConfig bad = base_config();
+  bad.kv.kv.dtype = "int3";
+  CreateError kind = CreateError::kModel;
+  EXPECT_FALSE(Engine::create(bad, &kind).ok());
+  EXPECT_EQ(kind, CreateError::kInvalidConfig);
+  EngineConfig missing = base_config();
+  missing.model = "/nonexistent/model.gguf";
+  EXPECT_FALSE(Engine::create(missing, &kind).ok());
+  EXPECT_EQ(kind, CreateError::kModel);
+  EngineConfig tiny = base_config();
+  tiny.kv.kv_cache_memory = 1 << 20;  // less than one 1024-token sequence
+  auto t = Engine::create(tiny, &kind);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(kind, CreateError::kOutOfBudget) << t.error();
+}
+
 TEST(Engine, StopStringsEndGenerationBeforeTheMatch) {
   auto e = Engine::create(base_config());
   ASSERT_TRUE(e.ok()) << e.error();

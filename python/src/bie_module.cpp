@@ -216,15 +216,21 @@ class EngineHandle {
   explicit EngineHandle(const py::dict& cfg_dict) {
     const EngineConfig cfg = engine_config_from(cfg_dict);
     Result<std::unique_ptr<Engine>> e = Error{};
+    CreateError kind = CreateError::kInvalidConfig;
     {
       py::gil_scoped_release nogil;
-      e = Engine::create(cfg);
+      e = Engine::create(cfg, &kind);
     }
     if (!e) {
       const std::string& msg = e.error();
-      if (msg.find("budget") != std::string::npos) throw OutOfMemory(msg);
-      // A flag out of range or inconsistent with the KV layout ("... must be ...").
-      if (msg.find(" must ") != std::string::npos) throw py::value_error(msg);
+      switch (kind) {
+        case CreateError::kOutOfBudget:
+          throw OutOfMemory(msg);
+        case CreateError::kInvalidConfig:
+          throw py::value_error(msg);
+        case CreateError::kModel:
+          break;
+      }
       throw std::runtime_error(msg);
     }
     engine_ = std::shared_ptr<Engine>(std::move(*e));

@@ -96,7 +96,7 @@ class EngineImpl final : public Engine {
   EngineImpl() = default;
   ~EngineImpl() override { shutdown(false); }
 
-  Status init(const EngineConfig& cfg);
+  Status init(const EngineConfig& cfg, CreateError& kind);
 
   const ModelInfo& model_info() const override { return info_; }
   const tokenizer::Tokenizer& tokenizer() const override { return *tok_; }
@@ -161,8 +161,9 @@ class EngineImpl final : public Engine {
   std::thread thread_;
 };
 
-Status EngineImpl::init(const EngineConfig& cfg) {
+Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   cfg_ = cfg;
+  kind = CreateError::kInvalidConfig;
   const KvEngineOptions& o = cfg.kv;
   if (o.max_num_seqs < 1) return Error{"--max-num-seqs must be >= 1"};
   if (o.chunked_prefill_size < 1) return Error{"--chunked-prefill-size must be >= 1"};
@@ -187,6 +188,14 @@ Status EngineImpl::init(const EngineConfig& cfg) {
                     "{}..{}",
                     cfg.speculative_ngram_min, cfg.speculative_ngram_max)};
   }
+  // The KV layout and the numbers the budget uses, before anything is loaded.
+  if (auto layout = planner::resolve_kv_layout(o.kv); !layout) return Error{layout.error()};
+  if (o.max_model_len < 0) return Error{"--max-model-len must be >= 1"};
+  if (!o.kv_cache_memory && !(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1)) {
+    return Error{fmt::format("--gpu-memory-utilization must be in (0, 1], got {}",
+                             o.gpu_memory_utilization)};
+  }
+  kind = CreateError::kModel;
   auto path = resolve_model_path(cfg.model);
   if (!path) return Error{path.error()};
   LoadOptions lo;
@@ -199,6 +208,22 @@ Status EngineImpl::init(const EngineConfig& cfg) {
   tok_ = std::make_unique<tokenizer::Tokenizer>(std::move(tok).value());
   auto g = planner::geometry_from_gguf(model_->file());
   if (!g) return Error{g.error()};
+  kind = CreateError::kInvalidConfig;  // the layout against this model's geometry
+  if (auto layout = planner::resolve_kv_layout(o.kv); !layout) {
+    return Error{layout.error()};
+  } else if (Status st = planner::check_kv_layout(*g, *layout); !st) {
+    return st;
+  } else if (layout->rotate) {
+    for (const planner::LayerKv& l : g->layers) {
+      if (l.head_dim_k < 1 || (l.head_dim_k & (l.head_dim_k - 1)) != 0) {
+        return Error{fmt::format(
+            "--kv-rotate needs a power-of-two key head dimension, this model's is {} (pass "
+            "--no-kv-rotate)",
+            l.head_dim_k)};
+      }
+    }
+  }
+  kind = CreateError::kOutOfBudget;  // what plan_kv_setup can still refuse
   KvEngineOptions plan_opts = o;
   plan_opts.chunked_prefill_size = batched;  // the workspace holds one step's tokens
   plan_opts.require_all_seqs = false;
@@ -206,8 +231,10 @@ Status EngineImpl::init(const EngineConfig& cfg) {
   if (!rep) return Error{rep.error()};
   report_ = std::move(rep).value();
   max_model_len_ = report_.max_model_len;
+  kind = CreateError::kModel;
   auto sha = file_sha256(*path);
   if (!sha) return Error{sha.error()};
+  kind = CreateError::kOutOfBudget;  // reserving the pools' address space
 
   PagedKvStoreConfig sc;
   sc.geometry = model_->hparams().kv_geometry();
@@ -220,6 +247,7 @@ Status EngineImpl::init(const EngineConfig& cfg) {
   if (!store) return Error{store.error()};
   store_ = std::move(store).value();
 
+  kind = CreateError::kInvalidConfig;
   if (cfg.speculative_draft_tokens > 0) {
     const planner::KvLayout& l = report_.layout;
     if (l.mixed() && l.window_tokens < cfg.speculative_draft_tokens + 1) {
@@ -723,9 +751,13 @@ void EngineImpl::publish_metrics() {
 
 }  // namespace
 
-Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& cfg) {
+Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& cfg, CreateError* kind) {
   auto e = std::make_unique<EngineImpl>();
-  if (Status s = e->init(cfg); !s) return Error{s.error()};
+  CreateError k = CreateError::kInvalidConfig;
+  if (Status s = e->init(cfg, k); !s) {
+    if (kind != nullptr) *kind = k;
+    return Error{s.error()};
+  }
   return std::unique_ptr<Engine>(std::move(e));
 }
 

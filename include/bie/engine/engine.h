@@ -152,11 +152,19 @@ struct ModelInfo {
   int32_t n_vocab = 0;
 };
 
+// Why Engine::create failed.
+enum class CreateError {
+  kInvalidConfig,  // a value out of range or inconsistent with the model / KV layout
+  kModel,          // the model file: missing, unreadable, corrupt, unsupported
+  kOutOfBudget,    // the memory budget cannot hold the weights, workspace and one sequence
+};
+
 class Engine {
  public:
   // Loads the model, sizes the KV pools (prints nothing; report() has the start-up report) and
-  // starts the engine thread.
-  [[nodiscard]] static Result<std::unique_ptr<Engine>> create(const EngineConfig& cfg);
+  // starts the engine thread. On failure *kind (if given) says which kind of failure it was.
+  [[nodiscard]] static Result<std::unique_ptr<Engine>> create(const EngineConfig& cfg,
+                                                              CreateError* kind = nullptr);
   virtual ~Engine() = default;
 
   [[nodiscard]] virtual const ModelInfo& model_info() const = 0;
