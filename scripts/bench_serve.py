@@ -97,19 +97,23 @@ def start_server(args):
         # aborts the running one instead of queueing.
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", args.gguf, "--port", str(port),
                "--n_threads", str(args.threads), "--n_ctx", "2048", "--interrupt_requests", "False"]
+    return launch(cmd, port, "/v1/models"), f"http://127.0.0.1:{port}"
+
+
+def launch(cmd, port, ready_path):
+    """Starts a server process and waits until GET ready_path answers 200 (120 s at most)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
     for _ in range(1200):
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", "/v1/models")
+            conn.request("GET", ready_path)
             if conn.getresponse().status == 200:
-                return proc, url
+                return proc
         except OSError:
             pass
         time.sleep(0.1)
     proc.terminate()
-    raise SystemExit(f"{args.server} did not start: {' '.join(cmd)}")
+    raise SystemExit("server did not start: " + " ".join(cmd))
 
 
 def pct(xs, p):

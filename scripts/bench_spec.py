@@ -13,11 +13,12 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_serve import free_port, launch  # noqa: E402
 
 CODE = '''def parse_config(path):
     with open(path) as f:
@@ -65,12 +66,6 @@ OPEN = [
 ]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(binary, gguf, threads, gamma, ngram="2:3", adaptive=False):
     port = free_port()
     cmd = [binary, "-m", gguf, "--port", str(port), "--threads", str(threads),
@@ -78,18 +73,7 @@ def start(binary, gguf, threads, gamma, ngram="2:3", adaptive=False):
            "--speculative-draft-tokens", str(gamma), "--speculative-ngram", ngram]
     if adaptive:
         cmd.append("--speculative-adaptive")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(1200):
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return proc, port
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.terminate()
-    sys.exit("bie-serve did not start: " + " ".join(cmd))
+    return launch(cmd, port, "/health"), port
 
 
 def chat(port, text, max_tokens):
