@@ -78,7 +78,6 @@ def test_greedy_outputs_identical_with_and_without_caching():
             assert s.stop() == 0
     cached, plain = outputs["--enable-prefix-caching"], outputs["--no-enable-prefix-caching"]
     assert cached[0] == plain[0]  # the first request computes everything in both servers
-    if cached != plain:
-        # Known engine issue (reported): a prefix-cache hit changes the float summation order of
-        # the suffix's attention, which can flip a greedy argmax. Shown, not hidden.
-        pytest.xfail(f"greedy text differs after a prefix-cache hit: {cached!r} vs {plain!r}")
+    # Later requests hit the cache; the engine's kernels are batch-invariant (docs/serving.md §3),
+    # so the text must not change.
+    assert cached == plain
