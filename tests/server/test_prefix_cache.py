@@ -3,7 +3,6 @@ at least 5x faster than the first, the hit shows in /metrics, and greedy outputs
 without caching (f16 KV) are compared."""
 import time
 
-import pytest
 import requests
 
 from conftest import ServerProcess
