@@ -66,6 +66,8 @@ constexpr int32_t kMaxDraftTokens = 15;
 constexpr int64_t kMaxVerifyTokens = 4;
 // Decode steps after which a request that stopped drafting proposes again once.
 constexpr int32_t kReprobeSteps = 16;
+// Speculative steps a request always drafts in before its acceptance rate steers it.
+constexpr int32_t kExploreSteps = 4;
 
 double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -86,6 +88,7 @@ struct Request {
   int32_t gamma = 0;         // adaptive γ for this request
   double accept_rate = 0.5;  // running share of drafts accepted (prior: even odds)
   int32_t undrafted = 0;     // decode steps since the last draft (re-probe after a while)
+  int32_t spec_steps = 0;    // steps that verified drafts
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<tokenizer::StreamDecoder> decoder;
   std::unique_ptr<StopStrings> stops;
@@ -455,7 +458,9 @@ void EngineImpl::draft() {
         1;
     const int64_t cap = std::min<int64_t>({per_seq, r.gamma, room});
     if (cap < 1) continue;
-    int n = best_draft_len(r, base, cap);
+    // The first few speculative steps always draft (they measure the acceptance), then the
+    // cost model decides.
+    int n = r.spec_steps < kExploreSteps ? static_cast<int>(cap) : best_draft_len(r, base, cap);
     // A request that stopped drafting tries again now and then: its text may turn repetitive.
     if (n == 0 && ++r.undrafted >= kReprobeSteps) n = static_cast<int>(cap);
     if (n < 1) continue;
@@ -619,6 +624,7 @@ void EngineImpl::sample(const ScheduledSeq& sc, float* logits) {
   }
   r.draft_tokens += sc.n_draft;
   r.accepted_tokens += accepted;
+  ++r.spec_steps;
   r.accept_rate =
       0.7 * r.accept_rate + 0.3 * static_cast<double>(accepted) / static_cast<double>(sc.n_draft);
   ++m_.spec_steps;
