@@ -60,9 +60,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int32_t kMaxDraftTokens = 15;
-// Verify tokens one step may carry across all speculating sequences: two passes of the 4-token
-// matrix-vector kernels. Beyond it decode is no longer bound by reading the weights, and drafts
-// cost about what they save.
+// Verify tokens one step may carry across all speculating sequences: one pass of the 4-token
+// matrix-vector kernels (docs/serving.md §5: each further pass costs about what drafts save).
 constexpr int64_t kMaxVerifyTokens = 4;
 // Decode steps after which a request that stopped drafting proposes again once.
 constexpr int32_t kReprobeSteps = 16;
@@ -121,7 +120,7 @@ class EngineImpl final : public Engine {
   // Samples (or verifies drafts) from sc's logits rows and commits the verified tokens.
   void sample(const ScheduledSeq& sc, float* logits);
   // Streams one generated token; false when the request finished (it is gone then).
-  [[nodiscard]] bool emit(Request& r, Sequence& s, int32_t tok, const float* raw);
+  [[nodiscard]] bool emit(Request& r, Sequence& s, int32_t tok, float* raw);
   void finish(Request& r, const std::string& reason, const std::string& error = {});
   void publish_metrics();
 
@@ -152,7 +151,7 @@ class EngineImpl final : public Engine {
   std::condition_variable cv_;       // wakes the engine thread
   std::condition_variable idle_cv_;  // wait_idle
   std::deque<std::unique_ptr<Request>> incoming_;
-  std::vector<RequestId> cancels_;
+  std::vector<kv::SeqId> cancels_;                 // sequences of requests to cancel
   std::unordered_map<RequestId, kv::SeqId> live_;  // accepted, not finished
   bool accepting_ = true;
   bool stopping_ = false;
@@ -212,20 +211,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   auto g = planner::geometry_from_gguf(model_->file());
   if (!g) return Error{g.error()};
   kind = CreateError::kInvalidConfig;  // the layout against this model's geometry
-  if (auto layout = planner::resolve_kv_layout(o.kv); !layout) {
-    return Error{layout.error()};
-  } else if (Status st = planner::check_kv_layout(*g, *layout); !st) {
-    return st;
-  } else if (layout->rotate) {
-    for (const planner::LayerKv& l : g->layers) {
-      if (l.head_dim_k < 1 || (l.head_dim_k & (l.head_dim_k - 1)) != 0) {
-        return Error{fmt::format(
-            "--kv-rotate needs a power-of-two key head dimension, this model's is {} (pass "
-            "--no-kv-rotate)",
-            l.head_dim_k)};
-      }
-    }
-  }
+  if (auto layout = kv_layout_for_model(*g, o.kv); !layout) return Error{layout.error()};
   kind = CreateError::kOutOfBudget;  // what plan_kv_setup can still refuse
   KvEngineOptions plan_opts = o;
   plan_opts.chunked_prefill_size = batched;  // the workspace holds one step's tokens
@@ -353,8 +339,9 @@ std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
 void EngineImpl::cancel(RequestId id) {
   {
     std::lock_guard lk(mu_);
-    if (live_.count(id) == 0) return;
-    cancels_.push_back(id);
+    const auto it = live_.find(id);
+    if (it == live_.end()) return;
+    cancels_.push_back(it->second);
   }
   cv_.notify_one();
 }
@@ -387,7 +374,7 @@ void EngineImpl::wait_idle() {
 void EngineImpl::loop() {
   for (;;) {
     std::deque<std::unique_ptr<Request>> incoming;
-    std::vector<RequestId> cancels;
+    std::vector<kv::SeqId> cancels;
     bool stopping = false, finish_running = false;
     {
       std::unique_lock lk(mu_);
@@ -408,13 +395,8 @@ void EngineImpl::loop() {
       m_.prompt_tokens += static_cast<int64_t>(r->req.prompt.size());
       reqs_.emplace(sid, std::move(r));
     }
-    for (const RequestId rid : cancels) {
-      for (auto& [sid, r] : reqs_) {
-        if (r->rid == rid) {
-          finish(*r, "cancelled");
-          break;
-        }
-      }
+    for (const kv::SeqId sid : cancels) {
+      if (const auto it = reqs_.find(sid); it != reqs_.end()) finish(*it->second, "cancelled");
     }
     if (stopping) {
       // Waiting requests never start; running ones finish when asked to, else stop now.
@@ -440,9 +422,7 @@ void EngineImpl::draft() {
   std::vector<Sequence*> decoding;
   for (const kv::SeqId id : sched_->running()) {
     Sequence* s = sched_->find(id);
-    if (s != nullptr && s->computed + 1 == static_cast<int64_t>(s->tokens.size())) {
-      decoding.push_back(s);
-    }
+    if (s != nullptr && s->decoding()) decoding.push_back(s);
   }
   if (decoding.empty()) return;
   const int64_t per_seq = kMaxVerifyTokens / static_cast<int64_t>(decoding.size()) - 1;
@@ -507,9 +487,10 @@ void EngineImpl::step() {
     return;
   }
   // Decode chunks first: their rows form one run of matrix-vector kernels.
-  std::stable_partition(out.scheduled.begin(), out.scheduled.end(), [](const ScheduledSeq& sc) {
-    return sc.seq->computed >= sc.seq->n_prompt;
-  });
+  const auto first_prefill =
+      std::stable_partition(out.scheduled.begin(), out.scheduled.end(),
+                            [](const ScheduledSeq& sc) { return !sc.seq->in_prompt(); });
+  const bool decode_only = first_prefill == out.scheduled.end();
   const auto now = Clock::now();
   std::vector<SequenceKv> views;
   std::vector<BatchSequence> batch;
@@ -541,7 +522,7 @@ void EngineImpl::step() {
                               : BatchSequence::Logits::kNone;
     b.decode_from = std::max<int64_t>(0, s.n_prompt - s.computed);
     batch.push_back(b);
-    if (s.computed < s.n_prompt) {
+    if (s.in_prompt()) {
       m_.computed_prompt_tokens += std::min(sc.n_tokens, s.n_prompt - s.computed);
     }
   }
@@ -556,9 +537,6 @@ void EngineImpl::step() {
   if (drafter_) {
     // Cost of decode-only steps by token count, for best_draft_len.
     const int64_t n = out.n_tokens();
-    const bool decode_only =
-        std::all_of(out.scheduled.begin(), out.scheduled.end(),
-                    [](const ScheduledSeq& sc) { return sc.seq->computed >= sc.seq->n_prompt; });
     if (decode_only && n <= kMaxVerifyTokens) {
       const double ms = 1000.0 * seconds(fwd0, Clock::now());
       double& e = step_ms_[static_cast<size_t>(n)];
@@ -603,8 +581,8 @@ void EngineImpl::sample(const ScheduledSeq& sc, float* logits) {
     (void)emit(r, s, tok, want_raw ? raw_.data() : nullptr);
     return;
   }
-  // Verify drafts in order: row i holds the logits after the decode token and i drafts.
-  const std::vector<int32_t> drafts(s.draft.begin(), s.draft.begin() + sc.n_draft);
+  // Verify drafts in order: row i holds the logits after the decode token and i drafts
+  // (s.draft stays as scheduled until commit below).
   int64_t accepted = 0;
   std::vector<int32_t> out_tokens;
   std::vector<std::vector<float>> out_raw;
@@ -616,7 +594,7 @@ void EngineImpl::sample(const ScheduledSeq& sc, float* logits) {
       out_tokens.push_back(r.sampler->sample(row, history));
       break;
     }
-    const DraftVerdict v = r.sampler->verify(row, history, drafts[static_cast<size_t>(i)]);
+    const DraftVerdict v = r.sampler->verify(row, history, s.draft[static_cast<size_t>(i)]);
     out_tokens.push_back(v.token);
     history.push_back(v.token);
     if (!v.accepted) break;
@@ -638,31 +616,26 @@ void EngineImpl::sample(const ScheduledSeq& sc, float* logits) {
     finish(r, "error", st.error());
     return;
   }
+  // Accepted drafts first (their K/V was computed in this pass), then the target's own token.
   for (size_t i = 0; i < out_tokens.size(); ++i) {
     if (!emit(r, s, out_tokens[i], want_raw ? out_raw[i].data() : nullptr)) return;
-    if (i + 1 < out_tokens.size()) {
-      // An accepted draft: its K/V is already computed (commit above counted it).
-    }
   }
 }
 
-bool EngineImpl::emit(Request& r, Sequence& s, int32_t tok, const float* raw) {
+bool EngineImpl::emit(Request& r, Sequence& s, int32_t tok, float* raw) {
   TokenEvent ev;
   ev.token = tok;
   const int32_t n_vocab = info_.n_vocab;
-  if (raw != nullptr) {
-    const float mx = *std::max_element(raw, raw + n_vocab);
-    double sum = 0;
-    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(raw[i] - mx));
-    const float lse = mx + static_cast<float>(std::log(sum));
-    ev.logprob = raw[tok] - lse;
+  if (raw != nullptr) {  // a copy of the row's raw logits: turned into log-probabilities here
+    log_softmax_inplace(raw, n_vocab);
+    ev.logprob = raw[tok];
     const auto k = static_cast<size_t>(r.req.logprobs);
     if (k > 0) {
       std::vector<int32_t> idx(static_cast<size_t>(n_vocab));
       for (int32_t i = 0; i < n_vocab; ++i) idx[static_cast<size_t>(i)] = i;
       std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
                         [&](int32_t a, int32_t b) { return raw[a] > raw[b]; });
-      for (size_t i = 0; i < k; ++i) ev.top.push_back({idx[i], raw[idx[i]] - lse});
+      for (size_t i = 0; i < k; ++i) ev.top.push_back({idx[i], raw[idx[i]]});
     }
   }
   if (!r.got_token) {

@@ -62,10 +62,9 @@ Result<uint64_t> physical_memory_bytes() {
   return static_cast<uint64_t>(cpu->memory_gib * static_cast<double>(planner::kGiB));
 }
 
-Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t weights_bytes,
-                                    int64_t n_ctx_train, const KvEngineOptions& o) {
-  KvSetupReport r;
-  auto layout = planner::resolve_kv_layout(o.kv);
+Result<planner::KvLayout> kv_layout_for_model(const planner::ModelGeometry& g,
+                                              const planner::KvLayoutFlags& flags) {
+  auto layout = planner::resolve_kv_layout(flags);
   if (!layout) return Error{layout.error()};
   if (Status s = planner::check_kv_layout(g, *layout); !s) return Error{s.error()};
   if (layout->rotate) {
@@ -79,6 +78,14 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
       }
     }
   }
+  return layout;
+}
+
+Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t weights_bytes,
+                                    int64_t n_ctx_train, const KvEngineOptions& o) {
+  KvSetupReport r;
+  auto layout = kv_layout_for_model(g, o.kv);
+  if (!layout) return Error{layout.error()};
   r.layout = *layout;
   r.layout_label = planner::kv_layout_label(r.layout);
   if (o.max_model_len < 0) return Error{"--max-model-len must be >= 1"};

@@ -63,15 +63,6 @@ Result<QualityRegime> parse_quality_regime(const std::string& spec,
 
 // ---- per-position statistics --------------------------------------------------------------
 
-void log_softmax_inplace(float* row, int32_t n_vocab) {
-  float mx = row[0];
-  for (int32_t i = 1; i < n_vocab; ++i) mx = std::max(mx, row[i]);
-  double sum = 0.0;
-  for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
-  const float log_z = mx + static_cast<float>(std::log(sum));
-  for (int32_t i = 0; i < n_vocab; ++i) row[i] -= log_z;
-}
-
 PositionStats compare_logprobs(const float* base_logp, const float* test_logp, int32_t n_vocab,
                                int32_t target) {
   PositionStats s;

@@ -66,14 +66,12 @@ bool Scheduler::ensure_blocks(Sequence& s, bool draft) {
   const kv::BlockManager& m = store_.manager();
   const int64_t held = m.has_sequence(s.id) ? m.num_tokens(s.id) : 0;
   const auto known = static_cast<int64_t>(s.tokens.size());
+  // append_tokens plans the append (a dry run) and changes nothing when it does not fit.
   if (held < known) {
     const auto fresh = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(held));
-    if (!store_.can_append(s.id, s.computed, static_cast<int64_t>(fresh.size()))) return false;
     if (!store_.append_tokens(s.id, s.computed, fresh).ok()) return false;
   }
   if (!draft || s.draft.empty()) return true;
-  const auto n = static_cast<int64_t>(s.draft.size());
-  if (!store_.can_append(s.id, s.computed, n, /*migrate=*/false)) return false;
   return store_.append_tokens(s.id, s.computed, s.draft, /*migrate=*/false).ok();
 }
 
@@ -97,8 +95,7 @@ SchedulerOutput Scheduler::schedule() {
     const kv::SeqId id = running_[i];
     Sequence& s = *seqs_.at(id);
     // Speculation: the decode token and its drafts, if they fit the budget and the blocks.
-    const bool decoding = s.computed + 1 == static_cast<int64_t>(s.tokens.size());
-    if (!decoding) s.draft.clear();
+    if (!s.decoding()) s.draft.clear();
     if (static_cast<int64_t>(s.draft.size()) > budget - 1) {
       s.draft.resize(static_cast<size_t>(std::max<int64_t>(budget - 1, 0)));
     }

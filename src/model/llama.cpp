@@ -86,23 +86,18 @@ class LlamaModel final : public Model {
   std::vector<float> cs_;    // [max_batch, n_rot] rope (cos, sin) per token
   MatmulScratch mm_;
   // Batch bookkeeping, reused between passes.
-  std::vector<int32_t> tok_;       // [n] token ids of the whole batch
-  std::vector<int64_t> pos_;       // [n] position of each token in its sequence
-  std::vector<int64_t> seq_row_;   // [n_seq] first activation row of each sequence
-  std::vector<int64_t> seq_pos_;   // [n_seq] first position of each sequence
-  std::vector<int64_t> out_rows_;  // activation rows that get logits, in output order
+  std::vector<int32_t> tok_;           // [n] token ids of the whole batch
+  std::vector<int64_t> pos_;           // [n] position of each token in its sequence
+  std::vector<int64_t> seq_row_;       // [n_seq] first activation row of each sequence
+  std::vector<int64_t> seq_pos_;       // [n_seq] first position of each sequence
+  std::vector<int64_t> out_rows_;      // activation rows that get logits, in output order
+  std::vector<MatmulPath> out_paths_;  // the kernel path of each of those rows' tokens
   struct Segment {
     int64_t row0, n;
     MatmulPath path;
   };
   std::vector<Segment> segments_;  // consecutive rows sharing a matmul path
 
-  [[nodiscard]] MatmulPath path_of(int64_t row) const {
-    for (const Segment& sg : segments_) {
-      if (row >= sg.row0 && row < sg.row0 + sg.n) return sg.path;
-    }
-    return MatmulPath::kAuto;
-  }
   // y[rows] = W x[rows], one matmul per segment (each with its own kernel path).
   void mm(const WeightView& w, const float* x, float* y, ThreadPool& pool) {
     for (const Segment& sg : segments_) {
@@ -243,6 +238,7 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
   tok_.resize(static_cast<size_t>(n));
   pos_.resize(static_cast<size_t>(n));
   out_rows_.clear();
+  out_paths_.clear();
   segments_.clear();
   const auto add_rows = [&](int64_t row0, int64_t cnt, MatmulPath path) {
     if (cnt <= 0) return;
@@ -259,19 +255,18 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
     const auto ns = static_cast<int64_t>(bs.tokens.size());
     seq_row_[s] = row;
     seq_pos_[s] = bs.kv->n_tokens();
-    if (bs.decode_from < 0) {
-      add_rows(row, ns, bs.path);
-    } else {
-      const int64_t np = std::min(bs.decode_from, ns);
-      add_rows(row, np, MatmulPath::kPrefill);
-      add_rows(row + np, ns - np, MatmulPath::kDecode);
-    }
+    // Tokens [0, np) on the prompt path, the rest on the decode path (or all on bs.path).
+    const int64_t np = bs.decode_from < 0 ? ns : std::min(bs.decode_from, ns);
+    const MatmulPath first = bs.decode_from < 0 ? bs.path : MatmulPath::kPrefill;
+    add_rows(row, np, first);
+    add_rows(row + np, ns - np, MatmulPath::kDecode);
     for (int64_t i = 0; i < ns; ++i) {
       tok_[static_cast<size_t>(row + i)] = bs.tokens[static_cast<size_t>(i)];
       pos_[static_cast<size_t>(row + i)] = seq_pos_[s] + i;
       if (bs.logits == BatchSequence::Logits::kAll ||
           (bs.logits == BatchSequence::Logits::kLast && i == ns - 1)) {
         out_rows_.push_back(row + i);
+        out_paths_.push_back(i < np ? first : MatmulPath::kDecode);
       }
     }
     row += ns;
@@ -354,9 +349,9 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
   logits.resize(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab));
   // Each logits row with its token's kernel path (runs of equal paths in one call).
   for (int64_t i = 0; i < n_out;) {
-    const MatmulPath path = path_of(out_rows_[static_cast<size_t>(i)]);
+    const MatmulPath path = out_paths_[static_cast<size_t>(i)];
     int64_t j = i + 1;
-    while (j < n_out && path_of(out_rows_[static_cast<size_t>(j)]) == path) ++j;
+    while (j < n_out && out_paths_[static_cast<size_t>(j)] == path) ++j;
     matmul(output_, xn_.data() + i * n_embd, j - i, logits.data() + i * hp.n_vocab, pool, mm_,
            path);
     i = j;

@@ -29,6 +29,15 @@ Status SamplingParams::validate() const {
   return {};
 }
 
+void log_softmax_inplace(float* row, int32_t n_vocab) {
+  float mx = row[0];
+  for (int32_t i = 1; i < n_vocab; ++i) mx = std::max(mx, row[i]);
+  double sum = 0.0;
+  for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
+  const float log_z = mx + static_cast<float>(std::log(sum));
+  for (int32_t i = 0; i < n_vocab; ++i) row[i] -= log_z;
+}
+
 int32_t argmax(const float* logits, int32_t n) {
   int32_t best = 0;
   for (int32_t i = 1; i < n; ++i) {

@@ -66,6 +66,11 @@ struct KvSetupReport {
   }
 };
 
+// The KV layout the flags ask for, checked against a model of geometry g (formats the geometry
+// allows, --kv-rotate only with power-of-two key heads). Errors name the flag to change.
+[[nodiscard]] Result<planner::KvLayout> kv_layout_for_model(const planner::ModelGeometry& g,
+                                                            const planner::KvLayoutFlags& flags);
+
 // Sizes pools for a model of geometry g (weights_bytes resident, trained context n_ctx_train).
 // Errors (one line each, naming the flag to change): a bad layout, max_model_len beyond what the
 // RoPE was trained for is allowed but must be >= 1, weights + workspace over the budget, a KV

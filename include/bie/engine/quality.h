@@ -16,6 +16,7 @@
 #include "bie/common/result.h"
 #include "bie/model/model.h"
 #include "bie/planner/kv_layout_flags.h"
+#include "bie/sampling/sampler.h"
 #include "bie/tokenizer/tokenizer.h"
 
 namespace bie {
@@ -109,8 +110,7 @@ using QualityProgress = std::function<void(const std::string&)>;
                                                        const QualityConfig& cfg, ThreadPool& pool,
                                                        const QualityProgress& progress = {});
 
-// Rewrites a row of logits as log-probabilities (log-softmax), in place.
-void log_softmax_inplace(float* row, int32_t n_vocab);
+// log_softmax_inplace (the rows compared below): bie/sampling/sampler.h.
 
 // Statistics of one position from two rows of log-probabilities: KL(base || test) in nats,
 // whether the argmaxes agree, and -log p_test(target). Exposed for tests.

@@ -26,6 +26,12 @@ struct Sequence {
   [[nodiscard]] int64_t n_generated() const {
     return static_cast<int64_t>(tokens.size()) - n_prompt;
   }
+  // Prompt tokens are still to be computed (prefill), or being recomputed after a preemption.
+  [[nodiscard]] bool in_prompt() const { return computed < n_prompt; }
+  // Every known token is computed but the last sampled one: the next step is a decode step.
+  [[nodiscard]] bool decoding() const {
+    return computed + 1 == static_cast<int64_t>(tokens.size());
+  }
 };
 
 }  // namespace bie

@@ -81,6 +81,9 @@ class Sampler {
   std::vector<int32_t> counts_;        // reused: occurrences per token id in the window
 };
 
+// Rewrites a row of logits as log-probabilities (log-softmax), in place.
+void log_softmax_inplace(float* row, int32_t n_vocab);
+
 // Index of the largest logit (first one on ties, as llama.cpp's greedy sampler).
 [[nodiscard]] int32_t argmax(const float* logits, int32_t n);
 
