@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Speculative decoding speed: decode tokens/s (first to last streamed token) of bie-serve with and without the n-gram drafter,
+"""Speculative decoding speed: decode tokens/s (first to last streamed token) of bie-serve with and without the n-gram drafter
+(or, with --draft-model, a draft model),
 on input-grounded tasks (the answer copies text from the prompt) and on open chat.
 
 Starts two bie-serve processes on the same model (--speculative-draft-tokens 0 and GAMMA) and
@@ -8,6 +9,7 @@ stream at a time; reports the median tok/s per task class, the speed-up, and the
 acceptance from /metrics. Greedy outputs must be identical; the script checks that too.
 
   scripts/bench_spec.py --threads 2 --gamma 5 --reps 3
+  scripts/bench_spec.py --threads 2 --gamma 3 --reps 3 --draft-model default
 """
 import argparse
 import http.client
@@ -66,13 +68,15 @@ OPEN = [
 ]
 
 
-def start(binary, gguf, threads, gamma, ngram="2:3", adaptive=False):
+def start(binary, gguf, threads, gamma, ngram="2:3", adaptive=False, draft=None):
     port = free_port()
     cmd = [binary, "-m", gguf, "--port", str(port), "--threads", str(threads),
            "--max-num-seqs", "4", "--max-model-len", "4096", "--no-enable-prefix-caching",
            "--speculative-draft-tokens", str(gamma), "--speculative-ngram", ngram]
     if adaptive:
         cmd.append("--speculative-adaptive")
+    if draft and gamma > 0:
+        cmd += ["--speculative-model", draft]
     return launch(cmd, port, "/health"), port
 
 
@@ -124,13 +128,17 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--ngram", default="2:3", help="--speculative-ngram MIN:MAX")
     ap.add_argument("--adaptive", action="store_true", help="--speculative-adaptive")
+    ap.add_argument("--draft-model", help="--speculative-model PATH (draft model instead of n-grams)")
+    ap.add_argument("--only", choices=["grounded", "chat"], help="run one task class")
     a = ap.parse_args()
     base, pb = start(a.bin, a.gguf, a.threads, 0)
-    spec, ps = start(a.bin, a.gguf, a.threads, a.gamma, a.ngram, a.adaptive)
+    spec, ps = start(a.bin, a.gguf, a.threads, a.gamma, a.ngram, a.adaptive, a.draft_model)
     try:
         rows = {}
         for name, text in GROUNDED + OPEN:
             cls = "open chat" if name == "chat" else "grounded"
+            if a.only and (a.only == "chat") != (name == "chat"):
+                continue
             for _ in range(a.reps):
                 t_b, n_b, w_b = chat(pb, text, a.max_tokens)
                 t_s, n_s, w_s = chat(ps, text, a.max_tokens)

@@ -98,5 +98,28 @@ TEST(CliEngine, BenchAtDepthsEmitsJson) {
             j["results"][0]["kv_bytes_per_token"].get<uint64_t>());
 }
 
+// bie bench --speculative: both drafters, greedy outputs identical, the drafter's statistics
+// reported (the draft model is the default model itself, forced to draft every step).
+TEST(CliEngine, BenchSpeculativeReportsAcceptance) {
+  for (const std::string drafter : {"ngram", "default"}) {
+    const auto r = run_cmd(test::bie_bin() + " bench -m default --speculative " + drafter +
+                           " --speculative-always -n 12 -r 1 -t 2 --max-model-len 1024 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_TRUE(j["identical_outputs"].get<bool>());
+    EXPECT_EQ(j["results"].size(), 5u);
+    EXPECT_GT(j["draft_tokens_verified"].get<double>(), 0.0) << drafter;
+    EXPECT_GE(j["acceptance_rate"].get<double>(), 0.0);
+    EXPECT_TRUE(j["median_speedup"].contains("grounded"));
+    if (drafter == "default") {
+      EXPECT_GT(j["acceptance_rate"].get<double>(), 0.8);
+      EXPECT_NE(r.err.find("+ draft model"), std::string::npos) << r.err;
+    }
+  }
+  expect_bad_input("bench -m default --speculative /nonexistent.gguf -n 4 -r 1",
+                   "--speculative-model");
+  expect_bad_input("bench -m default --speculative ngram --speculative-draft-tokens 99 -r 1", "");
+}
+
 }  // namespace
 }  // namespace bie

@@ -1,19 +1,24 @@
 // Speculative decoding: the n-gram drafter, the verification rule (statistically, on a tiny
 // vocabulary, with a deliberately wrong verifier that must fail the same test) and, end to end on
-// the default model, greedy output byte-identical with and without speculation.
+// the default model, greedy output byte-identical with and without speculation (n-gram and
+// draft-model drafters).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bie/engine/drafter.h"
 #include "bie/engine/engine.h"
+#include "bie/engine/model_path.h"
 #include "bie/sampling/sampler.h"
 #include "bie/tokenizer/tokenizer.h"
+#include "support/tiny_llama.h"
 
 namespace bie {
 namespace {
@@ -23,17 +28,17 @@ TEST(NgramDrafter, ProposesWhatFollowedTheMostRecentMatch) {
   std::vector<int32_t> out;
   // ... 5 6 7 8 9 ... 5 6 7 -> propose 8 9 (the 3-gram 5 6 7 matched)
   const std::vector<int32_t> t = {1, 5, 6, 7, 8, 9, 2, 3, 5, 6, 7};
-  d.propose(t, 4, out);
+  d.propose(0, t, 4, out);
   EXPECT_EQ(out, (std::vector<int32_t>{8, 9, 2, 3}));
-  d.propose(t, 2, out);
+  d.propose(0, t, 2, out);
   EXPECT_EQ(out, (std::vector<int32_t>{8, 9}));
   // The longest suffix wins over a more recent shorter match; nothing matches -> nothing.
   const std::vector<int32_t> u = {4, 1, 2, 3, 9, 2, 3, 0, 1, 2, 3};
-  d.propose(u, 3, out);
+  d.propose(0, u, 3, out);
   EXPECT_EQ(out, (std::vector<int32_t>{9, 2, 3}));
-  d.propose(std::vector<int32_t>{1, 2, 3, 4}, 3, out);
+  d.propose(0, std::vector<int32_t>{1, 2, 3, 4}, 3, out);
   EXPECT_TRUE(out.empty());
-  d.propose(std::vector<int32_t>{7}, 3, out);
+  d.propose(0, std::vector<int32_t>{7}, 3, out);
   EXPECT_TRUE(out.empty());
 }
 
@@ -218,6 +223,128 @@ TEST(Speculative, BadGammaIsRefused) {
   auto w = Engine::create(c);
   ASSERT_FALSE(w.ok());
   EXPECT_NE(w.error().find("--kv-window"), std::string::npos);
+}
+
+// The draft model is the default model itself (another quantisation is not shipped): greedy
+// outputs must match the plain engine's bit for bit, and nearly every draft is accepted.
+TEST(Speculative, GreedyOutputIdenticalWithAndWithoutDraftModel) {
+  auto path = resolve_model_path("default");
+  ASSERT_TRUE(path.ok()) << path.error();
+  for (const char* dtype : {"f16", "int8"}) {
+    auto plain = Engine::create(spec_config(0, dtype));
+    EngineConfig c = spec_config(3, dtype);
+    c.speculative_model = *path;
+    c.speculative_always = true;  // a draft as slow as the target never pays: force it
+    auto spec = Engine::create(c);
+    ASSERT_TRUE(plain.ok()) << plain.error();
+    ASSERT_TRUE(spec.ok()) << spec.error();
+    EXPECT_GT((*spec)->kv_report().draft_bytes, (*plain)->kv_report().weights_bytes);
+    EXPECT_NE(format_kv_report((*spec)->kv_report()).find("+ draft model"), std::string::npos);
+    std::vector<std::string> prompts = grounded_prompts();
+    prompts.push_back("<|im_start|>user\nWrite a short poem about the sea.<|im_end|>\n"
+                      "<|im_start|>assistant\n");
+    for (const std::string& text : prompts) {
+      tokenizer::EncodeOptions eo;
+      eo.parse_special = true;
+      const auto prompt = (*plain)->tokenizer().encode(text, eo);
+      FinishEvent fin;
+      const auto want = generate_once(**plain, prompt, 40);
+      const auto got = generate_once(**spec, prompt, 40, &fin);
+      EXPECT_EQ(got, want) << dtype << ": " << text;
+      EXPECT_GT(fin.metrics.draft_tokens, 0) << text;
+    }
+    const EngineMetrics m = (*spec)->metrics();
+    EXPECT_GT(m.draft_tokens, 0) << dtype;
+    EXPECT_GT(static_cast<double>(m.accepted_tokens), 0.8 * static_cast<double>(m.draft_tokens))
+        << dtype;
+    (*spec)->wait_idle();
+    for (const auto& p : (*spec)->metrics().pools) EXPECT_EQ(p.blocks_used, 0) << dtype;
+  }
+}
+
+// Several requests at once share the draft model's cache; the tiny draft cache forces it to
+// forget sequences and re-read them, which must not change any output.
+TEST(Speculative, DraftModelUnderConcurrencyAndEviction) {
+  auto path = resolve_model_path("default");
+  ASSERT_TRUE(path.ok()) << path.error();
+  EngineConfig pc = spec_config(0, "f16");
+  pc.kv.max_model_len = 160;
+  auto plain = Engine::create(pc);
+  EngineConfig c = pc;
+  c.speculative_draft_tokens = 3;
+  c.speculative_model = *path;
+  c.speculative_always = true;
+  auto spec = Engine::create(c);
+  ASSERT_TRUE(plain.ok()) << plain.error();
+  ASSERT_TRUE(spec.ok()) << spec.error();
+  const auto prompts = grounded_prompts();
+  std::vector<std::vector<int32_t>> want;
+  std::vector<std::vector<int32_t>> enc;
+  for (const std::string& text : prompts) {
+    tokenizer::EncodeOptions eo;
+    eo.parse_special = true;
+    enc.push_back((*plain)->tokenizer().encode(text, eo));
+    want.push_back(generate_once(**plain, enc.back(), 32));
+  }
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back([&, i] { got[i] = generate_once(**spec, enc[i], 32); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << prompts[i];
+}
+
+// The cost model: a draft model as slow as the target cannot pay even when every draft is
+// accepted, so once its speed is measured (first request) later requests do not draft at all.
+TEST(Speculative, DraftModelThatCannotPayStopsDrafting) {
+  auto path = resolve_model_path("default");
+  ASSERT_TRUE(path.ok()) << path.error();
+  EngineConfig c = spec_config(3, "f16");
+  c.speculative_model = *path;
+  auto spec = Engine::create(c);
+  ASSERT_TRUE(spec.ok()) << spec.error();
+  tokenizer::EncodeOptions eo;
+  eo.parse_special = true;
+  const auto prompt = (*spec)->tokenizer().encode(grounded_prompts()[0], eo);
+  FinishEvent first;
+  FinishEvent second;
+  (void)generate_once(**spec, prompt, 24, &first);
+  (void)generate_once(**spec, prompt, 24, &second);
+  EXPECT_GT(first.metrics.draft_tokens, 0);
+  EXPECT_EQ(second.metrics.draft_tokens, 0);
+}
+
+TEST(Speculative, DraftModelWithAnotherVocabularyIsRefused) {
+  test::TinyLlama t;  // 40 tokens
+  test::GgufBuilder g = t.gguf();
+  std::vector<std::string> toks;
+  for (int i = 0; i < t.n_vocab; ++i) toks.push_back("t" + std::to_string(i));
+  g.kv_str("tokenizer.ggml.model", "llama");
+  g.kv_str_array("tokenizer.ggml.tokens", toks);
+  g.kv_f32_array("tokenizer.ggml.scores", std::vector<float>(toks.size(), 0.0f));
+  g.kv_i32_array("tokenizer.ggml.token_type", std::vector<int32_t>(toks.size(), 1));
+  const std::string other = std::filesystem::temp_directory_path() / "bie_draft_other_vocab.gguf";
+  g.write(other);
+  EngineConfig c = spec_config(3, "f16");
+  c.speculative_model = other;
+  auto e = Engine::create(c);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().find("--speculative-model"), std::string::npos) << e.error();
+  EXPECT_NE(e.error().find("vocabulary has 40 tokens"), std::string::npos) << e.error();
+
+  c.speculative_model = "/nonexistent/draft.gguf";
+  auto missing = Engine::create(c);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().find("--speculative-model"), std::string::npos) << missing.error();
+
+  auto path = resolve_model_path("default");
+  ASSERT_TRUE(path.ok()) << path.error();
+  c.speculative_model = *path;
+  c.speculative_draft_tokens = 0;
+  auto off = Engine::create(c);
+  ASSERT_FALSE(off.ok());
+  EXPECT_NE(off.error().find("--speculative-draft-tokens"), std::string::npos) << off.error();
 }
 
 }  // namespace

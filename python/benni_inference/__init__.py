@@ -118,6 +118,8 @@ class EngineConfig:
             output keeps its distribution (exact rejection sampling).
         speculative_ngram_min, speculative_ngram_max: suffix lengths the drafter matches.
         speculative_adaptive: shrink the draft length after rejections, grow it after acceptances.
+        speculative_model: a draft model GGUF with the target's vocabulary that drafts instead of
+            the n-gram matcher (its weights and KV cache come out of the memory budget).
         kv_rotate: Hadamard-rotate K and Q; None = on for int4_asym keys.
         max_queue: requests waiting for admission before submission is refused.
         check_integrity: verify the scheduler's and KV block manager's invariants after every
@@ -145,6 +147,7 @@ class EngineConfig:
     speculative_ngram_min: int = 2
     speculative_ngram_max: int = 3
     speculative_adaptive: bool = False
+    speculative_model: Optional[str] = None
     kv_rotate: Optional[bool] = None
     max_queue: int = 256
     check_integrity: bool = False
@@ -190,6 +193,10 @@ class EngineConfig:
         if not isinstance(self.speculative_adaptive, bool):
             raise ValueError(
                 f"speculative_adaptive must be True or False, got {self.speculative_adaptive!r}"
+            )
+        if self.speculative_model is not None and not isinstance(self.speculative_model, str):
+            raise ValueError(
+                f"speculative_model must be a path or None, got {self.speculative_model!r}"
             )
         if self.kv_rotate is not None and not isinstance(self.kv_rotate, bool):
             raise ValueError(f"kv_rotate must be True, False or None, got {self.kv_rotate!r}")

@@ -29,6 +29,7 @@ class EngineConfig:
     speculative_ngram_min: int = 2
     speculative_ngram_max: int = 3
     speculative_adaptive: bool = False
+    speculative_model: Optional[str] = None
     kv_rotate: Optional[bool] = None
     max_queue: int = 256
     check_integrity: bool = False

@@ -87,6 +87,7 @@ EngineConfig engine_config_from(const py::dict& d) {
   c.speculative_ngram_min = get_or<int32_t>(d, "speculative_ngram_min", c.speculative_ngram_min);
   c.speculative_ngram_max = get_or<int32_t>(d, "speculative_ngram_max", c.speculative_ngram_max);
   c.speculative_adaptive = get_or<bool>(d, "speculative_adaptive", false);
+  c.speculative_model = get_or<std::string>(d, "speculative_model", "");
 
   // Argument errors the engine would only report as a failed start: name them as ValueError.
   if (auto layout = planner::resolve_kv_layout(f); !layout) throw py::value_error(layout.error());

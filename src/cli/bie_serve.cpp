@@ -31,6 +31,8 @@ struct ServeArgs {
   int32_t spec_tokens = 0;
   std::string spec_ngram = "2:3";
   bool spec_adaptive = false;
+  std::string spec_model;
+  bool spec_always = false;
 };
 
 }  // namespace
@@ -72,6 +74,11 @@ int main(int argc, char** argv) {
   app.add_option("--speculative-ngram", a.spec_ngram,
                  "MIN:MAX suffix lengths the n-gram drafter matches")
       ->capture_default_str();
+  app.add_option("--speculative-model", a.spec_model,
+                 "draft model GGUF with the target's vocabulary (instead of the n-gram drafter; "
+                 "its weights and KV come out of the memory budget)");
+  app.add_flag("--speculative-always", a.spec_always,
+               "draft every step without asking the cost model whether drafts pay (measurements)");
   app.add_flag("--speculative-adaptive", a.spec_adaptive,
                "shrink the draft length after rejections, grow it after acceptances");
   bie::cli::add_kv_engine_flags(
@@ -97,6 +104,8 @@ int main(int argc, char** argv) {
   ec.max_queue = a.max_queue;
   ec.speculative_draft_tokens = a.spec_tokens;
   ec.speculative_adaptive = a.spec_adaptive;
+  ec.speculative_model = a.spec_model;
+  ec.speculative_always = a.spec_always;
   if (int lo = 0, hi = 0; std::sscanf(a.spec_ngram.c_str(), "%d:%d", &lo, &hi) == 2) {
     ec.speculative_ngram_min = lo;
     ec.speculative_ngram_max = hi;

@@ -19,6 +19,7 @@
 #include "bie/engine/model_path.h"
 #include "bie/model/model.h"
 #include "bie/planner/plan_report.h"
+#include "cli/bench_spec.h"
 #include "cli/commands.h"
 #include "cli/kv_options.h"
 
@@ -35,6 +36,9 @@ struct BenchArgs {
   int32_t threads = 0;
   bool json = false;
   KvCliFlags kv;
+  std::string speculative;  // "ngram" or a draft model: the speculative benchmark instead
+  int32_t draft_tokens = 3;
+  bool speculative_always = false;
 };
 
 // One regime's cache and what the report says about it.
@@ -77,6 +81,19 @@ int bench(const BenchArgs& a) {
   };
   auto base = to_engine_options(a.kv);
   if (!base) return fail(kExitBadInput, base.error());
+  if (!a.speculative.empty()) {
+    SpecBenchOptions so;
+    so.model = a.model;
+    so.drafter = a.speculative;
+    so.draft_tokens = a.draft_tokens;
+    so.n_gen = a.n_decode;
+    so.reps = a.reps;
+    so.threads = a.threads;
+    so.always = a.speculative_always;
+    so.json = a.json;
+    so.kv = *base;
+    return run_spec_bench(so);
+  }
   const std::vector<std::string> names = split_list(a.kv.opts.kv.dtype);
   if (names.empty()) return fail(kExitBadInput, "--kv-cache-dtype: give at least one format");
   const int32_t max_depth = *std::max_element(a.depths.begin(), a.depths.end());
@@ -237,6 +254,15 @@ void add_bench_command(CLI::App& root, int* rc) {
   add_kv_engine_flags(cmd, a->kv,
                       "KV format, or a comma list of regimes to compare (f16,int8,int4_asym,...)");
   cmd->add_flag("--json", a->json, "Print JSON");
+  cmd->add_option("--speculative", a->speculative,
+                  "Instead of pp/tg: greedy generation with and without speculation on built-in "
+                  "grounded and chat tasks; 'ngram' or a draft model GGUF");
+  cmd->add_option("--speculative-draft-tokens", a->draft_tokens,
+                  "Draft tokens per step for --speculative")
+      ->check(CLI::Range(1, 15))
+      ->capture_default_str();
+  cmd->add_flag("--speculative-always", a->speculative_always,
+                "Draft every step (no cost model) for --speculative");
   cmd->callback([a, rc] { *rc = bench(*a); });
 }
 

@@ -224,7 +224,7 @@ void add_plan_command(CLI::App& root, int* rc) {
       ->capture_default_str();
   cmd->add_option("--speculative-draft-tokens", f->draft_tokens, "draft tokens per step (gamma)")
       ->capture_default_str();
-  cmd->add_option("--draft-model", f->draft_model, "draft model GGUF");
+  cmd->add_option("--draft-model,--speculative-model", f->draft_model, "draft model GGUF");
   cmd->add_option("--draft-preset", f->draft_preset, "draft model preset");
   cmd->add_option("--draft-weights", f->draft_weights, "draft model weight quantisation");
   cmd->add_option("--pcie-bandwidth", f->pcie_gbs, "host link in GB/s, for the spill estimate")

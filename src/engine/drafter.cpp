@@ -5,7 +5,7 @@
 
 namespace bie {
 
-void NgramDrafter::propose(std::span<const int32_t> tokens, int max_tokens,
+void NgramDrafter::propose(int64_t /*seq*/, std::span<const int32_t> tokens, int max_tokens,
                            std::vector<int32_t>& out) {
   assert(n_min_ >= 1 && n_min_ <= n_max_);
   out.clear();

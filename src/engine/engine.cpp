@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "bie/backend/thread_pool.h"
+#include "bie/engine/draft_model.h"
 #include "bie/engine/drafter.h"
 #include "bie/engine/model_path.h"
 #include "bie/engine/scheduler.h"
@@ -138,7 +139,7 @@ class EngineImpl final : public Engine {
   std::array<double, kMaxVerifyTokens + 1> step_ms_{};
   // Drafts worth proposing for a request in a step with `base` decode tokens: the g that
   // maximises expected tokens per unit of step cost.
-  [[nodiscard]] int best_draft_len(const Request& r, int64_t base, int64_t cap) const;
+  [[nodiscard]] int best_draft_len(double accept_rate, int64_t base, int64_t cap) const;
 
   // Engine thread only.
   std::unordered_map<kv::SeqId, std::unique_ptr<Request>> reqs_;
@@ -212,8 +213,31 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   if (!g) return Error{g.error()};
   kind = CreateError::kInvalidConfig;  // the layout against this model's geometry
   if (auto layout = kv_layout_for_model(*g, o.kv); !layout) return Error{layout.error()};
-  kind = CreateError::kOutOfBudget;  // what plan_kv_setup can still refuse
+  const int threads = cfg.threads > 0
+                          ? cfg.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  pool_ = std::make_unique<ThreadPool>(threads);
   KvEngineOptions plan_opts = o;
+  if (!cfg.speculative_model.empty()) {
+    if (cfg.speculative_draft_tokens < 1) {
+      return Error{"--speculative-model needs --speculative-draft-tokens >= 1"};
+    }
+    kind = CreateError::kModel;
+    auto dpath = resolve_model_path(cfg.speculative_model);
+    if (!dpath) return Error{"--speculative-model: " + dpath.error()};
+    // Its cache holds one sequence of the context the target serves (sequences share it).
+    const int64_t n_ctx = model_->hparams().n_ctx_train;
+    const int64_t draft_ctx =
+        o.max_model_len > 0
+            ? o.max_model_len
+            : std::min<int64_t>(n_ctx > 0 ? n_ctx : kDefaultMaxModelLen, kDefaultMaxModelLen);
+    auto d = DraftModelDrafter::create(*dpath, tok_->vocab(), draft_ctx,
+                                       static_cast<int32_t>(o.chunked_prefill_size), *pool_);
+    if (!d) return Error{d.error()};
+    plan_opts.draft_bytes = (*d)->bytes().total();
+    drafter_ = std::move(d).value();
+  }
+  kind = CreateError::kOutOfBudget;  // what plan_kv_setup can still refuse
   plan_opts.chunked_prefill_size = batched;  // the workspace holds one step's tokens
   plan_opts.require_all_seqs = false;
   auto rep = plan_kv_setup(*g, model_->weight_bytes(), model_->hparams().n_ctx_train, plan_opts);
@@ -245,7 +269,10 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
           "least --speculative-draft-tokens + 1 = {}",
           l.window_tokens, cfg.speculative_draft_tokens + 1)};
     }
-    drafter_ = std::make_unique<NgramDrafter>(cfg.speculative_ngram_max, cfg.speculative_ngram_min);
+    if (!drafter_) {
+      drafter_ =
+          std::make_unique<NgramDrafter>(cfg.speculative_ngram_max, cfg.speculative_ngram_min);
+    }
   }
   SchedulerConfig schc;
   schc.max_num_seqs = o.max_num_seqs;
@@ -253,11 +280,6 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   schc.chunked_prefill_size = o.chunked_prefill_size;
   schc.max_model_len = max_model_len_;
   sched_ = std::make_unique<Scheduler>(schc, *store_);
-
-  const int threads = cfg.threads > 0
-                          ? cfg.threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  pool_ = std::make_unique<ThreadPool>(threads);
 
   info_.path = *path;
   info_.id = std::filesystem::path(*path).stem().string();
@@ -440,17 +462,22 @@ void EngineImpl::draft() {
     if (cap < 1) continue;
     // The first few speculative steps always draft (they measure the acceptance), then the
     // cost model decides.
-    int n = r.spec_steps < kExploreSteps ? static_cast<int>(cap) : best_draft_len(r, base, cap);
+    // Drafts that cannot pay even when all are accepted (a draft model about as slow as the
+    // target) are not tried at all.
+    if (!cfg_.speculative_always && best_draft_len(1.0, base, cap) == 0) continue;
+    int n = r.spec_steps < kExploreSteps || cfg_.speculative_always
+                ? static_cast<int>(cap)
+                : best_draft_len(r.accept_rate, base, cap);
     // A request that stopped drafting tries again now and then: its text may turn repetitive.
     if (n == 0 && ++r.undrafted >= kReprobeSteps) n = static_cast<int>(cap);
     if (n < 1) continue;
     r.undrafted = 0;
-    drafter_->propose(s->tokens, n, s->draft);
+    drafter_->propose(s->id, s->tokens, n, s->draft);
   }
   m_.drafter_seconds += seconds(t0, Clock::now());
 }
 
-int EngineImpl::best_draft_len(const Request& r, int64_t base, int64_t cap) const {
+int EngineImpl::best_draft_len(double accept_rate, int64_t base, int64_t cap) const {
   // Cost of a step with n decode tokens relative to base: measured where seen, else the ratio
   // measured for SmolLM2-135M on 2 AVX2 cores (+44% per extra token of a matrix-vector pass).
   const auto cost = [&](int64_t n) {
@@ -459,13 +486,25 @@ int EngineImpl::best_draft_len(const Request& r, int64_t base, int64_t cap) cons
     }
     return 1.0 + 0.44 * static_cast<double>(n - base) / static_cast<double>(base);
   };
-  const double a = std::clamp(r.accept_rate, 0.0, 0.999);
+  // A drafter that runs a model adds its own time per proposed token, relative to a step of
+  // `base` tokens (estimated from another measured step size while that one is unseen).
+  double base_ms = step_ms_[static_cast<size_t>(base)];
+  for (int64_t n = base + 1; base_ms <= 0 && n <= kMaxVerifyTokens; ++n) {
+    if (step_ms_[static_cast<size_t>(n)] > 0) {
+      base_ms = step_ms_[static_cast<size_t>(n)] /
+                (1.0 + 0.44 * static_cast<double>(n - base) / static_cast<double>(base));
+    }
+  }
+  const double draft_cost =
+      base_ms > 0 ? 1000.0 * drafter_->seconds_per_token() / base_ms : 0.0;
+  const double a = std::clamp(accept_rate, 0.0, 0.999);
   int best = 0;
   double best_value = 1.0;  // no drafts: one token per unit cost
   for (int64_t g = 1; g <= cap; ++g) {
     // Expected accepted drafts when each is accepted with probability a, in a row.
     const double accepted = a * (1.0 - std::pow(a, static_cast<double>(g))) / (1.0 - a);
-    const double value = (1.0 + accepted) / cost(base + g);
+    const double value =
+        (1.0 + accepted) / (cost(base + g) + draft_cost * static_cast<double>(g));
     if (value > best_value * 1.02) {  // demand a clear gain
       best = static_cast<int>(g);
       best_value = value;
@@ -687,6 +726,7 @@ void EngineImpl::finish(Request& r, const std::string& reason, const std::string
   m.draft_tokens = r.draft_tokens;
   m.accepted_tokens = r.accepted_tokens;
   if (sched_->find(r.sid) != nullptr) (void)sched_->finish(r.sid);
+  if (drafter_) drafter_->release(r.sid);
   ++m_.requests_finished;
   {
     std::lock_guard lk(mu_);

@@ -98,6 +98,7 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
   r.max_num_seqs = o.max_num_seqs;
   r.chunked_prefill_size = o.chunked_prefill_size;
   r.weights_bytes = weights_bytes;
+  r.draft_bytes = o.draft_bytes;
   r.workspace_bytes = planner::activation_bytes(g, o.chunked_prefill_size, o.max_num_seqs);
   r.bytes_per_token = planner::kv_bytes_per_token(g, r.layout.k, r.layout.v);
   r.seq_bytes = planner::kv_pool_plan(g, r.layout, r.max_model_len, 1).total_bytes();
@@ -120,13 +121,14 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
     r.utilization = o.gpu_memory_utilization;
     r.usable_bytes =
         static_cast<uint64_t>(static_cast<double>(r.device_bytes) * o.gpu_memory_utilization);
-    const uint64_t fixed = r.weights_bytes + r.workspace_bytes;
+    const uint64_t fixed = r.weights_bytes + r.workspace_bytes + r.draft_bytes;
     if (fixed >= r.usable_bytes) {
       return Error{fmt::format(
-          "weights ({}) + workspace ({}) do not fit the memory budget {} ({:.2f} x {}); raise "
+          "weights ({}) + workspace ({}){} do not fit the memory budget {} ({:.2f} x {}); raise "
           "--gpu-memory-utilization or --device-memory, or lower --chunked-prefill-size",
-          bytes(r.weights_bytes), bytes(r.workspace_bytes), bytes(r.usable_bytes), r.utilization,
-          bytes(r.device_bytes))};
+          bytes(r.weights_bytes), bytes(r.workspace_bytes),
+          r.draft_bytes > 0 ? fmt::format(" + draft model ({})", bytes(r.draft_bytes)) : "",
+          bytes(r.usable_bytes), r.utilization, bytes(r.device_bytes))};
     }
     r.kv_budget_bytes = r.usable_bytes - fixed;
   }
@@ -206,17 +208,19 @@ uint64_t kv_held_bytes(const PagedKvCache& kv) {
 
 std::string format_kv_report(const KvSetupReport& r) {
   std::string s;
+  const std::string draft =
+      r.draft_bytes > 0 ? fmt::format(" + draft model {}", bytes(r.draft_bytes)) : "";
   if (r.explicit_kv_memory) {
     s += fmt::format(
-        "memory: weights {} + workspace {} (chunk {}) + KV pools {} (--kv-cache-memory {})\n",
-        bytes(r.weights_bytes), bytes(r.workspace_bytes), r.chunked_prefill_size,
+        "memory: weights {} + workspace {} (chunk {}){} + KV pools {} (--kv-cache-memory {})\n",
+        bytes(r.weights_bytes), bytes(r.workspace_bytes), r.chunked_prefill_size, draft,
         bytes(r.kv_pool_bytes()), bytes(r.kv_budget_bytes));
   } else {
     s += fmt::format(
-        "memory: budget {} ({:.2f} x {}) = weights {} + workspace {} (chunk {}) + KV {} (pools "
+        "memory: budget {} ({:.2f} x {}) = weights {} + workspace {} (chunk {}){} + KV {} (pools "
         "{})\n",
         bytes(r.usable_bytes), r.utilization, bytes(r.device_bytes), bytes(r.weights_bytes),
-        bytes(r.workspace_bytes), r.chunked_prefill_size, bytes(r.kv_budget_bytes),
+        bytes(r.workspace_bytes), r.chunked_prefill_size, draft, bytes(r.kv_budget_bytes),
         bytes(r.kv_pool_bytes()));
   }
   s += fmt::format("kv: {}, block {}, ", r.layout_label, r.layout.block_size);

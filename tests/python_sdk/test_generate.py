@@ -206,3 +206,19 @@ def test_speculative_decoding_keeps_greedy_output_and_reports_acceptance(engine)
         m = got.metrics
         assert m.draft_tokens > 0 and 0 <= m.accepted_tokens <= m.draft_tokens
         assert m.acceptance_rate == pytest.approx(m.accepted_tokens / m.draft_tokens)
+
+
+def test_draft_model_keeps_greedy_output(engine):
+    from conftest import small_config
+
+    prompt = "Repeat after me: one two three four five. one two three four five. one two three"
+    params = bi.SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    want = engine.generate(prompt, params)[0]
+    # The default model drafts for itself: its first request explores (drafts every step).
+    with bi.BieEngine(small_config(speculative_draft_tokens=3, speculative_model="default")) as e:
+        got = e.generate(prompt, params)[0]
+        assert got.token_ids == want.token_ids
+        assert got.metrics.draft_tokens > 0
+        assert got.metrics.accepted_tokens > 0.8 * got.metrics.draft_tokens
+    with pytest.raises(ValueError, match="speculative_model"):
+        bi.EngineConfig(speculative_model=3)

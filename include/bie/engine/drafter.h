@@ -14,16 +14,23 @@ namespace bie {
 class Drafter {
  public:
   virtual ~Drafter() = default;
-  // Appends up to max_tokens proposals for what follows `tokens` to `out` (cleared first).
-  virtual void propose(std::span<const int32_t> tokens, int max_tokens,
+  // Appends up to max_tokens proposals for what follows `tokens` (all of sequence seq's tokens)
+  // to `out` (cleared first).
+  virtual void propose(int64_t seq, std::span<const int32_t> tokens, int max_tokens,
                        std::vector<int32_t>& out) = 0;
+  // Sequence seq ended: drop whatever the drafter keeps for it.
+  virtual void release(int64_t /*seq*/) {}
+  // Measured cost of proposing one more token (the engine's cost model weighs it against the
+  // target's step time); 0 for drafters that cost next to nothing.
+  [[nodiscard]] virtual double seconds_per_token() const { return 0.0; }
 };
 
 class NgramDrafter final : public Drafter {
  public:
   // note: 1 <= n_min <= n_max
   NgramDrafter(int n_max, int n_min) : n_max_(n_max), n_min_(n_min) {}
-  void propose(std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out) override;
+  void propose(int64_t seq, std::span<const int32_t> tokens, int max_tokens,
+               std::vector<int32_t>& out) override;
 
  private:
   int n_max_;

@@ -43,6 +43,13 @@ struct EngineConfig {
   int32_t speculative_ngram_max = 3;  // longest suffix matched (tokens)
   int32_t speculative_ngram_min = 2;  // shortest suffix matched
   bool speculative_adaptive = false;  // shrink γ after rejections, grow it after acceptances
+  // Draft every step (up to the verify cap) instead of asking the cost model whether drafts pay:
+  // for tests and measurements of the drafters themselves.
+  bool speculative_always = false;
+  // --speculative-model: a draft model GGUF with the target's vocabulary drafts instead of the
+  // n-gram matcher (DraftModelDrafter). Its weights, workspace and FP16 KV cache (one
+  // --max-model-len sequence) come out of the memory budget. Needs speculative_draft_tokens > 0.
+  std::string speculative_model;
 };
 
 // Why a request's submission was refused (maps onto an HTTP status).

@@ -35,6 +35,9 @@ struct KvEngineOptions {
   // blocks, and max_num_seqs only caps how many run at once.
   bool require_all_seqs = true;
   std::optional<uint64_t> device_memory;  // default: physical RAM (MemTotal)
+  // A speculative draft model's weights + workspace + KV pools (DraftModelBytes::total), taken
+  // from the budget before the KV pools are sized.
+  uint64_t draft_bytes = 0;
 };
 
 // Everything the start-up report prints; also what tests compare with the planner.
@@ -50,6 +53,7 @@ struct KvSetupReport {
   uint64_t usable_bytes = 0;     // device x utilization
   uint64_t weights_bytes = 0;    // exact, from the GGUF tensor infos
   uint64_t workspace_bytes = 0;  // planner::activation_bytes(chunk, seqs)
+  uint64_t draft_bytes = 0;      // speculative draft model (KvEngineOptions::draft_bytes)
   uint64_t kv_budget_bytes = 0;  // usable - weights - workspace, or --kv-cache-memory
   int64_t fp16_blocks = 0;
   int64_t body_blocks = 0;
