@@ -108,7 +108,7 @@ TEST(Server, CompletionEchoesWithUsageAndBieObject) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 4);
   EXPECT_EQ(j["usage"]["total_tokens"], 9);
   EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-  EXPECT_EQ(j["bie"]["kv"], "f16");
+  EXPECT_EQ(j["bie"]["kv"], "int4_asym");
   EXPECT_EQ(j["bie"]["model_sha256"], std::string(64, 'a'));
   EXPECT_EQ(h.engine->last_request().sampling.temperature, 0.0f);
   EXPECT_EQ(h.engine->last_request().max_tokens, 4);
@@ -423,7 +423,7 @@ TEST(Server, StreamingFramingMatchesWholeResponse) {
   for (size_t i = 0; i + 1 < events.size(); ++i) {
     const json c = json::parse(events[i]);
     EXPECT_EQ(c["object"], "text_completion");
-    EXPECT_EQ(c["bie"]["kv"], "f16");
+    EXPECT_EQ(c["bie"]["kv"], "int4_asym");
     if (c["choices"].empty()) {  // the usage chunk, last before [DONE]
       EXPECT_EQ(i + 2, events.size());
       EXPECT_EQ(c["usage"]["completion_tokens"], 8);
@@ -529,6 +529,47 @@ TEST(Server, MetricsText) {
         "bie_http_responses_total{route=\"/v1/completions\",status=\"200\"} 1"}) {
     EXPECT_NE(m.find(line), std::string::npos) << "missing: " << line << "\n" << m;
   }
+}
+
+// Operations: the KV kill switch behind the API key, and a request's own KV regime.
+TEST(Server, KvPolicyKillSwitchAndPerRequestRegime) {
+  ServerConfig sc;
+  sc.api_key = "sekret";
+  Harness h({}, sc);
+  const httplib::Headers auth = {{"Authorization", "Bearer sekret"}};
+  expect_error(h.client->Get("/admin/kv-policy"), 401);
+  expect_error(h.post("/admin/kv-policy", std::string(R"({"force_f16": true})")), 401);
+  auto got = h.client->Get("/admin/kv-policy", auth);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->status, 200);
+  json p = json::parse(got->body);
+  EXPECT_FALSE(p["force_f16"].get<bool>());
+  EXPECT_EQ(p["regimes"].size(), 2u);
+  expect_error(h.post("/admin/kv-policy", "{oops", auth), 400);
+  expect_error(h.post("/admin/kv-policy", R"({"force_f16": "yes"})", auth), 400, "force_f16");
+
+  const json body = {{"prompt", "hi"}, {"max_tokens", 2}, {"kv_cache_dtype", "f16"}};
+  auto own = h.post("/v1/completions", body.dump(), auth);
+  ASSERT_TRUE(own);
+  EXPECT_EQ(json::parse(own->body)["bie"]["kv"], "f16");
+  EXPECT_EQ(h.engine->last_request().kv_cache_dtype, "f16");
+  expect_error(h.post("/v1/completions", R"({"prompt": "hi", "kv_cache_dtype": 8})", auth), 400,
+               "kv_cache_dtype");
+  expect_error(h.post("/v1/completions", R"({"prompt": "hi", "kv_cache_dtype": "int3"})", auth),
+               400);
+
+  auto on = h.post("/admin/kv-policy", R"({"force_f16": true})", auth);
+  ASSERT_TRUE(on);
+  EXPECT_EQ(on->status, 200) << on->body;
+  EXPECT_TRUE(json::parse(on->body)["force_f16"].get<bool>());
+  const json plain = {{"prompt", "hi"}, {"max_tokens", 2}};
+  auto r = h.post("/v1/completions", plain.dump(), auth);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["bie"]["kv"], "f16");
+  ASSERT_TRUE(h.post("/admin/kv-policy", R"({"force_f16": false})", auth));
+  r = h.post("/v1/completions", plain.dump(), auth);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["bie"]["kv"], "int4_asym");
 }
 
 }  // namespace

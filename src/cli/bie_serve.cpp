@@ -32,6 +32,8 @@ struct ServeArgs {
   std::string spec_ngram = "2:3";
   bool spec_adaptive = false;
   std::string spec_model;
+  std::string kv_policy;
+  std::vector<std::string> kv_regimes;
   bool spec_always = false;
 };
 
@@ -81,6 +83,13 @@ int main(int argc, char** argv) {
                "draft every step without asking the cost model whether drafts pay (measurements)");
   app.add_flag("--speculative-adaptive", a.spec_adaptive,
                "shrink the draft length after rejections, grow it after acceptances");
+  app.add_option("--kv-policy", a.kv_policy,
+                 "KV regime by request length (prompt + max_tokens), e.g. "
+                 "\"int4_asym:0-16384,int8:16384-\"; other lengths use --kv-cache-dtype");
+  app.add_option("--kv-regimes", a.kv_regimes,
+                 "further KV formats requests may ask for with \"kv_cache_dtype\" (f16 is always "
+                 "one: the kill switch POST /admin/kv-policy sends new requests to it)")
+      ->delimiter(',');
   bie::cli::add_kv_engine_flags(
       &app, a.kv, "KV format: f16, int8, fp8_e4m3, int4_asym[_gN], int4_channel, q8_0, q4_0");
   try {
@@ -105,6 +114,8 @@ int main(int argc, char** argv) {
   ec.speculative_draft_tokens = a.spec_tokens;
   ec.speculative_adaptive = a.spec_adaptive;
   ec.speculative_model = a.spec_model;
+  ec.kv_policy = a.kv_policy;
+  ec.kv_regimes = a.kv_regimes;
   ec.speculative_always = a.spec_always;
   if (int lo = 0, hi = 0; std::sscanf(a.spec_ngram.c_str(), "%d:%d", &lo, &hi) == 2) {
     ec.speculative_ngram_min = lo;

@@ -5,13 +5,17 @@
 #include <fmt/format.h>
 #include <openssl/evp.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -19,13 +23,16 @@
 #include "bie/backend/thread_pool.h"
 #include "bie/engine/draft_model.h"
 #include "bie/engine/drafter.h"
+#include "bie/engine/kv_policy.h"
 #include "bie/engine/model_path.h"
 #include "bie/engine/scheduler.h"
 #include "bie/engine/stop_strings.h"
+#include "bie/kv/memory_budget.h"
 #include "bie/kv/paged_kv_store.h"
 #include "bie/kv/sequence_kv.h"
 #include "bie/model/model.h"
 #include "bie/planner/model_geometry.h"
+#include "bie/planner/plan_report.h"
 #include "bie/tokenizer/stream_decoder.h"
 #include "bie/tokenizer/tokenizer.h"
 
@@ -80,6 +87,7 @@ struct Request {
   EngineRequest req;
   RequestCallbacks cb;
   int64_t max_tokens = 0;  // effective cap on generated tokens
+  size_t regime = 0;       // index into the engine's KV regimes
   Clock::time_point submitted, first_scheduled, first_token;
   bool scheduled_once = false;
   bool got_token = false;
@@ -104,7 +112,17 @@ class EngineImpl final : public Engine {
   const ModelInfo& model_info() const override { return info_; }
   const tokenizer::Tokenizer& tokenizer() const override { return *tok_; }
   const KvSetupReport& kv_report() const override { return report_; }
-  std::string kv_regime() const override { return report_.layout_label; }
+  std::string kv_regime() const override {
+    return regimes_[force_f16_ ? f16_regime_ : 0].label;
+  }
+  void set_force_f16(bool on) override { force_f16_ = on; }
+  std::string kv_regime_for(const EngineRequest& req) const override {
+    const auto n = static_cast<int64_t>(req.prompt.size());
+    const int64_t len = req.max_tokens > 0 ? n + req.max_tokens : max_model_len_;
+    auto r = pick_regime(req, len);
+    return regimes_[r ? *r : 0].label;
+  }
+  KvPolicyInfo kv_policy() const override;
 
   std::optional<SubmitFailure> submit(RequestId id, EngineRequest req,
                                       RequestCallbacks cb) override;
@@ -131,7 +149,22 @@ class EngineImpl final : public Engine {
   std::unique_ptr<tokenizer::Tokenizer> tok_;
   KvSetupReport report_;
   ModelInfo info_;
-  std::unique_ptr<PagedKvStore> store_;
+  // KV regimes: regimes_[0] the default, each with its store; all draw on budget_.
+  struct Regime {
+    std::string name;
+    std::string label;
+    std::unique_ptr<PagedKvStore> store;
+    int64_t tokens_fit = 0;
+  };
+  // Builds the regimes (default, f16, --kv-regimes, the policy's formats) over one budget.
+  [[nodiscard]] Status make_regimes(const planner::ModelGeometry& g, const std::string& model_id);
+  // The regime a request runs in (kill switch, its own choice, the length policy, the default).
+  [[nodiscard]] Result<size_t> pick_regime(const EngineRequest& req, int64_t length) const;
+  std::unique_ptr<kv::MemoryBudget> budget_;
+  std::vector<Regime> regimes_;
+  size_t f16_regime_ = 0;
+  std::vector<KvLengthRule> policy_;
+  std::atomic<bool> force_f16_{false};
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Drafter> drafter_;  // null: speculation off
@@ -247,18 +280,13 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   kind = CreateError::kModel;
   auto sha = file_sha256(*path);
   if (!sha) return Error{sha.error()};
-  kind = CreateError::kOutOfBudget;  // reserving the pools' address space
-
-  PagedKvStoreConfig sc;
-  sc.geometry = model_->hparams().kv_geometry();
-  sc.layout = report_.layout;
-  sc.fp16_blocks = report_.fp16_blocks;
-  sc.body_blocks = report_.body_blocks;
-  sc.model_id = *sha;
-  sc.enable_prefix_caching = cfg.enable_prefix_caching;
-  auto store = PagedKvStore::create(sc);
-  if (!store) return Error{store.error()};
-  store_ = std::move(store).value();
+  kind = CreateError::kInvalidConfig;
+  if (!cfg.kv_policy.empty()) {
+    auto rules = parse_kv_policy(cfg.kv_policy);
+    if (!rules) return Error{rules.error()};
+    policy_ = std::move(rules).value();
+  }
+  if (Status st = make_regimes(*g, *sha); !st) return st;
 
   kind = CreateError::kInvalidConfig;
   if (cfg.speculative_draft_tokens > 0) {
@@ -279,7 +307,9 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   schc.max_num_batched_tokens = batched;
   schc.chunked_prefill_size = o.chunked_prefill_size;
   schc.max_model_len = max_model_len_;
-  sched_ = std::make_unique<Scheduler>(schc, *store_);
+  std::vector<PagedKvStore*> stores;
+  for (Regime& r : regimes_) stores.push_back(r.store.get());
+  sched_ = std::make_unique<Scheduler>(schc, std::move(stores));
 
   info_.path = *path;
   info_.id = std::filesystem::path(*path).stem().string();
@@ -292,6 +322,112 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   publish_metrics();
   thread_ = std::thread([this] { loop(); });
   return {};
+}
+
+Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::string& model_id) {
+  const planner::KvLayoutFlags& base = cfg_.kv.kv;
+  std::vector<std::pair<std::string, std::string>> wanted;  // (name, what asked for it)
+  const bool split_kv = !base.dtype_k.empty() || !base.dtype_v.empty();
+  wanted.emplace_back(split_kv ? std::string() : base.dtype, "default");
+  wanted.emplace_back("f16", "kill switch");
+  for (const std::string& n : cfg_.kv_regimes) wanted.emplace_back(n, "--kv-regimes");
+  for (const KvLengthRule& r : policy_) wanted.emplace_back(r.regime, "--kv-policy");
+  const long page_l = sysconf(_SC_PAGESIZE);
+  const uint64_t page = page_l > 0 ? static_cast<uint64_t>(page_l) : 4096;
+  const uint64_t stride16 = kv::MemoryBudget::block_cost(report_.fp16_block_bytes, page);
+  // The report's pools with each block rounded up to whole pages (how a shared budget lays
+  // blocks out), within the KV budget: --kv-cache-memory is never exceeded.
+  const uint64_t planned =
+      static_cast<uint64_t>(report_.fp16_blocks) * stride16 +
+      static_cast<uint64_t>(report_.body_blocks) *
+          kv::MemoryBudget::block_cost(report_.body_block_bytes, page);
+  budget_ = std::make_unique<kv::MemoryBudget>(std::min(planned, report_.kv_budget_bytes));
+  const KvGeometry geo = model_->hparams().kv_geometry();
+  std::string line;
+  for (const auto& [name, why] : wanted) {
+    planner::KvLayoutFlags f = base;
+    if (!name.empty() || !split_kv) {
+      f.dtype = name;
+      f.dtype_k.clear();
+      f.dtype_v.clear();
+    }
+    auto layout = kv_layout_for_model(g, f);
+    if (!layout) return Error{fmt::format("{} regime '{}': {}", why, name, layout.error())};
+    const std::string label = planner::kv_layout_label(*layout);
+    const auto same = std::find_if(regimes_.begin(), regimes_.end(),
+                                   [&](const Regime& r) { return r.label == label; });
+    if (same != regimes_.end()) {
+      if (name == "f16") f16_regime_ = static_cast<size_t>(same - regimes_.begin());
+      continue;
+    }
+    PagedKvStoreConfig sc;
+    sc.geometry = geo;
+    sc.layout = *layout;
+    sc.model_id = model_id;
+    sc.enable_prefix_caching = cfg_.enable_prefix_caching;
+    sc.budget = budget_.get();
+    auto store = PagedKvStore::create(sc);
+    if (!store) return Error{store.error()};
+    // The longest single sequence the budget holds in this regime (page-rounded blocks).
+    const auto bytes_for = [&](int64_t n) {
+      const planner::KvGroupPool p = planner::kv_pool_plan(g, *layout, n, 1).groups.at(0);
+      return static_cast<uint64_t>(p.fp16_blocks) *
+                 kv::MemoryBudget::block_cost(p.fp16_block_bytes, page) +
+             static_cast<uint64_t>(p.body_blocks) *
+                 kv::MemoryBudget::block_cost(p.body_block_bytes, page);
+    };
+    int64_t lo = 0, hi = planner::kMaxPlanContext;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (bytes_for(mid) <= budget_->limit()) lo = mid; else hi = mid - 1;
+    }
+    if (name == "f16") f16_regime_ = regimes_.size();
+    regimes_.push_back({name.empty() ? label : name, label, std::move(store).value(), lo});
+    line += fmt::format("{}{} ({}, {} tokens)", line.empty() ? "" : "; ", label, why, lo);
+  }
+  if (regimes_[0].tokens_fit < report_.max_model_len) {
+    return Error{fmt::format(
+        "the KV budget {} holds {} tokens of one sequence at {} with page-aligned blocks, fewer "
+        "than --max-model-len {}; lower --max-model-len or raise the KV memory",
+        planner::format_bytes(static_cast<double>(budget_->limit())), regimes_[0].tokens_fit,
+        regimes_[0].label, report_.max_model_len)};
+  }
+  if (regimes_.size() > 1) {
+    report_.regimes =
+        fmt::format("kv regimes sharing the {} of KV (page-aligned blocks): {}",
+                    planner::format_bytes(static_cast<double>(budget_->limit())), line);
+  }
+  return {};
+}
+
+Result<size_t> EngineImpl::pick_regime(const EngineRequest& req, int64_t length) const {
+  if (force_f16_) return f16_regime_;
+  const auto find = [&](const std::string& name) -> std::optional<size_t> {
+    for (size_t i = 0; i < regimes_.size(); ++i) {
+      if (regimes_[i].name == name || regimes_[i].label == name) return i;
+    }
+    return std::nullopt;
+  };
+  if (!req.kv_cache_dtype.empty()) {
+    if (auto i = find(req.kv_cache_dtype)) return *i;
+    std::string names;
+    for (const Regime& r : regimes_) names += (names.empty() ? "" : ", ") + r.name;
+    return Error{fmt::format("kv_cache_dtype '{}' is not one of this engine's KV regimes ({})",
+                             req.kv_cache_dtype, names)};
+  }
+  if (auto name = kv_policy_regime(policy_, length)) {
+    if (auto i = find(*name)) return *i;
+  }
+  return size_t{0};
+}
+
+KvPolicyInfo EngineImpl::kv_policy() const {
+  KvPolicyInfo p;
+  p.force_f16 = force_f16_;
+  p.policy = format_kv_policy(policy_);
+  for (const Regime& r : regimes_) p.regimes.push_back({r.name, r.label, r.tokens_fit});
+  p.budget_bytes = budget_->limit();
+  return p;
 }
 
 std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
@@ -323,8 +459,20 @@ std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
   auto r = std::make_unique<Request>();
   r->rid = id;
   r->submitted = Clock::now();
-  const int64_t room = max_model_len_ - n_prompt;
+  int64_t room = max_model_len_ - n_prompt;
   r->max_tokens = req.max_tokens > 0 ? std::min<int64_t>(req.max_tokens, room) : room;
+  auto regime = pick_regime(req, n_prompt + r->max_tokens);
+  if (!regime) return refuse(SubmitError::kInvalid, regime.error());
+  r->regime = *regime;
+  const Regime& rg = regimes_[r->regime];
+  if (n_prompt >= rg.tokens_fit) {
+    return refuse(SubmitError::kTooLong,
+                  fmt::format("the prompt has {} tokens; the KV budget holds {} tokens of one "
+                              "sequence in {}",
+                              n_prompt, rg.tokens_fit, rg.label));
+  }
+  room = rg.tokens_fit - n_prompt;
+  r->max_tokens = std::min(r->max_tokens, room);
   r->sampler = std::make_unique<Sampler>(req.sampling, info_.n_vocab);
   r->decoder = std::make_unique<tokenizer::StreamDecoder>(*tok_);
   r->stops = std::make_unique<StopStrings>(req.stop);
@@ -372,6 +520,7 @@ EngineMetrics EngineImpl::metrics() const {
   std::lock_guard lk(mu_);
   EngineMetrics m = snapshot_;
   m.admission_refusals = refusals_;
+  m.force_f16 = force_f16_;
   return m;
 }
 
@@ -413,7 +562,7 @@ void EngineImpl::loop() {
     }
     for (auto& r : incoming) {
       const kv::SeqId sid = r->sid;
-      sched_->add(sid, r->req.prompt);
+      sched_->add(sid, r->req.prompt, regimes_[r->regime].store.get());
       m_.prompt_tokens += static_cast<int64_t>(r->req.prompt.size());
       reqs_.emplace(sid, std::move(r));
     }
@@ -478,39 +627,7 @@ void EngineImpl::draft() {
 }
 
 int EngineImpl::best_draft_len(double accept_rate, int64_t base, int64_t cap) const {
-  // Cost of a step with n decode tokens relative to base: measured where seen, else the ratio
-  // measured for SmolLM2-135M on 2 AVX2 cores (+44% per extra token of a matrix-vector pass).
-  const auto cost = [&](int64_t n) {
-    if (step_ms_[static_cast<size_t>(n)] > 0 && step_ms_[static_cast<size_t>(base)] > 0) {
-      return step_ms_[static_cast<size_t>(n)] / step_ms_[static_cast<size_t>(base)];
-    }
-    return 1.0 + 0.44 * static_cast<double>(n - base) / static_cast<double>(base);
-  };
-  // A drafter that runs a model adds its own time per proposed token, relative to a step of
-  // `base` tokens (estimated from another measured step size while that one is unseen).
-  double base_ms = step_ms_[static_cast<size_t>(base)];
-  for (int64_t n = base + 1; base_ms <= 0 && n <= kMaxVerifyTokens; ++n) {
-    if (step_ms_[static_cast<size_t>(n)] > 0) {
-      base_ms = step_ms_[static_cast<size_t>(n)] /
-                (1.0 + 0.44 * static_cast<double>(n - base) / static_cast<double>(base));
-    }
-  }
-  const double draft_cost =
-      base_ms > 0 ? 1000.0 * drafter_->seconds_per_token() / base_ms : 0.0;
-  const double a = std::clamp(accept_rate, 0.0, 0.999);
-  int best = 0;
-  double best_value = 1.0;  // no drafts: one token per unit cost
-  for (int64_t g = 1; g <= cap; ++g) {
-    // Expected accepted drafts when each is accepted with probability a, in a row.
-    const double accepted = a * (1.0 - std::pow(a, static_cast<double>(g))) / (1.0 - a);
-    const double value =
-        (1.0 + accepted) / (cost(base + g) + draft_cost * static_cast<double>(g));
-    if (value > best_value * 1.02) {  // demand a clear gain
-      best = static_cast<int>(g);
-      best_value = value;
-    }
-  }
-  return best;
+  return bie::best_draft_len(accept_rate, base, cap, step_ms_, drafter_->seconds_per_token());
 }
 
 void EngineImpl::step() {
@@ -543,7 +660,7 @@ void EngineImpl::step() {
       r.scheduled_once = true;
       r.first_scheduled = now;
     }
-    views.emplace_back(*store_, s.id, s.computed, max_model_len_, sc.n_draft == 0);
+    views.emplace_back(*s.store, s.id, s.computed, max_model_len_, sc.n_draft == 0);
     BatchSequence b;
     if (sc.n_draft > 0) {  // the decode token and its drafts, contiguous
       verify_tokens.emplace_back();
@@ -722,7 +839,7 @@ void EngineImpl::finish(Request& r, const std::string& reason, const std::string
       r.scheduled_once ? seconds(r.submitted, r.first_scheduled) : seconds(r.submitted, now);
   m.ttft_seconds = r.got_token ? seconds(r.submitted, r.first_token) : 0.0;
   m.total_seconds = seconds(r.submitted, now);
-  m.kv_regime = report_.layout_label;
+  m.kv_regime = regimes_[r.regime].label;
   m.draft_tokens = r.draft_tokens;
   m.accepted_tokens = r.accepted_tokens;
   if (sched_->find(r.sid) != nullptr) (void)sched_->finish(r.sid);
@@ -741,26 +858,35 @@ void EngineImpl::finish(Request& r, const std::string& reason, const std::string
 
 void EngineImpl::publish_metrics() {
   EngineMetrics m = m_;
-  const kv::BlockManager& mgr = store_->manager();
-  const std::array<std::string, kv::kPoolKinds> names = {
-      "f16",
-      planner::kv_format_name(report_.layout.k) +
-          (report_.layout.k == report_.layout.v ? std::string()
-                                                : "/" + planner::kv_format_name(report_.layout.v))};
-  for (int p = 0; p < kv::kPoolKinds; ++p) {
-    const kv::BlockPool& pool = mgr.pool(kv::PoolKind(p));
-    if (pool.n_blocks() == 0) continue;
-    EngineMetrics::Pool e;
-    e.format = names[static_cast<size_t>(p)];
-    e.blocks_total = pool.n_blocks();
-    e.blocks_used = pool.num_active();
-    e.blocks_cached = pool.num_cached();
-    e.blocks_free = pool.num_available();
+  // Pools by storage format across regimes; totals are what the whole budget holds in it.
+  std::map<std::string, EngineMetrics::Pool> by_format;
+  int64_t queried = 0, hits = 0;
+  for (const Regime& rg : regimes_) {
+    const kv::BlockManager& mgr = rg.store->manager();
+    const planner::KvLayout& l = rg.store->layout();
+    const std::array<std::string, kv::kPoolKinds> names = {
+        "f16", planner::kv_format_name(l.k) +
+                   (l.k == l.v ? std::string() : "/" + planner::kv_format_name(l.v))};
+    for (int p = 0; p < kv::kPoolKinds; ++p) {
+      const kv::BlockPool& pool = mgr.pool(kv::PoolKind(p));
+      if (pool.n_blocks() == 0) continue;
+      EngineMetrics::Pool& e = by_format[names[static_cast<size_t>(p)]];
+      e.format = names[static_cast<size_t>(p)];
+      e.blocks_total = static_cast<int64_t>(budget_->limit() / pool.stride());
+      e.blocks_used += pool.num_active();
+      e.blocks_cached += pool.num_cached();
+    }
+    queried += mgr.prefix_stats().queried_blocks;
+    hits += mgr.prefix_stats().hit_blocks;
+  }
+  for (auto& [name, e] : by_format) {
+    e.blocks_free = e.blocks_total - e.blocks_used;
     m.pools.push_back(e);
   }
+  m.prefix_queried_blocks = queried;
+  m.prefix_hit_blocks = hits;
   m.requests_running = sched_->num_running();
-  m.prefix_queried_blocks = mgr.prefix_stats().queried_blocks;
-  m.prefix_hit_blocks = mgr.prefix_stats().hit_blocks;
+  m.force_f16 = force_f16_;
   m.preemptions = sched_->preemptions();
   std::lock_guard lk(mu_);
   // Waiting = not yet running: still in the hand-over queue or in the scheduler's queue.

@@ -240,6 +240,7 @@ std::string format_kv_report(const KvSetupReport& r) {
       "(one sequence), {} sequences of {} (max-num-seqs {})\n",
       bytes(r.bytes_per_token), r.max_model_len, bytes(r.seq_bytes), r.tokens_fit,
       r.max_concurrency, r.max_model_len, r.max_num_seqs);
+  if (!r.regimes.empty()) s += r.regimes + "\n";
   return s;
 }
 

@@ -13,16 +13,19 @@ int64_t SchedulerOutput::n_tokens() const {
   return n;
 }
 
-Scheduler::Scheduler(const SchedulerConfig& cfg, PagedKvStore& store) : cfg_(cfg), store_(store) {
-  const planner::KvLayout& l = store_.layout();
-  per_channel_ =
-      l.k.type == planner::KvType::kInt4Channel || l.v.type == planner::KvType::kInt4Channel;
+Scheduler::Scheduler(const SchedulerConfig& cfg, PagedKvStore& store)
+    : Scheduler(cfg, std::vector<PagedKvStore*>{&store}) {}
+
+Scheduler::Scheduler(const SchedulerConfig& cfg, std::vector<PagedKvStore*> stores)
+    : cfg_(cfg), stores_(std::move(stores)) {
+  assert(!stores_.empty());
 }
 
-void Scheduler::add(kv::SeqId id, std::vector<int32_t> prompt) {
+void Scheduler::add(kv::SeqId id, std::vector<int32_t> prompt, PagedKvStore* store) {
   assert(seqs_.count(id) == 0 && !prompt.empty());
   auto s = std::make_unique<Sequence>();
   s->id = id;
+  s->store = store != nullptr ? store : stores_.front();
   s->arrival = next_arrival_++;
   s->n_prompt = static_cast<int64_t>(prompt.size());
   s->tokens = std::move(prompt);
@@ -39,8 +42,9 @@ Sequence* Scheduler::find(kv::SeqId id) {
 Status Scheduler::finish(kv::SeqId id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return Error{fmt::format("scheduler: unknown sequence {}", id)};
-  if (store_.manager().has_sequence(id)) {
-    if (Status s = store_.manager().free(id); !s) return s;
+  kv::BlockManager& m = it->second->store->manager();
+  if (m.has_sequence(id)) {
+    if (Status s = m.free(id); !s) return s;
   }
   std::erase(running_, id);
   std::erase(waiting_, id);
@@ -53,31 +57,35 @@ int64_t Scheduler::chunk_for(const Sequence& s, int64_t budget) const {
   const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.computed;
   int64_t n = std::min({remaining, budget, cfg_.chunked_prefill_size});
   if (n <= 0) return 0;
-  if (per_channel_ && n < remaining) {
+  const planner::KvLayout& l = s.store->layout();
+  const bool per_channel =
+      l.k.type == planner::KvType::kInt4Channel || l.v.type == planner::KvType::kInt4Channel;
+  if (per_channel && n < remaining) {
     // A body block of a per-channel format is written as a whole tile: a chunk that is not the
     // last ends on a block boundary (the last one ends in the FP16 window).
-    const int64_t B = store_.layout().block_size;
+    const int64_t B = l.block_size;
     n = (s.computed + n) / B * B - s.computed;
   }
   return std::max<int64_t>(n, 0);
 }
 
 bool Scheduler::ensure_blocks(Sequence& s, bool draft) {
-  const kv::BlockManager& m = store_.manager();
+  PagedKvStore& store = *s.store;
+  const kv::BlockManager& m = store.manager();
   const int64_t held = m.has_sequence(s.id) ? m.num_tokens(s.id) : 0;
   const auto known = static_cast<int64_t>(s.tokens.size());
   // append_tokens plans the append (a dry run) and changes nothing when it does not fit.
   if (held < known) {
     const auto fresh = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(held));
-    if (!store_.append_tokens(s.id, s.computed, fresh).ok()) return false;
+    if (!store.append_tokens(s.id, s.computed, fresh).ok()) return false;
   }
   if (!draft || s.draft.empty()) return true;
-  return store_.append_tokens(s.id, s.computed, s.draft, /*migrate=*/false).ok();
+  return store.append_tokens(s.id, s.computed, s.draft, /*migrate=*/false).ok();
 }
 
 void Scheduler::preempt(kv::SeqId id, SchedulerOutput& out) {
   Sequence& s = *seqs_.at(id);
-  if (store_.manager().has_sequence(id)) (void)store_.manager().free(id);
+  if (s.store->manager().has_sequence(id)) (void)s.store->manager().free(id);
   s.computed = 0;
   s.status = SeqStatus::kWaiting;
   ++s.preemptions;
@@ -132,8 +140,8 @@ SchedulerOutput Scheduler::schedule() {
     const kv::SeqId id = waiting_.front();
     Sequence& s = *seqs_.at(id);
     const auto n_known = static_cast<int64_t>(s.tokens.size());
-    if (!store_.can_append(id, 0, n_known)) break;
-    auto cached = store_.append_tokens(id, 0, s.tokens);
+    if (!s.store->can_append(id, 0, n_known)) break;
+    auto cached = s.store->append_tokens(id, 0, s.tokens);
     if (!cached) break;  // unreachable after can_append
     s.computed = *cached;
     if (s.cached_tokens < 0) s.cached_tokens = *cached;
@@ -151,7 +159,7 @@ SchedulerOutput Scheduler::schedule() {
 Status Scheduler::commit(const ScheduledSeq& sc, int64_t n_verified) {
   Sequence& s = *sc.seq;
   assert(n_verified >= sc.n_tokens && n_verified <= sc.n_tokens + sc.n_draft);
-  kv::BlockManager& m = store_.manager();
+  kv::BlockManager& m = s.store->manager();
   if (sc.n_draft > 0) {
     // Rejected drafts: back to the verified length (their blocks are FP16 window blocks).
     if (Status st = m.truncate(s.id, s.computed + n_verified); !st) return st;
@@ -166,9 +174,11 @@ void Scheduler::append_token(kv::SeqId id, int32_t token) {
 }
 
 Status Scheduler::check_integrity() const {
-  const kv::BlockManager& m = store_.manager();
+  std::unordered_map<const PagedKvStore*, int64_t> running_in;
   for (const kv::SeqId id : running_) {
     const Sequence& s = *seqs_.at(id);
+    const kv::BlockManager& m = s.store->manager();
+    ++running_in[s.store];
     if (!m.has_sequence(id)) return Error{fmt::format("running sequence {} holds no blocks", id)};
     if (m.num_computed(id) != s.computed) {
       return Error{fmt::format("sequence {}: computed {} but the manager says {}", id, s.computed,
@@ -176,13 +186,20 @@ Status Scheduler::check_integrity() const {
     }
   }
   for (const kv::SeqId id : waiting_) {
-    if (m.has_sequence(id)) return Error{fmt::format("waiting sequence {} holds blocks", id)};
+    const Sequence& s = *seqs_.at(id);
+    if (s.store->manager().has_sequence(id)) {
+      return Error{fmt::format("waiting sequence {} holds blocks", id)};
+    }
   }
-  if (m.num_sequences() != static_cast<int64_t>(running_.size())) {
-    return Error{fmt::format("the manager holds {} sequences, {} are running", m.num_sequences(),
-                             running_.size())};
+  for (const PagedKvStore* st : stores_) {
+    const int64_t held = st->manager().num_sequences();
+    if (held != running_in[st]) {
+      return Error{fmt::format("a KV store holds {} sequences, {} of its sequences are running",
+                               held, running_in[st])};
+    }
+    if (Status s = st->check_integrity(); !s) return s;
   }
-  return store_.check_integrity();
+  return {};
 }
 
 }  // namespace bie

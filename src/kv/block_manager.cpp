@@ -44,14 +44,71 @@ Result<BlockManager> BlockManager::create(const BlockManagerConfig& cfg) {
         "its FP16 pool must be empty"};
   }
   BlockManager m(cfg);
-  const std::array<int64_t, kPoolKinds> counts = {cfg.fp16_blocks, cfg.body_blocks};
+  std::array<int64_t, kPoolKinds> counts = {cfg.fp16_blocks, cfg.body_blocks};
   const std::array<uint64_t, kPoolKinds> bytes = {cfg.fp16_block_bytes, cfg.body_block_bytes};
+  if (cfg.budget) {
+    // Ids for as many blocks as the whole budget could hold; the budget bounds what is used.
+    counts[idx(PoolKind::kFp16)] = 0;
+    for (int p = 0; p < kPoolKinds; ++p) {
+      if (p == idx(PoolKind::kFp16) && !l.mixed()) continue;
+      if (bytes[p] > 0) {
+        const uint64_t stride = MemoryBudget::block_cost(bytes[p], 4096);
+        counts[p] = std::min<int64_t>(static_cast<int64_t>(cfg.budget->limit() / stride),
+                                      int64_t{1} << 30);
+      }
+    }
+  }
   for (int p = 0; p < kPoolKinds; ++p) {
-    auto pool = BlockPool::create({counts[p], bytes[p], l.block_size, cfg.reserve_memory});
+    BlockPoolConfig pc{counts[p], bytes[p], l.block_size, cfg.reserve_memory, cfg.budget};
+    auto pool = BlockPool::create(pc);
     if (!pool) return Error{fmt::format("{} pool: {}", pool_name(PoolKind(p)), pool.error())};
     m.pools_[p] = std::move(pool.value());
+    std::weak_ptr<PrefixIndex> index = m.index_;
+    m.pools_[p]->set_evict_listener([index](uint64_t key) {
+      if (auto i = index.lock()) {
+        i->map.erase(key);
+        ++i->budget_evictions;
+      }
+    });
   }
   return m;
+}
+
+PrefixCacheStats BlockManager::prefix_stats() const {
+  PrefixCacheStats s = stats_;
+  s.evictions += index_->budget_evictions;
+  return s;
+}
+
+bool PoolCapacity::take(PoolKind p) {
+  const int i = static_cast<int>(p);
+  if (blocks[i] < 1) return false;
+  if (budgeted) {
+    if (bytes < cost[i]) return false;
+    bytes -= cost[i];
+  }
+  --blocks[i];
+  return true;
+}
+
+void PoolCapacity::give(PoolKind p) {
+  const int i = static_cast<int>(p);
+  ++blocks[i];
+  if (budgeted) bytes += cost[i];
+}
+
+PoolCapacity BlockManager::capacity() const {
+  PoolCapacity c;
+  for (int p = 0; p < kPoolKinds; ++p) c.blocks[p] = pools_[p]->num_available();
+  if (cfg_.budget) {
+    c.budgeted = true;
+    const uint64_t used = cfg_.budget->active_cost();
+    c.bytes = cfg_.budget->limit() > used ? cfg_.budget->limit() - used : 0;
+    for (int p = 0; p < kPoolKinds; ++p) {
+      c.cost[p] = pools_[p]->stride();
+    }
+  }
+  return c;
 }
 
 uint64_t BlockManager::reserved_bytes() const {
@@ -91,8 +148,8 @@ PoolKind BlockManager::alloc_pool(int64_t logical, int64_t n) const {
 std::optional<BlockTableEntry> BlockManager::find_cached(PoolKind p, uint64_t chain,
                                                          uint64_t parent,
                                                          std::span<const int32_t> toks) const {
-  auto it = index_.find(key_for(p, chain));
-  if (it == index_.end() || it->second.pool != p) return std::nullopt;
+  auto it = index_->map.find(key_for(p, chain));
+  if (it == index_->map.end() || it->second.pool != p) return std::nullopt;
   const BlockPool& pl = pool(p);
   const BlockIndex b = it->second.block;
   const BlockKey& k = pl.key(b);
@@ -106,7 +163,7 @@ Result<BlockRef> BlockManager::allocate_block(PoolKind p) {
   auto a = pool(p).allocate();
   if (!a) return Error{fmt::format("{} pool: {}", pool_name(p), a.error())};
   if (a->evicted_key) {
-    index_.erase(*a->evicted_key);
+    index_->map.erase(*a->evicted_key);
     ++stats_.evictions;
   }
   return a->block;
@@ -123,20 +180,23 @@ void BlockManager::register_block(const BlockTableEntry& e, uint64_t chain, uint
   if (pl.has_key(e.block.index)) return;  // a hit: already in the index
   const uint64_t key = key_for(e.pool, chain);
   // Another block already holds this content: keep that one; this one stays private.
-  if (!index_.emplace(key, IndexEntry{e.pool, e.block.index}).second) return;
+  if (!index_->map.emplace(key, IndexEntry{e.pool, e.block.index}).second) return;
   pl.set_key(e.block.index, BlockKey{key, chain, parent}, toks);
 }
 
 void BlockManager::unregister_block(const BlockTableEntry& e) {
   BlockPool& pl = pool(e.pool);
-  index_.erase(pl.key(e.block.index).key);
+  index_->map.erase(pl.key(e.block.index).key);
   pl.clear_key(e.block.index);
 }
 
 bool BlockManager::fits(const std::array<int64_t, kPoolKinds>& need,
                         const std::array<int64_t, kPoolKinds>& pinned) const {
+  PoolCapacity c = capacity();
   for (int p = 0; p < kPoolKinds; ++p) {
-    if (need[p] > pools_[p]->num_available() - pinned[p]) return false;
+    for (int64_t k = 0; k < need[p] + pinned[p]; ++k) {
+      if (!c.take(PoolKind(p))) return false;
+    }
   }
   return true;
 }
@@ -614,8 +674,8 @@ Status BlockManager::check_integrity() const {
       if (!pl.has_key(b)) continue;
       ++keyed;
       const BlockKey& k = pl.key(b);
-      auto it = index_.find(k.key);
-      if (it == index_.end() || idx(it->second.pool) != p || it->second.block != b) {
+      auto it = index_->map.find(k.key);
+      if (it == index_->map.end() || idx(it->second.pool) != p || it->second.block != b) {
         return Error{fmt::format("{} block {} has a key the index does not map to it",
                                  pool_name(PoolKind(p)), b)};
       }
@@ -626,11 +686,11 @@ Status BlockManager::check_integrity() const {
       }
     }
   }
-  if (keyed != index_.size()) {
+  if (keyed != index_->map.size()) {
     return Error{
-        fmt::format("prefix index has {} entries but {} blocks are keyed", index_.size(), keyed)};
+        fmt::format("prefix index has {} entries but {} blocks are keyed", index_->map.size(), keyed)};
   }
-  if (!caching() && !index_.empty()) return Error{"prefix index in use with caching off"};
+  if (!caching() && !index_->map.empty()) return Error{"prefix index in use with caching off"};
   return {};
 }
 

@@ -1,5 +1,7 @@
 #include "bie/kv/block_pool.h"
 
+#include "bie/kv/memory_budget.h"
+
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -37,10 +39,13 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(const BlockPoolConfig& cfg)
     return Error{fmt::format("KV block pool: block size {} tokens", cfg.block_tokens)};
   }
   std::unique_ptr<BlockPool> pool(new BlockPool(cfg));
-  pool->reserved_ = static_cast<uint64_t>(cfg.n_blocks) * cfg.block_bytes;
+  const long page = sysconf(_SC_PAGESIZE);
+  pool->page_ = page > 0 ? static_cast<uint64_t>(page) : 4096;
+  // Under a shared budget every block starts on a page: its pages are its own to give back.
+  pool->stride_ = cfg.budget ? MemoryBudget::block_cost(cfg.block_bytes, pool->page_)
+                             : cfg.block_bytes;
+  pool->reserved_ = static_cast<uint64_t>(cfg.n_blocks) * pool->stride_;
   if (cfg.reserve_memory && pool->reserved_ > 0) {
-    const long page = sysconf(_SC_PAGESIZE);
-    pool->page_ = page > 0 ? static_cast<uint64_t>(page) : 4096;
     void* p = mmap(nullptr, pool->reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (p == MAP_FAILED) {
@@ -51,10 +56,15 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(const BlockPoolConfig& cfg)
     pool->block_committed_.assign(static_cast<size_t>(cfg.n_blocks) + 1, 0);
     pool->page_committed_.assign((pool->reserved_ + pool->page_ - 1) / pool->page_, 0);
   }
+  if (cfg.budget) cfg.budget->attach(pool.get());
   return pool;
 }
 
 BlockPool::~BlockPool() {
+  if (cfg_.budget) {
+    cfg_.budget->credit(committed_pages_ * page_);
+    cfg_.budget->detach(this);
+  }
   if (base_) munmap(base_, reserved_);
 }
 
@@ -94,7 +104,7 @@ std::span<const int32_t> BlockPool::key_tokens(BlockIndex b) const {
 uint8_t* BlockPool::data(BlockIndex b) {
   assert(is_active(b));
   if (!base_) return nullptr;
-  return base_ + static_cast<uint64_t>(b - 1) * cfg_.block_bytes;
+  return base_ + static_cast<uint64_t>(b - 1) * stride_;
 }
 
 void BlockPool::list_push_front(int32_t sentinel, BlockIndex b) {
@@ -125,11 +135,26 @@ void BlockPool::list_remove(BlockIndex b) {
 
 Status BlockPool::commit(BlockIndex b) {
   if (!base_ || block_committed_[b]) return {};
-  const uint64_t begin = static_cast<uint64_t>(b - 1) * cfg_.block_bytes;
+  const uint64_t begin = static_cast<uint64_t>(b - 1) * stride_;
   const uint64_t end = begin + cfg_.block_bytes;
   const uint64_t p0 = begin / page_;
   const uint64_t p1 = (end + page_ - 1) / page_;
+  uint64_t fresh = 0;
+  if (cfg_.budget) {
+    for (uint64_t p = p0; p < p1; ++p) fresh += page_committed_[p] ? 0 : page_;
+    MemoryBudget& mb = *cfg_.budget;
+    if (!mb.try_charge(fresh)) {
+      const uint64_t room = mb.limit() > mb.committed() ? mb.limit() - mb.committed() : 0;
+      mb.reclaim(this, fresh - std::min(fresh, room), /*free_only=*/true);
+      if (!mb.try_charge(fresh)) {
+        return Error{fmt::format(
+            "KV memory budget exhausted: {} of {} bytes committed, block {} needs {} more",
+            mb.committed(), mb.limit(), b, fresh)};
+      }
+    }
+  }
   if (mprotect(base_ + p0 * page_, (p1 - p0) * page_, PROT_READ | PROT_WRITE) != 0) {
+    if (cfg_.budget) cfg_.budget->credit(fresh);
     return Error{fmt::format("KV block pool: cannot commit {} bytes for block {}: {}",
                              cfg_.block_bytes, b, std::strerror(errno))};
   }
@@ -145,10 +170,23 @@ Status BlockPool::commit(BlockIndex b) {
 
 Result<BlockPool::Allocated> BlockPool::allocate() {
   int32_t b;
-  const bool evict = next_[free_head_] == free_head_;
+  const bool has_cached = next_[lru_head_] != lru_head_;
+  bool evict = next_[free_head_] == free_head_;
   if (!evict) {
     b = next_[free_head_];
-  } else if (next_[lru_head_] != lru_head_) {
+    if (Status s = commit(b); !s) {
+      if (!cfg_.budget) return Error{s.error()};
+      if (has_cached) {
+        // Over the shared budget: reuse this pool's own least recently used cached block
+        // (already committed) before taking cached blocks of other pools.
+        evict = true;
+        b = next_[lru_head_];
+      } else {
+        cfg_.budget->reclaim(this, stride_, /*free_only=*/false);
+        if (Status again = commit(b); !again) return Error{again.error()};
+      }
+    }
+  } else if (has_cached) {
     b = next_[lru_head_];
   } else {
     return Error{fmt::format("KV block pool: all {} blocks are in use", n_)};
@@ -208,6 +246,65 @@ void BlockPool::clear_key(BlockIndex b) {
   assert(is_active(b) && keyed_[b]);
   keyed_[b] = 0;
   keys_[b] = BlockKey{};
+}
+
+bool BlockPool::page_used_by_other(uint64_t page, BlockIndex b) const {
+  const uint64_t first = page * page_ / stride_ + 1;
+  const uint64_t last = ((page + 1) * page_ - 1) / stride_ + 1;
+  for (uint64_t id = first; id <= last && id <= static_cast<uint64_t>(n_); ++id) {
+    if (static_cast<BlockIndex>(id) != b && block_committed_[id]) return true;
+  }
+  return false;
+}
+
+void BlockPool::decommit(BlockIndex b) {
+  if (!base_ || !block_committed_[b]) return;
+  block_committed_[b] = 0;
+  const uint64_t begin = static_cast<uint64_t>(b - 1) * stride_;
+  const uint64_t p0 = begin / page_;
+  const uint64_t p1 = (begin + cfg_.block_bytes + page_ - 1) / page_;
+  uint64_t freed = 0;
+  for (uint64_t p = p0; p < p1; ++p) {
+    if (!page_committed_[p] || page_used_by_other(p, b)) continue;
+    uint8_t* at = base_ + p * page_;
+    // Dropping the pages returns them to the OS; PROT_NONE makes a stray access fault.
+    (void)madvise(at, page_, MADV_DONTNEED);
+    (void)mprotect(at, page_, PROT_NONE);
+    page_committed_[p] = 0;
+    --committed_pages_;
+    freed += page_;
+  }
+  if (cfg_.budget) cfg_.budget->credit(freed);
+}
+
+uint64_t BlockPool::give_back(uint64_t bytes, bool free_only) {
+  if (!base_) return 0;
+  const uint64_t before = committed_pages_ * page_;
+  const auto freed = [&] { return before - committed_pages_ * page_; };
+  // Free blocks: decommitted and moved behind the committed ones (allocate takes the front).
+  std::vector<BlockIndex> free_committed;
+  for (int32_t b = next_[free_head_]; b != free_head_; b = next_[b]) {
+    if (block_committed_[b]) free_committed.push_back(b);
+  }
+  for (const BlockIndex b : free_committed) {
+    if (freed() >= bytes) break;
+    decommit(b);
+    list_remove(b);
+    list_push_back(free_head_, b);
+  }
+  while (!free_only && freed() < bytes && next_[lru_head_] != lru_head_) {
+    const BlockIndex b = next_[lru_head_];  // least recently used
+    const uint64_t key = keys_[b].key;
+    list_remove(b);
+    keyed_[b] = 0;
+    keys_[b] = BlockKey{};
+    --n_cached_;
+    list_push_back(free_head_, b);
+    ++n_free_;
+    decommit(b);
+    if (on_evict_) on_evict_(key);
+  }
+  return freed();
 }
 
 std::vector<BlockIndex> BlockPool::free_order() const {

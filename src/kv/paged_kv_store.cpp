@@ -90,6 +90,7 @@ Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreCon
   mc.fp16_block_bytes = plan.groups[0].fp16_block_bytes;
   mc.body_block_bytes = plan.groups[0].body_block_bytes;
   mc.reserve_memory = true;  // the store writes into the pools' memory
+  mc.budget = cfg.budget;
   auto m = kv::BlockManager::create(mc);
   if (!m) return Error{m.error()};
   std::unique_ptr<PagedKvStore> c(new PagedKvStore(cfg, std::move(m).value()));
@@ -159,8 +160,7 @@ std::optional<std::vector<int64_t>> PagedKvStore::plan_append(kv::SeqId s, int64
   std::vector<kv::PoolKind> where;
   where.reserve(t.size() + pieces.size());
   for (const kv::BlockTableEntry& e : t) where.push_back(e.pool);
-  int64_t free16 = mgr_->pool(kv::PoolKind::kFp16).num_available();
-  int64_t free_body = mgr_->pool(kv::PoolKind::kBody).num_available();
+  kv::PoolCapacity cap = mgr_->capacity();
   const auto role_is_fp16 = [&](int64_t i, int64_t len) {
     return kv::block_role(l, 0, i, len) == kv::BlockRole::kFp16;
   };
@@ -169,9 +169,8 @@ std::optional<std::vector<int64_t>> PagedKvStore::plan_append(kv::SeqId s, int64
       const int64_t b = static_cast<int64_t>(i);
       if (where[i] != kv::PoolKind::kFp16 || role_is_fp16(b, len)) continue;
       if (!after_pass && !can_migrate_now(std::clamp<int64_t>(written - b * B, 0, B))) continue;
-      if (free_body == 0) return false;
-      --free_body;
-      ++free16;
+      if (!cap.take(kv::PoolKind::kBody)) return false;
+      cap.give(kv::PoolKind::kFp16);
       where[i] = kv::PoolKind::kBody;
     }
     return true;
@@ -180,11 +179,9 @@ std::optional<std::vector<int64_t>> PagedKvStore::plan_append(kv::SeqId s, int64
   for (const int64_t k : pieces) {
     const int64_t x1 = x + k;
     if (x % B == 0) {  // the piece starts a new block, in the pool of its role at x1
-      const bool f16 = role_is_fp16(x / B, x1);
-      int64_t& avail = f16 ? free16 : free_body;
-      if (avail == 0) return std::nullopt;
-      --avail;
-      where.push_back(f16 ? kv::PoolKind::kFp16 : kv::PoolKind::kBody);
+      const kv::PoolKind p = role_is_fp16(x / B, x1) ? kv::PoolKind::kFp16 : kv::PoolKind::kBody;
+      if (!cap.take(p)) return std::nullopt;
+      where.push_back(p);
     }
     if (migrate && !migrate_exits_dry(x1, false)) return std::nullopt;
     x = x1;

@@ -33,6 +33,10 @@ ApiError bad_request(std::string message, std::string param, std::string code) {
 ApiError unauthorized(std::string message) {
   return make(401, std::move(message), "authentication_error", {}, "invalid_api_key");
 }
+ApiError forbidden(std::string message) {
+  return make(403, std::move(message), "permission_error", {}, "forbidden");
+}
+
 ApiError not_found(std::string message, std::string param, std::string code) {
   return make(404, std::move(message), "not_found_error", std::move(param), std::move(code));
 }

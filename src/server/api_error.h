@@ -21,6 +21,7 @@ struct ApiError {
 [[nodiscard]] ApiError bad_request(std::string message, std::string param = {},
                                    std::string code = {});
 [[nodiscard]] ApiError unauthorized(std::string message);
+[[nodiscard]] ApiError forbidden(std::string message);
 [[nodiscard]] ApiError not_found(std::string message, std::string param = {},
                                  std::string code = {});
 [[nodiscard]] ApiError too_large(std::string message, std::string param = {},

@@ -258,6 +258,11 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, Endpo
   }
   r.stream = rd.boolean("stream").value_or(false);
   r.engine.ignore_eos = rd.boolean("ignore_eos").value_or(false);  // extension (as vLLM)
+  // Extension: the KV regime to run in (one the server offers, e.g. "f16" or "int8").
+  if (const json* kv = field(j, "kv_cache_dtype")) {
+    if (!kv->is_string()) return wrong_type("kv_cache_dtype", "a string", *kv);
+    r.engine.kv_cache_dtype = kv->get<std::string>();
+  }
   if (const json* so = field(j, "stream_options")) {
     if (!so->is_object()) return wrong_type("stream_options", "an object", *so);
     Reader sr{*so, std::nullopt};

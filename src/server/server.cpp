@@ -283,7 +283,6 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
                         std::chrono::system_clock::now().time_since_epoch())
                         .count();
   fl->ctx.model = model_name;
-  fl->ctx.kv_regime = eng->kv_regime();
   fl->ctx.model_sha256 = eng->model_info().sha256;
   fl->ctx.logprobs = p.logprobs;
   fl->ctx.tok = &eng->tokenizer();
@@ -291,6 +290,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   EngineRequest er = std::move(p.engine);
   er.prompt = std::move(prompt);
   er.max_tokens = static_cast<int32_t>(max_tokens);
+  fl->ctx.kv_regime = eng->kv_regime_for(er);
 
   auto rs = std::make_shared<RequestStream>();
   RequestCallbacks cb;
@@ -321,10 +321,16 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
 
 void Server::Impl::routes() {
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path.rfind("/v1/", 0) == 0 &&
+    if ((req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0) &&
         !authorized(req.get_header_value("Authorization"), cfg.api_key)) {
       send_error(res, unauthorized("missing or incorrect API key (send 'Authorization: Bearer "
                                    "<key>')"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // Without an API key the admin endpoints answer only on loopback.
+    if (req.path.rfind("/admin/", 0) == 0 && cfg.api_key.empty() &&
+        req.remote_addr != "127.0.0.1" && req.remote_addr != "::1") {
+      send_error(res, forbidden("/admin/ needs --api-key when reached from another host"));
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
@@ -399,6 +405,47 @@ void Server::Impl::routes() {
                   {"max_model_len", mi.max_model_len},
                   {"bie", {{"kv", eng->kv_regime()}, {"model_sha256", mi.sha256}}}};
     send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+  });
+  // Operations (BRIEF §3): the KV kill switch. GET shows the regimes and the policy; POST
+  // {"force_f16": true} sends every new request to f16 KV at once (false: back to the policy).
+  // Always behind the API key when one is set.
+  const auto kv_policy_json = [](const KvPolicyInfo& p) {
+    json regimes = json::array();
+    for (const KvRegimeInfo& r : p.regimes) {
+      regimes.push_back({{"name", r.name}, {"kv", r.label}, {"max_tokens", r.tokens_fit}});
+    }
+    return json{{"force_f16", p.force_f16},
+                {"policy", p.policy},
+                {"default", p.regimes.empty() ? json() : json(p.regimes[0].label)},
+                {"budget_bytes", p.budget_bytes},
+                {"regimes", regimes}};
+  };
+  http.Get("/admin/kv-policy", [this, kv_policy_json](const httplib::Request&,
+                                                      httplib::Response& res) {
+    Engine* eng = engine.load();
+    if (eng == nullptr) return send_error(res, unavailable("the model is still loading"));
+    send_json(res, 200, kv_policy_json(eng->kv_policy()));
+  });
+  http.Post("/admin/kv-policy", [this, kv_policy_json](const httplib::Request& req,
+                                                       httplib::Response& res) {
+    Engine* eng = engine.load();
+    if (eng == nullptr) return send_error(res, unavailable("the model is still loading"));
+    json body;
+    try {
+      body = json::parse(req.body);
+    } catch (const json::parse_error& e) {
+      return send_error(res, bad_request(std::string("the body is not valid JSON: ") + e.what(),
+                                         {}, "invalid_json"));
+    }
+    if (!body.is_object() || !body.contains("force_f16") || !body["force_f16"].is_boolean()) {
+      return send_error(res, bad_request("expected {\"force_f16\": true|false}", "force_f16",
+                                         "invalid_type"));
+    }
+    const bool on = body["force_f16"].get<bool>();
+    eng->set_force_f16(on);
+    spdlog::warn("kv-policy: force_f16 {} (new requests: {})", on ? "on" : "off",
+                 eng->kv_regime());
+    send_json(res, 200, kv_policy_json(eng->kv_policy()));
   });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(req, res, Endpoint::kCompletions);

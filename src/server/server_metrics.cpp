@@ -116,6 +116,8 @@ std::string ServerMetrics::render(const EngineMetrics* m, const std::string& mod
     counter_f("bie_spec_drafter_seconds_total", "time spent proposing drafts", m->drafter_seconds);
     counter("bie_admission_refusals_total", "requests refused at submit (queue full, too long)",
             m->admission_refusals);
+    plain_gauge("bie_kv_force_f16", "1 while the KV kill switch sends new requests to f16",
+                m->force_f16 ? 1.0 : 0.0);
     plain_gauge("bie_requests_running", "requests holding KV blocks",
                 static_cast<double>(m->requests_running));
     plain_gauge("bie_requests_waiting", "requests queued for admission",

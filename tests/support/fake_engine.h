@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -77,12 +78,30 @@ class FakeEngine : public Engine {
   const ModelInfo& model_info() const override { return info_; }
   const tokenizer::Tokenizer& tokenizer() const override { return tok_; }
   const KvSetupReport& kv_report() const override { return report_; }
-  std::string kv_regime() const override { return "f16"; }
+  // Regimes "int4_asym" (default) and "f16" (the kill switch); a request may name either.
+  std::string kv_regime() const override { return force_f16_ ? "f16" : "int4_asym"; }
+  void set_force_f16(bool on) override { force_f16_ = on; }
+  std::string kv_regime_for(const EngineRequest& req) const override {
+    return force_f16_ ? "f16" : req.kv_cache_dtype.empty() ? "int4_asym" : req.kv_cache_dtype;
+  }
+  KvPolicyInfo kv_policy() const override {
+    KvPolicyInfo p;
+    p.force_f16 = force_f16_;
+    p.regimes = {{"int4_asym", "int4_asym", 1000}, {"f16", "f16", 300}};
+    p.budget_bytes = 1 << 20;
+    return p;
+  }
 
   std::optional<SubmitFailure> submit(RequestId id, EngineRequest req,
                                       RequestCallbacks cb) override {
     std::lock_guard lk(mu_);
     if (stopping_) return SubmitFailure{SubmitError::kShuttingDown, "engine is shutting down"};
+    if (!req.kv_cache_dtype.empty() && req.kv_cache_dtype != "f16" &&
+        req.kv_cache_dtype != "int4_asym") {
+      ++refusals_;
+      return SubmitFailure{SubmitError::kInvalid,
+                           "kv_cache_dtype '" + req.kv_cache_dtype + "' is not a regime"};
+    }
     if (static_cast<int64_t>(req.prompt.size()) > cfg_.max_model_len) {
       ++refusals_;
       return SubmitFailure{SubmitError::kTooLong, "prompt longer than max_model_len"};
@@ -93,6 +112,7 @@ class FakeEngine : public Engine {
     }
     Req r;
     r.id = id;
+    r.regime = force_f16_ ? "f16" : req.kv_cache_dtype.empty() ? "int4_asym" : req.kv_cache_dtype;
     r.req = std::move(req);
     r.cb = std::move(cb);
     r.submitted = std::chrono::steady_clock::now();
@@ -118,6 +138,7 @@ class FakeEngine : public Engine {
     p.blocks_free = p.blocks_total - p.blocks_used;
     m.pools.push_back(p);
     m.requests_running = static_cast<int64_t>(running_.size());
+    m.force_f16 = force_f16_;
     m.requests_waiting = static_cast<int64_t>(waiting_.size());
     m.requests_finished = finished_;
     m.prompt_tokens = prompt_tokens_;
@@ -168,6 +189,7 @@ class FakeEngine : public Engine {
     std::string text;
     std::chrono::steady_clock::time_point submitted;
     double ttft = 0.0;
+    std::string regime;
   };
 
   int64_t blocks_of(const Req& r) const {
@@ -184,7 +206,7 @@ class FakeEngine : public Engine {
     f.metrics.ttft_seconds = r.ttft;
     f.metrics.total_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - r.submitted).count();
-    f.metrics.kv_regime = "f16";
+    f.metrics.kv_regime = r.regime;
     r.cb.on_finish(f);
   }
 
@@ -289,6 +311,7 @@ class FakeEngine : public Engine {
     }
   }
 
+  std::atomic<bool> force_f16_{false};
   FakeEngineConfig cfg_;
   tokenizer::Tokenizer tok_;
   ModelInfo info_;

@@ -37,4 +37,14 @@ class NgramDrafter final : public Drafter {
   int n_min_;
 };
 
+// The speculation cost model: how many drafts (0..cap) a sequence should propose in a step with
+// `base` decode tokens, maximising expected tokens per unit of step time:
+//   (1 + a(1 - a^g)/(1 - a)) / (cost(base + g) + g * drafter_cost)
+// with a the acceptance rate, cost(n) = step_ms[n] / step_ms[base] (measured decode-only forward
+// passes of n tokens; 0 = unseen, then +44 % per extra token, SmolLM2-135M on 2 AVX2 cores) and
+// drafter_cost = draft_seconds_per_token / (a base step's seconds). 0 unless the best g gains at
+// least 2 % over not drafting.
+[[nodiscard]] int best_draft_len(double accept_rate, int64_t base, int64_t cap,
+                                 std::span<const double> step_ms, double draft_seconds_per_token);
+
 }  // namespace bie

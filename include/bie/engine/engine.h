@@ -50,6 +50,12 @@ struct EngineConfig {
   // n-gram matcher (DraftModelDrafter). Its weights, workspace and FP16 KV cache (one
   // --max-model-len sequence) come out of the memory budget. Needs speculative_draft_tokens > 0.
   std::string speculative_model;
+  // KV regimes (../shared/BRIEF.md §3). Besides the default (kv.kv) every engine can run requests
+  // in f16 (the kill switch's target); kv_regimes names further formats requests may ask for
+  // ("int8", "fp8_e4m3", ...), and kv_policy picks a regime by length (parse_kv_policy). Each
+  // regime has its own paged store; all of them draw on one memory budget (kv::MemoryBudget).
+  std::vector<std::string> kv_regimes;
+  std::string kv_policy;
 };
 
 // Why a request's submission was refused (maps onto an HTTP status).
@@ -116,6 +122,9 @@ struct EngineRequest {
   std::vector<std::string> stop;  // stop strings: generation ends before the first match
   bool ignore_eos = false;
   int32_t logprobs = -1;  // -1: none; 0: the chosen token's logprob; k: plus top-k (k <= 20)
+  // The KV regime to run in (a format name among the engine's regimes, e.g. "int8"); empty: the
+  // length policy, else the default. The kill switch overrides it.
+  std::string kv_cache_dtype;
 };
 
 using RequestId = uint64_t;
@@ -147,6 +156,7 @@ struct EngineMetrics {
   int64_t draft_tokens = 0;     // draft tokens verified
   int64_t accepted_tokens = 0;  // accepted (mean accepted per spec step = / spec_steps)
   double drafter_seconds = 0;   // time spent proposing
+  bool force_f16 = false;       // the KV kill switch is on
 };
 
 struct ModelInfo {
@@ -157,6 +167,19 @@ struct ModelInfo {
   std::string chat_template;  // tokenizer.chat_template from the GGUF, may be empty
   int64_t max_model_len = 0;
   int32_t n_vocab = 0;
+};
+
+// The engine's KV regimes and what picks among them (Engine::kv_policy).
+struct KvRegimeInfo {
+  std::string name;        // format name requests use ("int8")
+  std::string label;       // planner::kv_layout_label, as in responses' bie.kv
+  int64_t tokens_fit = 0;  // the longest single sequence the whole KV budget holds in it
+};
+struct KvPolicyInfo {
+  bool force_f16 = false;             // the kill switch
+  std::string policy;                 // the length policy (format_kv_policy), may be empty
+  std::vector<KvRegimeInfo> regimes;  // regimes[0] is the default
+  uint64_t budget_bytes = 0;          // the one budget every regime draws on
 };
 
 // Why Engine::create failed.
@@ -177,7 +200,15 @@ class Engine {
   [[nodiscard]] virtual const ModelInfo& model_info() const = 0;
   [[nodiscard]] virtual const tokenizer::Tokenizer& tokenizer() const = 0;
   [[nodiscard]] virtual const KvSetupReport& kv_report() const = 0;
-  [[nodiscard]] virtual std::string kv_regime() const = 0;  // label of the current layout
+  // Label of the regime a request without preferences gets now (f16 while the kill switch is on).
+  [[nodiscard]] virtual std::string kv_regime() const = 0;
+  // The kill switch: while on, every new request runs in f16 KV, whatever it or the length policy
+  // asks for; running requests keep their regime. Thread-safe.
+  virtual void set_force_f16(bool on) = 0;
+  // Label of the regime `req` would run in if submitted now (its kv_cache_dtype, the policy at
+  // its length, the kill switch); the default's label when it names no regime.
+  [[nodiscard]] virtual std::string kv_regime_for(const EngineRequest& req) const = 0;
+  [[nodiscard]] virtual KvPolicyInfo kv_policy() const = 0;
 
   // Queues a request. On success on_finish will be called exactly once (also on shutdown).
   [[nodiscard]] virtual std::optional<SubmitFailure> submit(RequestId id, EngineRequest req,

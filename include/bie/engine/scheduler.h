@@ -45,10 +45,15 @@ struct SchedulerOutput {
 class Scheduler {
  public:
   Scheduler(const SchedulerConfig& cfg, PagedKvStore& store);
+  // Several stores (one per KV regime) drawing on one memory budget (kv::MemoryBudget): each
+  // sequence lives in the store it was added with; preemption frees the newest sequence whatever
+  // its store. stores.front() is the default.
+  Scheduler(const SchedulerConfig& cfg, std::vector<PagedKvStore*> stores);
 
-  // Adds a sequence (tokens = prompt) at the back of the waiting queue.
+  // Adds a sequence (tokens = prompt) at the back of the waiting queue, in `store` (nullptr: the
+  // default store).
   // note: call only with a new id and 1 <= tokens.size() <= max_model_len.
-  void add(kv::SeqId id, std::vector<int32_t> prompt);
+  void add(kv::SeqId id, std::vector<int32_t> prompt, PagedKvStore* store = nullptr);
   [[nodiscard]] Sequence* find(kv::SeqId id);
   // Frees the sequence's blocks and forgets it (finished, cancelled).
   [[nodiscard]] Status finish(kv::SeqId id);
@@ -79,8 +84,7 @@ class Scheduler {
   void preempt(kv::SeqId id, SchedulerOutput& out);
 
   SchedulerConfig cfg_;
-  PagedKvStore& store_;
-  bool per_channel_ = false;  // body tiles written whole: prefill chunks end on block boundaries
+  std::vector<PagedKvStore*> stores_;
   uint64_t next_arrival_ = 0;
   std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> seqs_;
   std::deque<kv::SeqId> waiting_;

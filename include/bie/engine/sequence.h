@@ -11,6 +11,8 @@
 
 namespace bie {
 
+class PagedKvStore;
+
 enum class SeqStatus : uint8_t { kWaiting, kRunning, kFinished };
 
 struct Sequence {
@@ -22,6 +24,7 @@ struct Sequence {
   int64_t cached_tokens = 0;  // prompt tokens the prefix cache served at first admission
   int64_t preemptions = 0;
   std::vector<int32_t> draft;  // speculative proposals for after tokens (this step only)
+  PagedKvStore* store = nullptr;  // the KV regime's store holding its blocks
   SeqStatus status = SeqStatus::kWaiting;
   [[nodiscard]] int64_t n_generated() const {
     return static_cast<int64_t>(tokens.size()) - n_prompt;

@@ -22,6 +22,7 @@
 #include "bie/common/result.h"
 #include "bie/kv/block_pool.h"
 #include "bie/kv/block_table.h"
+#include "bie/kv/memory_budget.h"
 #include "bie/planner/kv_bytes.h"
 
 namespace bie::kv {
@@ -38,6 +39,24 @@ struct BlockManagerConfig {
   uint64_t fp16_block_bytes = 0;
   uint64_t body_block_bytes = 0;
   bool reserve_memory = true;  // see BlockPoolConfig::reserve_memory
+  // Shared byte budget (several managers' pools, e.g. one per KV regime, draw on it): each pool
+  // then gets ids for as many blocks as the whole budget holds, fp16_blocks/body_blocks are
+  // ignored, and admission charges MemoryBudget::block_cost per active block.
+  MemoryBudget* budget = nullptr;
+};
+
+// What the pools can still hand out, for dry runs: available blocks per pool (free + cached)
+// and, with a shared budget, the bytes left for active blocks and each pool's charge per block.
+struct PoolCapacity {
+  std::array<int64_t, kPoolKinds> blocks{};
+  std::array<uint64_t, kPoolKinds> cost{};
+  bool budgeted = false;
+  uint64_t bytes = 0;  // budget left (budgeted only)
+  // One more active block in p (new, or a cached hit pinned); false, taking nothing, if it does
+  // not fit.
+  bool take(PoolKind p);
+  // An active block of p released.
+  void give(PoolKind p);
 };
 
 // Copy the whole block src to dst in `pool` (same format) before writing into dst.
@@ -93,7 +112,8 @@ class BlockManager {
   [[nodiscard]] const BlockPool& pool(PoolKind p) const { return *pools_[static_cast<int>(p)]; }
   // Address space both pools reserve (= the planner's bytes for this group).
   [[nodiscard]] uint64_t reserved_bytes() const;
-  [[nodiscard]] const PrefixCacheStats& prefix_stats() const { return stats_; }
+  [[nodiscard]] PrefixCacheStats prefix_stats() const;
+  [[nodiscard]] PoolCapacity capacity() const;
 
   // ---- sequences -------------------------------------------------------------------------
 
@@ -181,6 +201,12 @@ class BlockManager {
     PoolKind pool = PoolKind::kBody;
     BlockIndex block = kNullBlock;
   };
+  // The prefix index, shared with the pools' evict listeners (a pool giving pages back to a
+  // shared budget evicts cached blocks and drops their keys here), so it outlives moves.
+  struct PrefixIndex {
+    std::unordered_map<uint64_t, IndexEntry> map;  // key -> block holding that content
+    int64_t budget_evictions = 0;
+  };
 
   explicit BlockManager(const BlockManagerConfig& cfg);
   [[nodiscard]] bool caching() const {
@@ -206,7 +232,7 @@ class BlockManager {
   std::array<planner::KvFormat, kPoolKinds> fmt_v_;
   uint64_t root_ = 0;
   std::unordered_map<SeqId, SeqState> seqs_;
-  std::unordered_map<uint64_t, IndexEntry> index_;  // key -> block holding that content
+  std::shared_ptr<PrefixIndex> index_ = std::make_shared<PrefixIndex>();
   std::vector<PendingMigration> pending_;
   PrefixCacheStats stats_;
 };

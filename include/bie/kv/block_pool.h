@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -19,6 +20,8 @@
 #include "bie/common/result.h"
 
 namespace bie::kv {
+
+class MemoryBudget;
 
 using BlockIndex = int32_t;
 inline constexpr BlockIndex kNullBlock = 0;
@@ -40,6 +43,9 @@ struct BlockPoolConfig {
   // commit each block on first allocation. false: metadata only (tests, or a GPU pool whose
   // memory lives elsewhere).
   bool reserve_memory = true;
+  // Shared budget (kv/memory_budget.h): the pool's memory comes from it, pages are given back
+  // when other pools need them. nullptr: the pool owns n_blocks * block_bytes outright.
+  MemoryBudget* budget = nullptr;
 };
 
 // A cached block's identity (see BlockManager for how keys are formed).
@@ -60,7 +66,7 @@ class BlockPool {
   [[nodiscard]] int64_t n_blocks() const { return n_; }
   [[nodiscard]] uint64_t block_bytes() const { return cfg_.block_bytes; }
   [[nodiscard]] int block_tokens() const { return cfg_.block_tokens; }
-  // Address space reserved for the pool: n_blocks * block_bytes (the null block has no storage).
+  // Address space reserved for the pool: n_blocks * stride() (the null block has no storage).
   [[nodiscard]] uint64_t reserved_bytes() const { return reserved_; }
   // Bytes made readable/writable so far (whole pages; never shrinks).
   [[nodiscard]] uint64_t committed_bytes() const { return committed_pages_ * page_; }
@@ -121,6 +127,19 @@ class BlockPool {
   // Verifies the lists, counts and per-block states against each other.
   [[nodiscard]] Status check_integrity() const;
 
+  // ---- shared budget (cfg.budget) ----------------------------------------------------------
+  // Called with the key of every cached block give_back evicts (its owner drops it from its
+  // index).
+  void set_evict_listener(std::function<void(uint64_t key)> f) { on_evict_ = std::move(f); }
+  // Returns committed pages to the budget: those of free blocks and, unless free_only, of cached
+  // blocks (evicted, least recently used first), until at least `bytes` are freed. Returns the
+  // bytes freed.
+  uint64_t give_back(uint64_t bytes, bool free_only);
+  [[nodiscard]] uint64_t page_size() const { return page_; }
+  // Distance between blocks in memory: block_bytes, rounded up to whole pages under a budget
+  // (what the budget charges per active block).
+  [[nodiscard]] uint64_t stride() const { return stride_; }
+
  private:
   friend struct BlockPoolTestPeer;  // tests corrupt state to exercise check_integrity
   enum class List : uint8_t { kNone, kFree, kLru };
@@ -130,6 +149,9 @@ class BlockPool {
   void list_push_back(int32_t sentinel, BlockIndex b);
   void list_remove(BlockIndex b);
   [[nodiscard]] Status commit(BlockIndex b);
+  // Pages of b not shared with another committed block go back to the OS (and the budget).
+  void decommit(BlockIndex b);
+  [[nodiscard]] bool page_used_by_other(uint64_t page, BlockIndex b) const;
 
   BlockPoolConfig cfg_;
   int64_t n_ = 0;
@@ -149,9 +171,11 @@ class BlockPool {
   uint8_t* base_ = nullptr;
   uint64_t reserved_ = 0;
   uint64_t page_ = 4096;
+  uint64_t stride_ = 0;
   std::vector<uint8_t> block_committed_;
   std::vector<uint8_t> page_committed_;
   uint64_t committed_pages_ = 0;
+  std::function<void(uint64_t)> on_evict_;
 };
 
 }  // namespace bie::kv

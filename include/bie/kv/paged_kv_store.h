@@ -33,6 +33,9 @@ struct PagedKvStoreConfig {
   int64_t body_blocks = 0;
   std::string model_id = "bie-paged-kv";  // keys the prefix cache (e.g. the model's sha256)
   bool enable_prefix_caching = false;
+  // Shared byte budget (several stores, one per KV regime): the pools draw on it and
+  // fp16_blocks/body_blocks are ignored (kv::BlockManagerConfig::budget).
+  kv::MemoryBudget* budget = nullptr;
 };
 
 class PagedKvStore {
