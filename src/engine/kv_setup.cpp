@@ -81,9 +81,15 @@ Result<planner::KvLayout> kv_layout_for_model(const planner::ModelGeometry& g,
   return layout;
 }
 
-Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t weights_bytes,
+Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& model_g, uint64_t weights_bytes,
                                     int64_t n_ctx_train, const KvEngineOptions& o) {
   KvSetupReport r;
+  // Sliding-window layers are masked in attention, but their blocks are not freed yet (the
+  // per-group hybrid paging bie plan describes is a later step): one block holds every layer, so
+  // the pools are sized as a model whose layers are all global.
+  planner::ModelGeometry g = model_g;
+  r.swa_layers_held = g.n_swa_layers();
+  for (planner::LayerKv& l : g.layers) l.window = 0;
   auto layout = kv_layout_for_model(g, o.kv);
   if (!layout) return Error{layout.error()};
   r.layout = *layout;
@@ -236,6 +242,12 @@ std::string format_kv_report(const KvSetupReport& r) {
       "(one sequence), {} sequences of {} (max-num-seqs {})\n",
       bytes(r.bytes_per_token), r.max_model_len, bytes(r.seq_bytes), r.tokens_fit,
       r.max_concurrency, r.max_model_len, r.max_num_seqs);
+  if (r.swa_layers_held > 0) {
+    s += fmt::format(
+        "kv: {} sliding-window layers are masked but keep every token (not freed yet), so the "
+        "pools are sized as full attention\n",
+        r.swa_layers_held);
+  }
   return s;
 }
 

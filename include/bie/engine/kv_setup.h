@@ -59,6 +59,9 @@ struct KvSetupReport {
   uint64_t seq_bytes = 0;        // pools one max_model_len sequence needs (kv_pool_plan)
   int64_t tokens_fit = 0;        // longest single sequence the pools' bytes hold
   int64_t max_concurrency = 0;   // sequences of max_model_len the pools' bytes hold
+  // Sliding-window layers of the model, whose out-of-window blocks are still held (pools sized as
+  // full attention; `bie plan` reports the SWA-hybrid bytes they will need once freed).
+  int64_t swa_layers_held = 0;
 
   [[nodiscard]] uint64_t kv_pool_bytes() const {
     return static_cast<uint64_t>(fp16_blocks) * fp16_block_bytes +
