@@ -81,15 +81,17 @@ Result<planner::KvLayout> kv_layout_for_model(const planner::ModelGeometry& g,
   return layout;
 }
 
+planner::ModelGeometry held_kv_geometry(const planner::ModelGeometry& g) {
+  planner::ModelGeometry held = g;
+  for (planner::LayerKv& l : held.layers) l.window = 0;
+  return held;
+}
+
 Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& model_g, uint64_t weights_bytes,
                                     int64_t n_ctx_train, const KvEngineOptions& o) {
   KvSetupReport r;
-  // Sliding-window layers are masked in attention, but their blocks are not freed yet (the
-  // per-group hybrid paging bie plan describes is a later step): one block holds every layer, so
-  // the pools are sized as a model whose layers are all global.
-  planner::ModelGeometry g = model_g;
-  r.swa_layers_held = g.n_swa_layers();
-  for (planner::LayerKv& l : g.layers) l.window = 0;
+  const planner::ModelGeometry g = held_kv_geometry(model_g);
+  r.swa_layers_held = model_g.n_swa_layers();
   auto layout = kv_layout_for_model(g, o.kv);
   if (!layout) return Error{layout.error()};
   r.layout = *layout;
