@@ -193,6 +193,20 @@ GEMMA_CHAT_PROMPTS: list[tuple[str, str]] = [
      "<start_of_turn>model\n"),
 ]
 
+# Gemma 3 only: a prompt longer than twice its sliding window (512), so local layers' SWA mask is
+# compared with llama.cpp's. The opening of ../shared/data/tinyshakespeare.txt (public domain),
+# cut at a blank line; --long-text names another file.
+LONG_TEXT_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
+                                 "data", "tinyshakespeare.txt")
+LONG_TEXT_CHARS = 4000
+
+
+def long_prompts(path: str) -> list[tuple[str, str]]:
+    with open(path, encoding="utf-8") as f:
+        text = f.read(LONG_TEXT_CHARS)
+    cut = text.rfind("\n\n")
+    return [("long_shakespeare_swa", text[:cut + 1] if cut > 0 else text)]
+
 
 def sha256_file(path: str) -> str:
     h = hashlib.sha256()
@@ -404,6 +418,8 @@ def main() -> int:
     ap.add_argument("--near-tie", type=float, default=0.1,
                     help="logit margin below which a greedy step counts as a near-tie")
     ap.add_argument("--only", choices=["tokenizer", "logits"], help="write just one file")
+    ap.add_argument("--long-text", default=LONG_TEXT_DEFAULT,
+                    help="text whose opening is Gemma's long (sliding-window) prompt")
     args = ap.parse_args()
 
     path = os.path.expanduser(args.model)
@@ -424,6 +440,7 @@ def main() -> int:
         prompts = list(PROMPTS)
         if arch.startswith("gemma"):
             prompts += GEMMA_CHAT_PROMPTS
+            prompts += long_prompts(args.long_text)
         settings = {
             "n_ctx": args.n_ctx, "n_threads": args.threads, "n_batch": args.n_batch,
             "seed": args.seed, "max_new_tokens": args.max_new_tokens, "top_k": args.top_k,

@@ -1,7 +1,7 @@
 // Paged attention is batch-invariant: a query's output has the same bits whether it is attended
 // alone (decode), inside a prefill tile of any size, or with speculative drafts after it — for
-// every KV format and for contexts that cross the split grid. Greedy outputs with and without
-// prefix-cache hits or speculation rest on this.
+// every KV format, for contexts that cross the split grid, and under a sliding window. Greedy
+// outputs with and without prefix-cache hits or speculation rest on this.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -44,12 +44,18 @@ TEST(PagedAttentionInvariance, QueryBitsDoNotDependOnTheTile) {
          {std::pair<int64_t, int64_t>{1290, 6}, {250, 12}, {500, 16}, {700, 33}, {3, 5}}) {
       std::vector<float> q(static_cast<size_t>(n * q_dim)), all(q.size()), one(q_dim);
       for (auto& x : q) x = nd(rng);
-      st.attend(0, 0, pos0, n, q.data(), n_head, 0.125f, all.data(), pool);
-      for (int64_t i = 0; i < n; ++i) {
-        st.attend(0, 0, pos0 + i, 1, q.data() + i * q_dim, n_head, 0.125f, one.data(), pool);
-        for (int64_t c = 0; c < q_dim; ++c) {
-          ASSERT_EQ(one[static_cast<size_t>(c)], all[static_cast<size_t>(i * q_dim + c)])
-              << dtype << " pos0=" << pos0 << " n=" << n << " i=" << i << " c=" << c;
+      // Also with a sliding window (Gemma 3's local layers), where a tile skips the blocks
+      // before its first query's window.
+      for (int64_t window : {0, 20, 300}) {
+        st.attend(0, 0, pos0, n, q.data(), n_head, 0.125f, all.data(), pool, window);
+        for (int64_t i = 0; i < n; ++i) {
+          st.attend(0, 0, pos0 + i, 1, q.data() + i * q_dim, n_head, 0.125f, one.data(), pool,
+                    window);
+          for (int64_t c = 0; c < q_dim; ++c) {
+            ASSERT_EQ(one[static_cast<size_t>(c)], all[static_cast<size_t>(i * q_dim + c)])
+                << dtype << " pos0=" << pos0 << " n=" << n << " i=" << i << " c=" << c
+                << " window=" << window;
+          }
         }
       }
     }

@@ -51,14 +51,14 @@ class RecordingKvCache final : public KvCache {
     inner_.store(il, pos0, n, k, v);
   }
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
-              ThreadPool& pool) override {
+              ThreadPool& pool, int64_t window = 0) override {
     n_head_ = n_head;
     scale_ = scale;
     const size_t qd = static_cast<size_t>(n_head) * static_cast<size_t>(geometry().head_dim);
     auto& Q = q_[static_cast<size_t>(il)];
     Q.resize(static_cast<size_t>(pos0 + n) * qd);
     std::copy(q, q + n * static_cast<int64_t>(qd), Q.begin() + static_cast<int64_t>(pos0 * qd));
-    inner_.attend(il, pos0, n, q, n_head, scale, out, pool);
+    inner_.attend(il, pos0, n, q, n_head, scale, out, pool, window);
   }
   Status truncate(int64_t n) override { return inner_.truncate(n); }
 

@@ -100,7 +100,7 @@ Blocks make_blocks(const Shape& s, int64_t n_tokens, KvFormat kf, KvFormat vf, I
 // q and the result: [n_q, n_kv * group, head_dim].
 std::vector<float> run_tile(const detail::TileKernels& kern, const Blocks& bl, const Shape& s,
                             int64_t q_pos0, int n_q, int hk, int splits, float scale,
-                            const std::vector<float>& q, int n_kv = 1) {
+                            const std::vector<float>& q, int n_kv = 1, int64_t window = 0) {
   const int d = s.head_dim, G = s.group, rows = n_q * n_kv * G;
   PagedAttnTile t;
   t.blocks = bl.views.data();
@@ -112,6 +112,7 @@ std::vector<float> run_tile(const detail::TileKernels& kern, const Blocks& bl, c
   t.group = G;
   t.head_dim = d;
   t.scale = scale;
+  t.window = window;
   t.q = q.data();
   t.q_stride = static_cast<int64_t>(n_kv) * G * d;
   std::vector<float> scratch(paged_attn_scratch_floats(rows, d, s.block_size));
@@ -258,6 +259,66 @@ TEST(PagedAttention, PrefillTileCausalMask) {
   }
 }
 
+// Sliding window: query p sees keys (p - window, p] only, in every format, kernel set and split;
+// windows shorter than, equal to and longer than a block, and one wider than the context.
+TEST(PagedAttention, PrefillTileSlidingWindow) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const Case& c : kCases) {
+    for (int64_t pos0 : {0, 21, 700}) {
+      for (int n_q : {1, 16}) {
+        Shape s;
+        s.group = 2;
+        s.head_dim = fmt(c.k).group == 128 ? 128 : 64;
+        const int64_t n = pos0 + n_q;
+        const int64_t nb = (n + 15) / 16;
+        Blocks bl = make_blocks(
+            s, n, fmt(c.k), fmt(c.v), [&](int64_t b) { return c.mixed && (b == 0 || b >= nb - 2); },
+            rng);
+        const int d = s.head_dim, G = s.group;
+        std::vector<float> q(static_cast<size_t>(n_q) * G * d);
+        for (float& x : q) x = nd(rng);
+        for (const auto& kern : kernel_sets()) {
+          for (int64_t window : {1, 5, 16, 40, 5000}) {
+            for (int splits : {1, 3}) {
+              const auto out = run_tile(kern, bl, s, pos0, n_q, 0, splits, 0.125f, q, 1, window);
+              for (int i = 0; i < n_q; ++i) {
+                std::vector<float> ref(static_cast<size_t>(G) * d);
+                attend_paged_reference(bl.views.data(), 16, pos0 + i + 1, 0, G, d, 0.125f,
+                                       q.data() + static_cast<size_t>(i) * G * d, ref.data(),
+                                       window);
+                const double e =
+                    max_diff(out.data() + static_cast<size_t>(i) * G * d, ref.data(), ref.size());
+                EXPECT_LT(e, tolerance(bl.any_f16))
+                    << c.k << "/" << c.v << " pos0=" << pos0 << " n_q=" << n_q
+                    << " window=" << window << " splits=" << splits << " query " << i;
+              }
+            }
+          }
+          // A window that covers the whole context is the unwindowed arithmetic, bit for bit.
+          const auto full = run_tile(kern, bl, s, pos0, n_q, 0, 3, 0.125f, q);
+          const auto wide = run_tile(kern, bl, s, pos0, n_q, 0, 3, 0.125f, q, 1, n + 1);
+          EXPECT_EQ(full, wide) << c.k << "/" << c.v << " pos0=" << pos0;
+        }
+      }
+    }
+  }
+}
+
+// The reference with window w equals the reference over only the last w keys: a window of 1
+// returns the query's own value row.
+TEST(PagedAttention, ReferenceWindowOfOneIsOwnValue) {
+  std::mt19937 rng(17);
+  Shape s;
+  s.group = 1;
+  Blocks bl = make_blocks(
+      s, 40, kF16, kF16, [](int64_t) { return true; }, rng);
+  std::vector<float> q(64, 0.3f), out(64), v(64);
+  attend_paged_reference(bl.views.data(), 16, 40, 0, 1, 64, 0.125f, q.data(), out.data(), 1);
+  kv::kv_traits_scalar(KvType::kF16)->load(bl.views[2].gv, bl.views[2].v, 39 % 16, 1, v.data());
+  EXPECT_LT(max_diff(out.data(), v.data(), 64), 1e-6);
+}
+
 // Kernels over a block where one query's scores are huge: the online max must rescale exactly.
 TEST(PagedAttention, PeakedScoresRescale) {
   std::mt19937 rng(3);
@@ -341,6 +402,7 @@ struct CacheCase {
   const char* v;
   int window;
   bool rotate;
+  int64_t swa = 0;  // attention's sliding window (0: none)
 };
 
 // The cache's attention of layer il for the last n queries vs the reference over its own storage.
@@ -399,7 +461,7 @@ TEST_P(PagedCacheAttention, StoreAndAttendMatchReference) {
     for (int il = 0; il < g.n_layer; ++il) {
       c.store(il, pos0, chunk, k.data(), v.data());
       const auto views = cache_views(c, il);  // before attend's migrations
-      c.attend(il, pos0, chunk, q.data(), n_head, 0.125f, out.data(), pool);
+      c.attend(il, pos0, chunk, q.data(), n_head, 0.125f, out.data(), pool, cc.swa);
       for (int64_t i : {int64_t{0}, chunk - 1}) {
         for (int hk = 0; hk < g.n_head_kv; ++hk) {
           std::vector<float> qg(q.begin() + i * q_dim + hk * 3 * d,
@@ -409,7 +471,7 @@ TEST_P(PagedCacheAttention, StoreAndAttendMatchReference) {
           }
           std::vector<float> ref(qg.size());
           attend_paged_reference(views.data(), 16, pos0 + i + 1, hk, 3, d, 0.125f, qg.data(),
-                                 ref.data());
+                                 ref.data(), cc.swa);
           const bool any_f16 = true;  // sink/window blocks, or all-f16
           EXPECT_LT(max_diff(out.data() + i * q_dim + hk * 3 * d, ref.data(), ref.size()),
                     tolerance(any_f16))
@@ -421,12 +483,56 @@ TEST_P(PagedCacheAttention, StoreAndAttendMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, PagedCacheAttention,
-                         ::testing::Values(CacheCase{"f16", "f16", 128, false},
-                                           CacheCase{"int4_asym_g64", "int4_asym_g64", 128, true},
-                                           CacheCase{"int4_channel_t16", "int4_asym_g64", 32,
-                                                     false},
-                                           CacheCase{"int8", "int8", 0, true}));
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, PagedCacheAttention,
+    ::testing::Values(CacheCase{"f16", "f16", 128, false},
+                      CacheCase{"int4_asym_g64", "int4_asym_g64", 128, true},
+                      CacheCase{"int4_channel_t16", "int4_asym_g64", 32, false},
+                      CacheCase{"int8", "int8", 0, true}, CacheCase{"f16", "f16", 128, false, 300},
+                      CacheCase{"int4_asym_g64", "int4_asym_g64", 128, false, 512},
+                      CacheCase{"int8", "int8", 0, false, 33}));
+
+// ContiguousKvCache's sliding window (dense kernels) against the paged f16 cache's, on a prefill
+// longer than the window and decode steps after it; a window wider than the context changes no
+// bit, a real one changes the result.
+TEST(ContiguousCacheWindow, MatchesPagedF16) {
+  const KvGeometry g{1, 2, 64};
+  const int n_head = 6, d = 64;
+  const int64_t window = 100, kv_dim = g.kv_dim(), q_dim = int64_t{n_head} * d;
+  ContiguousKvCache dense(g, 400);
+  PagedKvCacheConfig cfg;
+  cfg.geometry = g;
+  cfg.layout.k = kF16;
+  cfg.layout.v = kF16;
+  cfg.max_tokens = 400;
+  auto paged = PagedKvCache::create(cfg);
+  ASSERT_TRUE(paged.ok()) << paged.error();
+  ThreadPool pool(2);
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t chunk : {300, 1, 1}) {
+    const int64_t pos0 = dense.n_tokens();
+    ASSERT_TRUE(dense.append(chunk).ok());
+    ASSERT_TRUE((*paged)->append(chunk).ok());
+    std::vector<float> k(chunk * kv_dim), v(chunk * kv_dim), q(chunk * q_dim);
+    for (float& x : k) x = nd(rng);
+    for (float& x : v) x = nd(rng);
+    for (float& x : q) x = nd(rng);
+    dense.store(0, pos0, chunk, k.data(), v.data());
+    (*paged)->store(0, pos0, chunk, k.data(), v.data());
+    std::vector<float> a(q.size()), b(q.size()), full(q.size()), wide(q.size());
+    dense.attend(0, pos0, chunk, q.data(), n_head, 0.125f, a.data(), pool, window);
+    (*paged)->attend(0, pos0, chunk, q.data(), n_head, 0.125f, b.data(), pool, window);
+    dense.attend(0, pos0, chunk, q.data(), n_head, 0.125f, full.data(), pool, 0);
+    dense.attend(0, pos0, chunk, q.data(), n_head, 0.125f, wide.data(), pool, pos0 + chunk);
+    EXPECT_LT(max_diff(a.data(), b.data(), a.size()), 4e-3) << "pos0 " << pos0;
+    EXPECT_EQ(full, wide) << "pos0 " << pos0;
+    // The last query is past the window: masking moves its output.
+    const float* al = a.data() + (chunk - 1) * q_dim;
+    const float* fl = full.data() + (chunk - 1) * q_dim;
+    EXPECT_GT(max_diff(al, fl, static_cast<size_t>(q_dim)), 1e-2) << "pos0 " << pos0;
+  }
+}
 
 // With f16 storage, rotation only changes fp16 rounding of K: outputs agree to float tolerance.
 TEST(PagedCacheRotate, F16RotatedEqualsUnrotated) {
@@ -480,11 +586,11 @@ class TeeKvCache final : public KvCache {
     inner_.store(il, pos0, n, k, v);
   }
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
-              ThreadPool& pool) override {
+              ThreadPool& pool, int64_t window = 0) override {
     const size_t len = static_cast<size_t>(n * n_head * geometry().head_dim);
     std::vector<std::vector<float>> outs(paged_.size(), std::vector<float>(len));
     for (size_t i = 0; i < paged_.size(); ++i) {
-      paged_[i]->attend(il, pos0, n, q, n_head, scale, outs[i].data(), pool);
+      paged_[i]->attend(il, pos0, n, q, n_head, scale, outs[i].data(), pool, window);
     }
     for (size_t i = 1; i < paged_.size(); ++i) {
       for (size_t j = 0; j < len; ++j) {
@@ -492,7 +598,7 @@ class TeeKvCache final : public KvCache {
         err_[i] += e * e;
       }
     }
-    inner_.attend(il, pos0, n, q, n_head, scale, out, pool);
+    inner_.attend(il, pos0, n, q, n_head, scale, out, pool, window);
   }
   Status truncate(int64_t n) override { return inner_.truncate(n); }
   const std::vector<double>& errors() const { return err_; }

@@ -34,16 +34,17 @@ void attend_one_head_scalar(const DenseAttnArgs& a) {
   float qh[kMaxHeadDim];
   for (int d = 0; d < hd; ++d) qh[d] = round_fp16(a.q[a.head * hd + d]);
   const int64_t k_off = static_cast<int64_t>(a.kv_head) * hd;
-  for (int64_t j = 0; j < a.n_kv_tokens; ++j) {
+  const int64_t j0 = a.kv_first;
+  for (int64_t j = j0; j < a.n_kv_tokens; ++j) {
     const uint16_t* kr = a.k + j * a.kv_stride + k_off;
     float s = 0.0f;
     for (int d = 0; d < hd; ++d) s += qh[d] * quant::fp16_to_fp32(kr[d]);
-    a.scores[j] = s * a.scale;
+    a.scores[j - j0] = s * a.scale;
   }
-  softmax_inplace(a.scores, a.n_kv_tokens);
+  softmax_inplace(a.scores, a.n_kv_tokens - j0);
   for (int d = 0; d < hd; ++d) a.out[d] = 0.0f;
-  for (int64_t j = 0; j < a.n_kv_tokens; ++j) {
-    const float p = round_fp16(a.scores[j]);
+  for (int64_t j = j0; j < a.n_kv_tokens; ++j) {
+    const float p = round_fp16(a.scores[j - j0]);
     const uint16_t* vr = a.v + j * a.kv_stride + k_off;
     for (int d = 0; d < hd; ++d) a.out[d] += p * quant::fp16_to_fp32(vr[d]);
   }

@@ -21,7 +21,8 @@ void attend_one_head_avx2(const DenseAttnArgs& a) {
     qv[i] = _mm256_cvtph_ps(h);
   }
   const int64_t off = static_cast<int64_t>(a.kv_head) * hd;
-  for (int64_t j = 0; j < a.n_kv_tokens; ++j) {
+  const int64_t j0 = a.kv_first;
+  for (int64_t j = j0; j < a.n_kv_tokens; ++j) {
     const uint16_t* kr = a.k + j * a.kv_stride + off;
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < nv; ++i) {
@@ -29,13 +30,13 @@ void attend_one_head_avx2(const DenseAttnArgs& a) {
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + 8 * i)));
       acc = _mm256_fmadd_ps(qv[i], kf, acc);
     }
-    a.scores[j] = hsum(acc) * a.scale;
+    a.scores[j - j0] = hsum(acc) * a.scale;
   }
-  softmax_inplace(a.scores, a.n_kv_tokens);
+  softmax_inplace(a.scores, a.n_kv_tokens - j0);
   __m256 ov[64];
   for (int i = 0; i < nv; ++i) ov[i] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < a.n_kv_tokens; ++j) {
-    const float p16 = _cvtsh_ss(_cvtss_sh(a.scores[j], _MM_FROUND_TO_NEAREST_INT));
+  for (int64_t j = j0; j < a.n_kv_tokens; ++j) {
+    const float p16 = _cvtsh_ss(_cvtss_sh(a.scores[j - j0], _MM_FROUND_TO_NEAREST_INT));
     const __m256 p = _mm256_set1_ps(p16);
     const uint16_t* vr = a.v + j * a.kv_stride + off;
     for (int i = 0; i < nv; ++i) {

@@ -116,11 +116,19 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
       float* sr = s + r * B;
       const int i = r % QG / G;
       const int lim = static_cast<int>(std::clamp<int64_t>(t.q_pos0 + i + 1 - kv0, 0, rows));
-      if (lim == 0) {  // the whole block is in this query's future
+      // Sliding window: rows [0, lo) are older than the query's window.
+      const int lo =
+          t.window > 0
+              ? static_cast<int>(std::clamp<int64_t>(t.q_pos0 + i + 1 - t.window - kv0, 0, rows))
+              : 0;
+      if (lim <= lo) {  // the whole block is in this query's future (or before its window)
         std::fill(sr, sr + rows, 0.0f);
         continue;
       }
-      kern.update(sr, rows, lim, t.scale, part.m + r, part.l + r, acc[r], d);
+      // The kernel sees the visible run [lo, lim) as its rows [0, lim - lo) (lo = 0 without a
+      // window: the unwindowed arithmetic, bit for bit); the weights before it are 0.
+      std::fill(sr, sr + lo, 0.0f);
+      kern.update(sr + lo, rows - lo, lim - lo, t.scale, part.m + r, part.l + r, acc[r], d);
     }
     // l += the block's weights, summed in index order per row (SmolLM2's golden logits sit close
     // enough to the 0.6 bar that a lane-wise order moved one past it). Rows interleaved: R
@@ -200,11 +208,12 @@ void merge_paged_partials(const PagedAttnPartial* parts, int n_parts, int n_q, i
 
 void attend_paged_reference(const PagedBlockView* blocks, int block_size, int64_t n_kv_tokens,
                             int kv_head, int group, int head_dim, float scale, const float* q,
-                            float* out) {
+                            float* out, int64_t window) {
   const int d = head_dim;
+  const int64_t first = window > 0 ? std::max<int64_t>(0, n_kv_tokens - window) : 0;
   const auto n = static_cast<size_t>(n_kv_tokens);
   std::vector<float> k(n * d), v(n * d);
-  for (int64_t t = 0; t < n_kv_tokens; ++t) {
+  for (int64_t t = first; t < n_kv_tokens; ++t) {
     const PagedBlockView& bv = blocks[t / block_size];
     const int j = static_cast<int>(t % block_size);
     kv::kv_traits_scalar(bv.tk->type)
@@ -217,6 +226,10 @@ void attend_paged_reference(const PagedBlockView* blocks, int block_size, int64_
     const float* qg = q + static_cast<size_t>(g) * d;
     double mx = -INFINITY;
     for (size_t t = 0; t < n; ++t) {
+      if (static_cast<int64_t>(t) < first) {  // outside the sliding window
+        p[t] = -INFINITY;
+        continue;
+      }
       double s = 0.0;
       for (int c = 0; c < d; ++c) s += static_cast<double>(qg[c]) * k[t * d + c];
       p[t] = s * scale;

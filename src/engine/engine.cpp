@@ -370,7 +370,8 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
     if (!store) return Error{store.error()};
     // The longest single sequence the budget holds in this regime (page-rounded blocks).
     const auto bytes_for = [&](int64_t n) {
-      const planner::KvGroupPool p = planner::kv_pool_plan(g, *layout, n, 1).groups.at(0);
+      const planner::KvGroupPool p =
+          planner::kv_pool_plan(held_kv_geometry(g), *layout, n, 1).groups.at(0);
       return static_cast<uint64_t>(p.fp16_blocks) *
                  kv::MemoryBudget::block_cost(p.fp16_block_bytes, page) +
              static_cast<uint64_t>(p.body_blocks) *

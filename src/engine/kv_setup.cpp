@@ -81,9 +81,17 @@ Result<planner::KvLayout> kv_layout_for_model(const planner::ModelGeometry& g,
   return layout;
 }
 
-Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t weights_bytes,
+planner::ModelGeometry held_kv_geometry(const planner::ModelGeometry& g) {
+  planner::ModelGeometry held = g;
+  for (planner::LayerKv& l : held.layers) l.window = 0;
+  return held;
+}
+
+Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& model_g, uint64_t weights_bytes,
                                     int64_t n_ctx_train, const KvEngineOptions& o) {
   KvSetupReport r;
+  const planner::ModelGeometry g = held_kv_geometry(model_g);
+  r.swa_layers_held = model_g.n_swa_layers();
   auto layout = kv_layout_for_model(g, o.kv);
   if (!layout) return Error{layout.error()};
   r.layout = *layout;
@@ -241,6 +249,12 @@ std::string format_kv_report(const KvSetupReport& r) {
       bytes(r.bytes_per_token), r.max_model_len, bytes(r.seq_bytes), r.tokens_fit,
       r.max_concurrency, r.max_model_len, r.max_num_seqs);
   if (!r.regimes.empty()) s += r.regimes + "\n";
+  if (r.swa_layers_held > 0) {
+    s += fmt::format(
+        "kv: {} sliding-window layers are masked but keep every token (not freed yet), so the "
+        "pools are sized as full attention\n",
+        r.swa_layers_held);
+  }
   return s;
 }
 

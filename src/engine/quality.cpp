@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "bie/engine/generate.h"
+#include "bie/engine/kv_setup.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/model_geometry.h"
@@ -108,7 +109,8 @@ Result<std::unique_ptr<PagedKvCache>> make_cache(const Model& model,
   c.geometry = model.hparams().kv_geometry();
   c.layout = layout;
   c.max_tokens = max_tokens;
-  const planner::KvPoolPlan plan = planner::kv_pool_plan(g, layout, max_tokens, 1);
+  const planner::KvPoolPlan plan =
+      planner::kv_pool_plan(held_kv_geometry(g), layout, max_tokens, 1);
   if (plan.groups.size() != 1) return Error{"bie quality: expected one KV layer group"};
   return PagedKvCache::create(c, plan.groups[0].fp16_blocks, plan.groups[0].body_blocks);
 }

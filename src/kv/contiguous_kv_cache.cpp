@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "bie/attention/dense_attention.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/model_geometry.h"
@@ -50,7 +52,7 @@ void ContiguousKvCache::store(int il, int64_t pos0, int64_t n, const float* k, c
 }
 
 void ContiguousKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head,
-                               float scale, float* out, ThreadPool& pool) {
+                               float scale, float* out, ThreadPool& pool, int64_t window) {
   const int hd = geo_.head_dim;
   const int group = n_head / geo_.n_head_kv;
   const int64_t kv_dim = geo_.kv_dim();
@@ -70,6 +72,7 @@ void ContiguousKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, 
       a.v = v_.data() + layer_off;
       a.kv_stride = kv_dim;
       a.n_kv_tokens = pos0 + i + 1;
+      a.kv_first = window > 0 ? std::max<int64_t>(0, a.n_kv_tokens - window) : 0;
       a.head = h;
       a.kv_head = h / group;
       a.head_dim = hd;

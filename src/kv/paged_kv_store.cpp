@@ -306,7 +306,7 @@ void PagedKvStore::build_views(kv::SeqId s, int il, int64_t n_ctx) {
 }
 
 void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* q, int n_head,
-                          float scale, float* out, ThreadPool& pool) {
+                          float scale, float* out, ThreadPool& pool, int64_t window) {
   const int B = cfg_.layout.block_size;
   const int d = cfg_.geometry.head_dim;
   const int H = cfg_.geometry.n_head_kv;
@@ -358,13 +358,16 @@ void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const fl
       a.q_pos0 = pos0 + tile * tile_q;
       a.n_q = static_cast<int>(std::min<int64_t>(tile_q, n - tile * tile_q));
       const int64_t nb = (a.q_pos0 + a.n_q + B - 1) / B;  // blocks the tile can see
-      a.block_begin = std::min<int64_t>(nb, sp * grid);
+      // With a window, blocks before the first query's window hold no key any query here sees.
+      const int64_t nb_skip = window > 0 ? std::max<int64_t>(0, a.q_pos0 - window + 1) / B : 0;
+      a.block_begin = std::min<int64_t>(nb, std::max<int64_t>(nb_skip, sp * grid));
       a.block_end = std::min<int64_t>(nb, (sp + 1) * grid);  // empty part: m = -inf, skipped
       a.kv_head = ht * hpt;
       a.n_kv = hpt;
       a.group = group;
       a.head_dim = d;
       a.scale = scale;
+      a.window = window;
       a.q = q + (a.q_pos0 - pos0) * q_stride + static_cast<int64_t>(a.kv_head) * group * d;
       a.q_stride = q_stride;
       attention::attend_paged_tile(a, sc, partial(task));

@@ -10,5 +10,7 @@ namespace bie {
 
 std::unique_ptr<Model> make_llama_model(std::unique_ptr<gguf::GgufFile> file,
                                         const LoadOptions& opts);
+std::unique_ptr<Model> make_gemma3_model(std::unique_ptr<gguf::GgufFile> file,
+                                         const LoadOptions& opts);
 
 }  // namespace bie

@@ -9,13 +9,16 @@
 #include "bie/backend/ops.h"
 #include "bie/quant/traits.h"
 #include "model/architectures.h"
+#include "model/batch_plan.h"
 #include "model/model_loader.h"
 
 namespace bie {
 
 namespace {
 
+using model_loader::BatchPlan;
 using model_loader::Binder;
+using model_loader::for_each_token;
 using model_loader::LoadError;
 
 class LlamaModel final : public Model {
@@ -53,18 +56,6 @@ class LlamaModel final : public Model {
   void bind_weights(Binder& b);
   void allocate_workspace();
 
-  // Runs fn(token_index) for every token of the batch, over the pool when the batch is large.
-  template <class Fn>
-  void for_each_token(ThreadPool& pool, int64_t n, Fn&& fn) {
-    if (n < 4) {
-      for (int64_t i = 0; i < n; ++i) fn(i);
-      return;
-    }
-    pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) fn(i);
-    });
-  }
-
   int32_t max_batch_ = 512;
   WeightView tok_embd_;                 // [n_embd, n_vocab] rows are token embeddings
   const float* output_norm_ = nullptr;  // [n_embd]
@@ -85,24 +76,10 @@ class LlamaModel final : public Model {
   std::vector<float> up_;    // [max_batch, n_ff]
   std::vector<float> cs_;    // [max_batch, n_rot] rope (cos, sin) per token
   MatmulScratch mm_;
-  // Batch bookkeeping, reused between passes.
-  std::vector<int32_t> tok_;           // [n] token ids of the whole batch
-  std::vector<int64_t> pos_;           // [n] position of each token in its sequence
-  std::vector<int64_t> seq_row_;       // [n_seq] first activation row of each sequence
-  std::vector<int64_t> seq_pos_;       // [n_seq] first position of each sequence
-  std::vector<int64_t> out_rows_;      // activation rows that get logits, in output order
-  std::vector<MatmulPath> out_paths_;  // the kernel path of each of those rows' tokens
-  struct Segment {
-    int64_t row0, n;
-    MatmulPath path;
-  };
-  std::vector<Segment> segments_;  // consecutive rows sharing a matmul path
+  BatchPlan plan_;
 
-  // y[rows] = W x[rows], one matmul per segment (each with its own kernel path).
   void mm(const WeightView& w, const float* x, float* y, ThreadPool& pool) {
-    for (const Segment& sg : segments_) {
-      matmul(w, x + sg.row0 * w.n_in, sg.n, y + sg.row0 * w.n_out, pool, mm_, sg.path);
-    }
+    plan_.mm(w, x, y, pool, mm_);
   }
 };
 
@@ -212,70 +189,9 @@ void LlamaModel::allocate_workspace() {
 Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool,
                                  std::vector<float>& logits) {
   const ModelHParams& hp = hp_;
-  int64_t n = 0;
-  for (const BatchSequence& bs : seqs) {
-    if (bs.kv == nullptr || bs.tokens.empty()) return Error{"forward() called with no tokens"};
-    n += static_cast<int64_t>(bs.tokens.size());
-    for (int32_t t : bs.tokens) {
-      if (t < 0 || t >= hp.n_vocab) {
-        return Error{fmt::format("token id {} is outside the vocabulary [0, {})", t, hp.n_vocab)};
-      }
-    }
-    if (!bs.kv->can_append(static_cast<int64_t>(bs.tokens.size()))) {
-      // The cache's own message (a failed append changes nothing).
-      Status st = bs.kv->append(static_cast<int64_t>(bs.tokens.size()));
-      return st ? Error{fmt::format("KV cache cannot take {} more tokens", bs.tokens.size())} : st;
-    }
-  }
-  if (n == 0) return Error{"forward() called with no tokens"};
-  if (n > max_batch_) {
-    return Error{fmt::format("batch of {} tokens exceeds the workspace of {}", n, max_batch_)};
-  }
-  // Per sequence: first row in the activations and first position in its cache.
-  const auto n_seq = seqs.size();
-  seq_row_.resize(n_seq);
-  seq_pos_.resize(n_seq);
-  tok_.resize(static_cast<size_t>(n));
-  pos_.resize(static_cast<size_t>(n));
-  out_rows_.clear();
-  out_paths_.clear();
-  segments_.clear();
-  const auto add_rows = [&](int64_t row0, int64_t cnt, MatmulPath path) {
-    if (cnt <= 0) return;
-    if (!segments_.empty() && segments_.back().path == path &&
-        segments_.back().row0 + segments_.back().n == row0) {
-      segments_.back().n += cnt;
-    } else {
-      segments_.push_back({row0, cnt, path});
-    }
-  };
-  int64_t row = 0;
-  for (size_t s = 0; s < n_seq; ++s) {
-    const BatchSequence& bs = seqs[s];
-    const auto ns = static_cast<int64_t>(bs.tokens.size());
-    seq_row_[s] = row;
-    seq_pos_[s] = bs.kv->n_tokens();
-    // Tokens [0, np) on the prompt path, the rest on the decode path (or all on bs.path).
-    const int64_t np = bs.decode_from < 0 ? ns : std::min(bs.decode_from, ns);
-    const MatmulPath first = bs.decode_from < 0 ? bs.path : MatmulPath::kPrefill;
-    add_rows(row, np, first);
-    add_rows(row + np, ns - np, MatmulPath::kDecode);
-    for (int64_t i = 0; i < ns; ++i) {
-      tok_[static_cast<size_t>(row + i)] = bs.tokens[static_cast<size_t>(i)];
-      pos_[static_cast<size_t>(row + i)] = seq_pos_[s] + i;
-      if (bs.logits == BatchSequence::Logits::kAll ||
-          (bs.logits == BatchSequence::Logits::kLast && i == ns - 1)) {
-        out_rows_.push_back(row + i);
-        out_paths_.push_back(i < np ? first : MatmulPath::kDecode);
-      }
-    }
-    row += ns;
-  }
-  for (size_t s = 0; s < n_seq; ++s) {
-    if (Status st = seqs[s].kv->append(static_cast<int64_t>(seqs[s].tokens.size())); !st) {
-      return st;  // unreachable after can_append
-    }
-  }
+  if (Status st = plan_.prepare(seqs, hp.n_vocab, max_batch_); !st) return st;
+  const int64_t n = plan_.n_tokens();
+  const size_t n_seq = seqs.size();
 
   const int64_t n_embd = hp.n_embd;
   const int64_t q_dim = static_cast<int64_t>(hp.n_head) * hp.head_dim;
@@ -286,9 +202,9 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
   const quant::TypeTraits* emb_tr = quant::traits(tok_embd_.type);
   for_each_token(pool, n, [&](int64_t i) {
     const auto* emb = static_cast<const uint8_t*>(tok_embd_.data) +
-                      static_cast<size_t>(tok_[static_cast<size_t>(i)]) * tok_embd_.row_bytes;
+                      static_cast<size_t>(plan_.token(i)) * tok_embd_.row_bytes;
     emb_tr->to_float(emb, x_.data() + i * n_embd, n_embd);
-    ops::rope_cache(rope_, pos_[static_cast<size_t>(i)], cs_.data() + i * hp.n_rot);
+    ops::rope_cache(rope_, plan_.pos(i), cs_.data() + i * hp.n_rot);
   });
 
   for (int il = 0; il < hp.n_layer; ++il) {
@@ -314,10 +230,10 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
     });
     for (size_t sq = 0; sq < n_seq; ++sq) {
       KvCache& kv = *seqs[sq].kv;
-      const int64_t r0 = seq_row_[sq];
+      const int64_t r0 = plan_.seq_row(sq);
       const auto ns = static_cast<int64_t>(seqs[sq].tokens.size());
-      kv.store(il, seq_pos_[sq], ns, k_.data() + r0 * kv_dim, v_.data() + r0 * kv_dim);
-      kv.attend(il, seq_pos_[sq], ns, q_.data() + r0 * q_dim, hp.n_head, attn_scale,
+      kv.store(il, plan_.seq_pos(sq), ns, k_.data() + r0 * kv_dim, v_.data() + r0 * kv_dim);
+      kv.attend(il, plan_.seq_pos(sq), ns, q_.data() + r0 * q_dim, hp.n_head, attn_scale,
                 attn_.data() + r0 * q_dim, pool);
     }
     mm(l.wo, attn_.data(), proj_.data(), pool);
@@ -337,25 +253,18 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
     });
   }
 
-  const auto n_out = static_cast<int64_t>(out_rows_.size());
+  const std::vector<int64_t>& out_rows = plan_.out_rows();
+  const auto n_out = static_cast<int64_t>(out_rows.size());
   if (n_out == 0) {
     logits.clear();
     return {};
   }
   for_each_token(pool, n_out, [&](int64_t i) {
-    ops::rms_norm(x_.data() + out_rows_[static_cast<size_t>(i)] * n_embd, output_norm_,
+    ops::rms_norm(x_.data() + out_rows[static_cast<size_t>(i)] * n_embd, output_norm_,
                   xn_.data() + i * n_embd, n_embd, hp.rms_eps);
   });
   logits.resize(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab));
-  // Each logits row with its token's kernel path (runs of equal paths in one call).
-  for (int64_t i = 0; i < n_out;) {
-    const MatmulPath path = out_paths_[static_cast<size_t>(i)];
-    int64_t j = i + 1;
-    while (j < n_out && out_paths_[static_cast<size_t>(j)] == path) ++j;
-    matmul(output_, xn_.data() + i * n_embd, j - i, logits.data() + i * hp.n_vocab, pool, mm_,
-           path);
-    i = j;
-  }
+  plan_.mm_out(output_, xn_.data(), logits.data(), pool, mm_);
   return {};
 }
 

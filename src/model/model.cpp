@@ -18,6 +18,7 @@ constexpr ArchEntry kArchitectures[] = {
     {"llama", make_llama_model},
     {"mistral", make_llama_model},
     {"qwen2", make_llama_model},
+    {"gemma3", make_gemma3_model},
 };
 
 }  // namespace

@@ -12,13 +12,14 @@ struct DenseAttnArgs {
   const uint16_t* k;    // [n_kv_tokens, kv_stride] fp16; head g starts at column g * head_dim
   const uint16_t* v;    // same layout as k
   int64_t kv_stride;    // elements between consecutive tokens' rows
-  int64_t n_kv_tokens;  // positions 0 .. n_kv_tokens - 1 are visible to this query
+  int64_t n_kv_tokens;  // positions kv_first .. n_kv_tokens - 1 are visible to this query
   int head;             // query head
   int kv_head;          // its KV head (head / group size)
   int head_dim;
   float scale;
-  float* out;     // [head_dim] result for this head
-  float* scores;  // scratch, n_kv_tokens floats
+  float* out;            // [head_dim] result for this head
+  float* scores;         // scratch, n_kv_tokens floats
+  int64_t kv_first = 0;  // first visible position (> 0 under a sliding window)
 };
 
 // Softmax of scores[0..n) in place (max-subtracted, sum in double as ggml's soft_max). Shared

@@ -41,8 +41,9 @@ struct PagedBlockView {
 inline constexpr int kMaxTileQ = 16;
 
 // One task: queries at positions q_pos0 .. q_pos0 + n_q - 1 (query i sees keys 0 .. q_pos0 + i,
-// the causal mask) for the groups of KV heads kv_head .. kv_head + n_kv - 1, over blocks
-// [block_begin, block_end). Several KV heads per task read their adjacent tiles as one run.
+// the causal mask, or with window > 0 only keys j with q_pos0 + i - j < window) for the groups of
+// KV heads kv_head .. kv_head + n_kv - 1, over blocks [block_begin, block_end). Several KV heads
+// per task read their adjacent tiles as one run.
 struct PagedAttnTile {
   const PagedBlockView* blocks = nullptr;  // the sequence's logical blocks
   int block_size = 16;
@@ -55,6 +56,7 @@ struct PagedAttnTile {
   int group = 1;  // KV head kv_head + h serves query heads (kv_head + h) * group .. + group - 1
   int head_dim = 0;
   float scale = 1.0f;
+  int64_t window = 0;  // > 0: sliding window (see above); 0: every earlier key
   // Query i, KV head h, group head g at q + i * q_stride + (h * group + g) * head_dim (q points at
   // the first query head of KV head kv_head).
   const float* q = nullptr;
@@ -116,12 +118,13 @@ void attend_paged_tile(const PagedAttnTile& t, float* scratch, const PagedAttnPa
 void merge_paged_partials(const PagedAttnPartial* parts, int n_parts, int n_q, int n_kv, int group,
                           int head_dim, float* out, int64_t out_stride);
 
-// Scalar reference twin: one query token, plain and slow. Dequantises every visible row with the
+// Scalar reference twin: one query token at position n_kv_tokens - 1, plain and slow.
+// Dequantises every visible row (the last `window` positions when window > 0, else all) with the
 // format's scalar load(), scores and softmax in double, no fp16 rounding of q or weights.
 // q: [group, head_dim] (the group's heads), out: [group, head_dim].
 void attend_paged_reference(const PagedBlockView* blocks, int block_size, int64_t n_kv_tokens,
                             int kv_head, int group, int head_dim, float scale, const float* q,
-                            float* out);
+                            float* out, int64_t window = 0);
 
 // Kernels behind attend_paged_tile (internal; exposed for tests of the generic path).
 namespace detail {

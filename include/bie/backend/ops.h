@@ -15,6 +15,11 @@ void add_inplace(float* x, const float* y, int64_t n);
 // gate[i] = silu(gate[i]) * up[i]
 void silu_mul_inplace(float* gate, const float* up, int64_t n);
 
+// gate[i] = gelu(gate[i]) * up[i], GELU's tanh approximation computed as ggml's CPU geglu does:
+// on the fp16-rounded input, the result rounded to fp16 (its lookup table), 0 below -10 and the
+// identity above 10 (Gemma's GeGLU feed-forward).
+void gelu_mul_inplace(float* gate, const float* up, int64_t n);
+
 struct RopeParams {
   int n_rot = 0;  // rotated dims per head (even)
   float freq_base = 10000.0f;

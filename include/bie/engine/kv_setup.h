@@ -65,6 +65,9 @@ struct KvSetupReport {
   int64_t max_concurrency = 0;   // sequences of max_model_len the pools' bytes hold
   // The serving engine's KV regimes sharing the pools' bytes, one line (empty for one regime).
   std::string regimes;
+  // Sliding-window layers of the model, whose out-of-window blocks are still held (pools sized as
+  // full attention; `bie plan` reports the SWA-hybrid bytes they will need once freed).
+  int64_t swa_layers_held = 0;
 
   [[nodiscard]] uint64_t kv_pool_bytes() const {
     return static_cast<uint64_t>(fp16_blocks) * fp16_block_bytes +
@@ -77,10 +80,15 @@ struct KvSetupReport {
 [[nodiscard]] Result<planner::KvLayout> kv_layout_for_model(const planner::ModelGeometry& g,
                                                             const planner::KvLayoutFlags& flags);
 
-// Sizes pools for a model of geometry g (weights_bytes resident, trained context n_ctx_train).
-// Errors (one line each, naming the flag to change): a bad layout, max_model_len beyond what the
-// RoPE was trained for is allowed but must be >= 1, weights + workspace over the budget, a KV
-// budget that cannot hold max_num_seqs sequences of max_model_len.
+// The geometry the paged pools are sized for: g with every layer global. Sliding-window layers
+// are masked in attention but their blocks are not freed yet (one block holds every layer), so
+// they hold every token until hybrid paging (the SWA-hybrid bytes `bie plan` reports).
+[[nodiscard]] planner::ModelGeometry held_kv_geometry(const planner::ModelGeometry& g);
+
+// Sizes pools for a model of geometry g (sized as held_kv_geometry(g)) (weights_bytes resident,
+// trained context n_ctx_train). Errors (one line each, naming the flag to change): a bad layout,
+// max_model_len beyond what the RoPE was trained for is allowed but must be >= 1, weights +
+// workspace over the budget, a KV budget that cannot hold max_num_seqs sequences of max_model_len.
 [[nodiscard]] Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g,
                                                   uint64_t weights_bytes, int64_t n_ctx_train,
                                                   const KvEngineOptions& opts);

@@ -44,8 +44,11 @@ class KvCache {
   // Causal attention of n query tokens at positions [pos0, pos0 + n) over positions
   // [0, pos0 + i] each: out[i, h, :] = sum_j softmax_j(scale * q[i, h] . k[j, h/g]) v[j, h/g].
   // q, out: [n, n_head * head_dim]; n_head must be a multiple of n_head_kv (GQA group size g).
+  // window > 0 is a sliding window (local attention layers): query p sees only keys j with
+  // p - j < window, i.e. [max(0, p - window + 1), p], llama.cpp's LLAMA_SWA_TYPE_STANDARD mask.
+  // window = 0: the whole causal prefix. Keys outside the window stay stored (not freed).
   virtual void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-                      float* out, ThreadPool& pool) = 0;
+                      float* out, ThreadPool& pool, int64_t window = 0) = 0;
 
   // Drops every position >= n (rollback, or reuse of a common prefix); n <= 0 empties the cache.
   // A paged cache may refuse a rollback into blocks already re-quantised out of its FP16 window;

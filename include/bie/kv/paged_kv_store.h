@@ -74,9 +74,11 @@ class PagedKvStore {
   // ---- data ------------------------------------------------------------------------------
   // note: positions [pos0, pos0 + n) must be allocated for s.
   void store(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* k, const float* v);
-  // Causal attention of n queries at positions [pos0, pos0 + n) of s over [0, pos0 + i].
+  // Causal attention of n queries at positions [pos0, pos0 + n) of s over [0, pos0 + i], or with
+  // window > 0 over [max(0, pos0 + i - window + 1), pos0 + i] (sliding window; blocks wholly
+  // before a tile's window are not read, but they stay allocated).
   void attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-              float* out, ThreadPool& pool);
+              float* out, ThreadPool& pool, int64_t window = 0);
 
   // Bytes of the blocks held by sequences (active blocks of both pools).
   [[nodiscard]] uint64_t held_bytes() const;

@@ -42,6 +42,9 @@ struct ModelHParams {
   RopeLayout rope_layout = RopeLayout::kNorm;
   bool tied_output = false;  // no output.weight: logits use token_embd
   bool qkv_bias = false;
+  // [n_layer] sliding window of each layer (0: attends to the whole prefix). Empty for
+  // architectures without local layers.
+  std::vector<int32_t> layer_window;
 
   [[nodiscard]] KvGeometry kv_geometry() const { return {n_layer, n_head_kv, head_dim}; }
 };

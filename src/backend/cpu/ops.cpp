@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "bie/quant/fp16.h"
+
 namespace bie::ops {
 
 void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) {
@@ -20,6 +22,24 @@ void silu_mul_inplace(float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void gelu_mul_inplace(float* gate, const float* up, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  constexpr float kCoefA = 0.044715f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    if (x <= -10.0f) {
+      gate[i] = 0.0f;
+    } else if (x >= 10.0f) {
+      gate[i] = x * up[i];
+    } else {
+      // ggml's table entry for fp16(x): gelu of the fp16 value, stored as fp16.
+      const float xh = quant::fp16_to_fp32(quant::fp32_to_fp16(x));
+      const float g = 0.5f * xh * (1.0f + std::tanh(kSqrt2OverPi * xh * (1.0f + kCoefA * xh * xh)));
+      gate[i] = quant::fp16_to_fp32(quant::fp32_to_fp16(g)) * up[i];
+    }
   }
 }
 

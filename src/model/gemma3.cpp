@@ -1,0 +1,320 @@
+// Gemma 3 (text): as llama.cpp's gemma3 graph (src/models/gemma3.cpp of the reference).
+// x = sqrt(n_embd) * embd(tok); per layer:
+//   h = x + post_attn_norm(Wo · attn(rope(q_norm(Wq·n(x))) · scale, rope(k_norm(Wk·n(x))),
+//   Wv·n(x))) x = h + post_ffn_norm(Wdown · (gelu(Wgate·n(h)) * Wup·n(h)))
+// logits = W_out · n(x) (W_out = token_embd when output.weight is absent), soft-capped when the
+// file says so. Norm weights are used as stored: llama.cpp's converter bakes Gemma's (1 + w) into
+// the GGUF tensors. Local (sliding-window) layers attend to the last `window` positions with
+// their own rope base (rope.freq_base_swa, default 10000, no scaling); global layers to the whole
+// prefix with rope.freq_base and the file's rope scaling. Which layers are local comes from the
+// planner's geometry (one reading of the sliding-window metadata for planner and model).
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "bie/backend/matmul.h"
+#include "bie/backend/ops.h"
+#include "bie/planner/model_geometry.h"
+#include "bie/quant/traits.h"
+#include "model/architectures.h"
+#include "model/batch_plan.h"
+#include "model/model_loader.h"
+
+namespace bie {
+
+namespace {
+
+using model_loader::BatchPlan;
+using model_loader::Binder;
+using model_loader::for_each_token;
+using model_loader::LoadError;
+
+class Gemma3Model final : public Model {
+ public:
+  Gemma3Model(std::unique_ptr<gguf::GgufFile> file, const LoadOptions& opts) {
+    file_ = std::move(file);
+    max_batch_ = opts.max_batch_tokens;
+    Binder b(*file_);
+    read_hparams(b);
+    bind_weights(b);
+    weight_bytes_ = b.bound_bytes();
+    allocate_workspace();
+  }
+
+  Status forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool,
+                       std::vector<float>& logits) override;
+
+ private:
+  struct Layer {
+    const float* attn_norm;       // [n_embd]
+    WeightView wq;                // [n_embd -> n_head * head_dim]
+    WeightView wk;                // [n_embd -> n_head_kv * head_dim]
+    WeightView wv;                // [n_embd -> n_head_kv * head_dim]
+    const float* q_norm;          // [head_dim] per-head RMSNorm of q
+    const float* k_norm;          // [head_dim] per-head RMSNorm of k
+    WeightView wo;                // [n_head * head_dim -> n_embd]
+    const float* attn_post_norm;  // [n_embd]
+    const float* ffn_norm;        // [n_embd]
+    WeightView w_gate;            // [n_embd -> n_ff]
+    WeightView w_up;              // [n_embd -> n_ff]
+    WeightView w_down;            // [n_ff -> n_embd]
+    const float* ffn_post_norm;   // [n_embd]
+  };
+
+  void read_hparams(Binder& b);
+  void bind_weights(Binder& b);
+  void allocate_workspace();
+  void mm(const WeightView& w, const float* x, float* y, ThreadPool& pool) {
+    plan_.mm(w, x, y, pool, mm_);
+  }
+
+  int32_t max_batch_ = 512;
+  float attn_scale_ = 1.0f;  // applied to q before attention (llama.cpp's f_attention_scale)
+  float softcap_ = 0.0f;     // final logit soft-capping; 0 = none
+  WeightView tok_embd_;      // [n_embd, n_vocab] rows are token embeddings
+  const float* output_norm_ = nullptr;  // [n_embd]
+  WeightView output_;                   // [n_embd -> n_vocab] (token_embd when tied)
+  std::vector<Layer> layers_;
+  ops::RopeParams rope_global_;  // full-attention layers
+  ops::RopeParams rope_local_;   // sliding-window layers
+
+  // Activation workspace, sized for max_batch_ tokens.
+  std::vector<float> x_;     // [max_batch, n_embd] residual stream
+  std::vector<float> xn_;    // [max_batch, n_embd] normalised input of a sub-layer
+  std::vector<float> q_;     // [max_batch, n_head * head_dim]
+  std::vector<float> k_;     // [max_batch, n_head_kv * head_dim]
+  std::vector<float> v_;     // [max_batch, n_head_kv * head_dim]
+  std::vector<float> attn_;  // [max_batch, n_head * head_dim]
+  std::vector<float> proj_;  // [max_batch, n_embd] output of Wo / Wdown
+  std::vector<float> gate_;  // [max_batch, n_ff]
+  std::vector<float> up_;    // [max_batch, n_ff]
+  std::vector<float> cs_g_;  // [max_batch, n_rot] rope (cos, sin) per token, global layers
+  std::vector<float> cs_l_;  // [max_batch, n_rot] same for local layers
+  MatmulScratch mm_;
+  BatchPlan plan_;
+};
+
+void Gemma3Model::read_hparams(Binder& b) {
+  ModelHParams& hp = hp_;
+  hp.arch = file_->architecture();
+  const std::string a = hp.arch + ".";
+  if (auto name = file_->get_string("general.name")) hp.name = std::string(*name);
+  hp.n_layer = b.require_int(a + "block_count");
+  hp.n_embd = b.require_int(a + "embedding_length");
+  hp.n_ff = b.require_int(a + "feed_forward_length");
+  hp.n_head = b.require_int(a + "attention.head_count");
+  hp.n_head_kv = b.optional_int(a + "attention.head_count_kv").value_or(hp.n_head);
+  hp.n_ctx_train = b.optional_int(a + "context_length").value_or(8192);
+  if (hp.n_head_kv > hp.n_head || hp.n_head % hp.n_head_kv != 0) {
+    throw LoadError{fmt::format("head_count {} is not a multiple of head_count_kv {}", hp.n_head,
+                                hp.n_head_kv)};
+  }
+  hp.head_dim = b.optional_int(a + "attention.key_length").value_or(hp.n_embd / hp.n_head);
+  if (hp.head_dim % 2 != 0 || hp.head_dim > 512) {
+    throw LoadError{
+        fmt::format("head dimension {} is unsupported (must be even, <= 512)", hp.head_dim)};
+  }
+  if (auto vl = b.optional_int(a + "attention.value_length"); vl && *vl != hp.head_dim) {
+    throw LoadError{"key_length != value_length is not supported for this architecture"};
+  }
+  hp.rms_eps = b.optional_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-6f);
+  hp.rope_freq_base = b.optional_float(a + "rope.freq_base").value_or(10000.0f);
+  hp.n_rot = b.optional_int(a + "rope.dimension_count").value_or(hp.head_dim);
+  if (hp.n_rot > hp.head_dim || hp.n_rot % 2 != 0) {
+    throw LoadError{
+        fmt::format("rope.dimension_count {} is invalid for head dim {}", hp.n_rot, hp.head_dim)};
+  }
+  if (auto st = file_->get_string(a + "rope.scaling.type")) {
+    if (*st == "linear") {
+      const float factor = b.optional_float(a + "rope.scaling.factor").value_or(1.0f);
+      if (!(factor > 0.0f)) throw LoadError{"rope.scaling.factor must be > 0"};
+      hp.rope_freq_scale = 1.0f / factor;
+    } else if (*st != "none") {
+      throw LoadError{
+          fmt::format("rope scaling type '{}' is not supported yet (supported: none, linear)",
+                      std::string(*st))};
+    }
+  }
+  hp.rope_layout = RopeLayout::kNeox;
+  const gguf::TensorInfo* emb = file_->find_tensor("token_embd.weight");
+  if (emb == nullptr) throw LoadError{"missing tensor 'token_embd.weight'"};
+  hp.n_vocab = static_cast<int32_t>(emb->ne[1]);
+  hp.tied_output = file_->find_tensor("output.weight") == nullptr;
+
+  // Local layers and their window, read as the planner reads them (llama.cpp's rule: the
+  // sliding_window_pattern array, or period p = pattern key or 6 for gemma3, local iff
+  // il % p < p - 1).
+  auto geo = planner::geometry_from_gguf(*file_);
+  if (!geo.ok()) throw LoadError{geo.error()};
+  if (static_cast<int32_t>(geo->layers.size()) != hp.n_layer) {
+    throw LoadError{"layer geometry does not match block_count"};
+  }
+  hp.layer_window.assign(static_cast<size_t>(hp.n_layer), 0);
+  for (int il = 0; il < hp.n_layer; ++il) {
+    hp.layer_window[static_cast<size_t>(il)] =
+        static_cast<int32_t>(geo->layers[static_cast<size_t>(il)].window);
+  }
+
+  // llama.cpp: 1/sqrt(n_embd / n_head) for the 27B (62 layers), 1/sqrt(head_dim) otherwise.
+  const float scale_dim = hp.n_layer == 62 ? static_cast<float>(hp.n_embd / hp.n_head)
+                                           : static_cast<float>(hp.head_dim);
+  attn_scale_ = 1.0f / std::sqrt(scale_dim);
+  softcap_ = b.optional_float(a + "final_logit_softcapping").value_or(0.0f);
+
+  rope_global_.n_rot = hp.n_rot;
+  rope_global_.freq_base = hp.rope_freq_base;
+  rope_global_.freq_scale = hp.rope_freq_scale;
+  rope_global_.neox = true;
+  rope_local_ = rope_global_;
+  rope_local_.freq_base = b.optional_float(a + "rope.freq_base_swa").value_or(10000.0f);
+  rope_local_.freq_scale = 1.0f;
+}
+
+void Gemma3Model::bind_weights(Binder& b) {
+  const ModelHParams& hp = hp_;
+  const int64_t q_dim = static_cast<int64_t>(hp.n_head) * hp.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(hp.n_head_kv) * hp.head_dim;
+  tok_embd_ = b.matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
+  output_norm_ = b.vector_f32("output_norm.weight", hp.n_embd);
+  output_ = hp.tied_output ? tok_embd_ : b.matrix("output.weight", hp.n_embd, hp.n_vocab);
+  layers_.resize(static_cast<size_t>(hp.n_layer));
+  for (int il = 0; il < hp.n_layer; ++il) {
+    Layer& l = layers_[static_cast<size_t>(il)];
+    const std::string p = fmt::format("blk.{}.", il);
+    l.attn_norm = b.vector_f32(p + "attn_norm.weight", hp.n_embd);
+    l.wq = b.matrix(p + "attn_q.weight", hp.n_embd, q_dim);
+    l.wk = b.matrix(p + "attn_k.weight", hp.n_embd, kv_dim);
+    l.wv = b.matrix(p + "attn_v.weight", hp.n_embd, kv_dim);
+    l.q_norm = b.vector_f32(p + "attn_q_norm.weight", hp.head_dim);
+    l.k_norm = b.vector_f32(p + "attn_k_norm.weight", hp.head_dim);
+    l.wo = b.matrix(p + "attn_output.weight", q_dim, hp.n_embd);
+    l.attn_post_norm = b.vector_f32(p + "post_attention_norm.weight", hp.n_embd);
+    l.ffn_norm = b.vector_f32(p + "ffn_norm.weight", hp.n_embd);
+    l.w_gate = b.matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff);
+    l.w_up = b.matrix(p + "ffn_up.weight", hp.n_embd, hp.n_ff);
+    l.w_down = b.matrix(p + "ffn_down.weight", hp.n_ff, hp.n_embd);
+    l.ffn_post_norm = b.vector_f32(p + "post_ffw_norm.weight", hp.n_embd);
+  }
+}
+
+void Gemma3Model::allocate_workspace() {
+  const ModelHParams& hp = hp_;
+  const auto n = static_cast<size_t>(max_batch_);
+  const size_t q_dim = static_cast<size_t>(hp.n_head) * static_cast<size_t>(hp.head_dim);
+  const size_t kv_dim = static_cast<size_t>(hp.n_head_kv) * static_cast<size_t>(hp.head_dim);
+  x_.resize(n * static_cast<size_t>(hp.n_embd));
+  xn_.resize(n * static_cast<size_t>(hp.n_embd));
+  proj_.resize(n * static_cast<size_t>(hp.n_embd));
+  q_.resize(n * q_dim);
+  attn_.resize(n * q_dim);
+  k_.resize(n * kv_dim);
+  v_.resize(n * kv_dim);
+  gate_.resize(n * static_cast<size_t>(hp.n_ff));
+  up_.resize(n * static_cast<size_t>(hp.n_ff));
+  cs_g_.resize(n * static_cast<size_t>(hp.n_rot));
+  cs_l_.resize(n * static_cast<size_t>(hp.n_rot));
+}
+
+Status Gemma3Model::forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool,
+                                  std::vector<float>& logits) {
+  const ModelHParams& hp = hp_;
+  if (Status st = plan_.prepare(seqs, hp.n_vocab, max_batch_); !st) return st;
+  const int64_t n = plan_.n_tokens();
+  const int64_t n_embd = hp.n_embd;
+  const int64_t hd = hp.head_dim;
+  const int64_t q_dim = static_cast<int64_t>(hp.n_head) * hd;
+  const int64_t kv_dim = static_cast<int64_t>(hp.n_head_kv) * hd;
+  const int64_t n_ff = hp.n_ff;
+  const float embd_scale = std::sqrt(static_cast<float>(n_embd));
+
+  const quant::TypeTraits* emb_tr = quant::traits(tok_embd_.type);
+  for_each_token(pool, n, [&](int64_t i) {
+    const auto* emb = static_cast<const uint8_t*>(tok_embd_.data) +
+                      static_cast<size_t>(plan_.token(i)) * tok_embd_.row_bytes;
+    float* x = x_.data() + i * n_embd;
+    emb_tr->to_float(emb, x, n_embd);
+    for (int64_t c = 0; c < n_embd; ++c) x[c] *= embd_scale;
+    ops::rope_cache(rope_global_, plan_.pos(i), cs_g_.data() + i * hp.n_rot);
+    ops::rope_cache(rope_local_, plan_.pos(i), cs_l_.data() + i * hp.n_rot);
+  });
+
+  for (int il = 0; il < hp.n_layer; ++il) {
+    const Layer& l = layers_[static_cast<size_t>(il)];
+    const int64_t window = hp.layer_window[static_cast<size_t>(il)];
+    const ops::RopeParams& rope = window > 0 ? rope_local_ : rope_global_;
+    const std::vector<float>& cs_all = window > 0 ? cs_l_ : cs_g_;
+    for_each_token(pool, n, [&](int64_t i) {
+      ops::rms_norm(x_.data() + i * n_embd, l.attn_norm, xn_.data() + i * n_embd, n_embd,
+                    hp.rms_eps);
+    });
+    mm(l.wq, xn_.data(), q_.data(), pool);
+    mm(l.wk, xn_.data(), k_.data(), pool);
+    mm(l.wv, xn_.data(), v_.data(), pool);
+    for_each_token(pool, n, [&](int64_t i) {
+      float* q = q_.data() + i * q_dim;
+      float* k = k_.data() + i * kv_dim;
+      for (int h = 0; h < hp.n_head; ++h)
+        ops::rms_norm(q + h * hd, l.q_norm, q + h * hd, hd, hp.rms_eps);
+      for (int h = 0; h < hp.n_head_kv; ++h) {
+        ops::rms_norm(k + h * hd, l.k_norm, k + h * hd, hd, hp.rms_eps);
+      }
+      const float* cs = cs_all.data() + i * hp.n_rot;
+      ops::rope_apply(rope, cs, q, hp.n_head, hp.head_dim);
+      ops::rope_apply(rope, cs, k, hp.n_head_kv, hp.head_dim);
+      for (int64_t c = 0; c < q_dim; ++c) q[c] *= attn_scale_;
+    });
+    for (size_t sq = 0; sq < seqs.size(); ++sq) {
+      KvCache& kv = *seqs[sq].kv;
+      const int64_t r0 = plan_.seq_row(sq);
+      const auto ns = static_cast<int64_t>(seqs[sq].tokens.size());
+      kv.store(il, plan_.seq_pos(sq), ns, k_.data() + r0 * kv_dim, v_.data() + r0 * kv_dim);
+      kv.attend(il, plan_.seq_pos(sq), ns, q_.data() + r0 * q_dim, hp.n_head, 1.0f,
+                attn_.data() + r0 * q_dim, pool, window);
+    }
+    mm(l.wo, attn_.data(), proj_.data(), pool);
+    for_each_token(pool, n, [&](int64_t i) {
+      float* x = x_.data() + i * n_embd;
+      float* p = proj_.data() + i * n_embd;
+      ops::rms_norm(p, l.attn_post_norm, p, n_embd, hp.rms_eps);
+      ops::add_inplace(x, p, n_embd);
+      ops::rms_norm(x, l.ffn_norm, xn_.data() + i * n_embd, n_embd, hp.rms_eps);
+    });
+    mm(l.w_gate, xn_.data(), gate_.data(), pool);
+    mm(l.w_up, xn_.data(), up_.data(), pool);
+    for_each_token(pool, n, [&](int64_t i) {
+      ops::gelu_mul_inplace(gate_.data() + i * n_ff, up_.data() + i * n_ff, n_ff);
+    });
+    mm(l.w_down, gate_.data(), proj_.data(), pool);
+    for_each_token(pool, n, [&](int64_t i) {
+      float* p = proj_.data() + i * n_embd;
+      ops::rms_norm(p, l.ffn_post_norm, p, n_embd, hp.rms_eps);
+      ops::add_inplace(x_.data() + i * n_embd, p, n_embd);
+    });
+  }
+
+  const std::vector<int64_t>& out_rows = plan_.out_rows();
+  const auto n_out = static_cast<int64_t>(out_rows.size());
+  if (n_out == 0) {
+    logits.clear();
+    return {};
+  }
+  for_each_token(pool, n_out, [&](int64_t i) {
+    ops::rms_norm(x_.data() + out_rows[static_cast<size_t>(i)] * n_embd, output_norm_,
+                  xn_.data() + i * n_embd, n_embd, hp.rms_eps);
+  });
+  logits.resize(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab));
+  plan_.mm_out(output_, xn_.data(), logits.data(), pool, mm_);
+  if (softcap_ > 0.0f) {
+    for (float& z : logits) z = std::tanh(z * (1.0f / softcap_)) * softcap_;
+  }
+  return {};
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_gemma3_model(std::unique_ptr<gguf::GgufFile> file,
+                                         const LoadOptions& opts) {
+  return std::make_unique<Gemma3Model>(std::move(file), opts);
+}
+
+}  // namespace bie
