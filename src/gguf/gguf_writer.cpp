@@ -134,15 +134,7 @@ Status GgufWriter::add_tensor(const std::string& name, std::vector<int64_t> ne, 
   return {};
 }
 
-uint64_t GgufWriter::file_bytes() const {
-  uint64_t head = 4 + 4 + 8 + 8 + meta_.size();
-  for (const TensorSpec& t : tensors_) head += 8 + t.name.size() + 4 + 8 * t.ne.size() + 4 + 8;
-  uint64_t data = 0;
-  for (const TensorSpec& t : tensors_) data = align_up(data, alignment_) + t.n_bytes;
-  return align_up(head, alignment_) + data;
-}
-
-Status GgufWriter::write(const std::string& path, const FillFn& fill, uint64_t chunk_bytes) const {
+std::vector<uint8_t> GgufWriter::header() const {
   std::vector<uint8_t> head;
   put<uint32_t>(head, kMagic);
   put<uint32_t>(head, 3);
@@ -166,7 +158,17 @@ Status GgufWriter::write(const std::string& path, const FillFn& fill, uint64_t c
     offset += t.n_bytes;
   }
   head.resize(align_up(head.size(), alignment_), 0);
+  return head;
+}
 
+uint64_t GgufWriter::file_bytes() const {
+  uint64_t data = 0;
+  for (const TensorSpec& t : tensors_) data = align_up(data, alignment_) + t.n_bytes;
+  return header().size() + data;
+}
+
+Status GgufWriter::write(const std::string& path, const FillFn& fill, uint64_t chunk_bytes) const {
+  const std::vector<uint8_t> head = header();
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
   if (!f) return Error{fmt::format("cannot create {}: {}", path, std::strerror(errno))};
   const auto out = [&](const void* p, size_t n) -> Status {

@@ -49,6 +49,8 @@ class GgufWriter {
 
  private:
   void begin_kv(const std::string& key, ValueType type);
+  // Header, metadata and tensor index, padded to the data section's alignment.
+  [[nodiscard]] std::vector<uint8_t> header() const;
   void put_value(ValueType type, const Value& v);
 
   uint32_t alignment_;
