@@ -5,6 +5,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "bie/planner/kv_bytes.h"
+#include "bie/planner/kv_layout_flags.h"
+#include "bie/planner/model_geometry.h"
 #include "support/paths.h"
 #include "support/run_cmd.h"
 #include "support/tiny_llama.h"
@@ -119,6 +122,44 @@ TEST(CliEngine, BenchSpeculativeReportsAcceptance) {
   expect_bad_input("bench -m default --speculative /nonexistent.gguf -n 4 -r 1",
                    "--speculative-model");
   expect_bad_input("bench -m default --speculative ngram --speculative-draft-tokens 99 -r 1", "");
+}
+
+// --fill synthetic reaches the depth without forward passes and holds exactly the blocks a
+// prefill to that depth would (the planner's bytes); -p 0 runs decode only.
+TEST(CliEngine, BenchSyntheticFillHoldsThePlannersBytes) {
+  const auto r = run_cmd(test::bie_bin() +
+                         " bench -m default --fill synthetic -p 0 -n 2 -d 300 -r 1 -t 2 "
+                         "--kv-cache-dtype f16,int4_asym --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("synthetic fill 300/300"), std::string::npos) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["fill"], "synthetic");
+  EXPECT_FALSE(j["synthetic_model"].get<bool>());
+  ASSERT_EQ(j["results"].size(), 2u);  // 2 regimes x tg2
+  ASSERT_EQ(j["regimes"].size(), 2u);
+  auto g = planner::geometry_from_gguf_path(test::smollm2_path());
+  ASSERT_TRUE(g.ok());
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& row = j["results"][i];
+    EXPECT_EQ(row["test"], "tg2");
+    EXPECT_GT(row["median_tps"].get<double>(), 0.0);
+    planner::KvLayoutFlags f;
+    f.dtype = row["regime"].get<std::string>();
+    const planner::KvLayout layout = planner::resolve_kv_layout(f).value();
+    EXPECT_EQ(row["kv_bytes_at_depth"].get<uint64_t>(), planner::kv_sequence_bytes(*g, layout, 300))
+        << f.dtype;
+    EXPECT_EQ(j["regimes"][i]["max_model_len"].get<int64_t>(), 303);
+  }
+}
+
+TEST(CliEngine, SynthRefusesWhatItCannotWrite) {
+  auto r = run_cmd(test::bie_bin() + " synth --preset no-such-model");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unknown preset"), std::string::npos) << r.err;
+  r = run_cmd(test::bie_bin() + " synth --preset smollm2-135m --out /tmp/bie_never.gguf");
+  EXPECT_EQ(r.exit_code, 1);  // 576-wide rows are not whole Q4_K blocks
+  EXPECT_NE(r.err.find("whole number"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("SYNTHETIC"), std::string::npos) << r.err;
 }
 
 }  // namespace

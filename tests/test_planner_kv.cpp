@@ -229,17 +229,19 @@ TEST(KvPaged, PoolPlanIsThePeakOverAllLengths) {
         EXPECT_EQ(p.fp16_blocks, 3 * fp16) << "B " << B << " L " << L;
         EXPECT_EQ(p.body_blocks, 3 * body) << "B " << B << " L " << L;
       }
-      // kv_max_tokens agrees with a scan of the running peak.
+      // kv_max_tokens is the longest sequence whose pools fit (what the engine reserves), never
+      // less than the running peak of the bytes held allows by more than one FP16 block.
       uint64_t budget = plan.total_bytes() / 3;
       uint64_t peak = 0;
-      int64_t scan = 0;
+      int64_t scan = 0, scan_held = 0;
       for (int64_t n = 1; n <= 400; ++n) {
+        if (kv_pool_plan(g, l, n, 1).total_bytes() <= budget) scan = n;
         peak = std::max(peak, kv_sequence_bytes(g, l, n));
-        if (peak > budget) break;
-        scan = n;
+        if (peak <= budget) scan_held = n;
       }
       EXPECT_EQ(kv_max_tokens(g, l, budget, 1, 400), scan) << "B " << B << " L " << L;
-      EXPECT_GE(scan, L);
+      EXPECT_GE(scan, L) << "B " << B;  // the budget holds the pools for L
+      EXPECT_LE(scan_held - scan, B) << "B " << B << " L " << L;
     }
   }
 }

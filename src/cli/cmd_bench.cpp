@@ -2,6 +2,9 @@
 // at context depths (-d: the cache holds that many tokens first), for one or more KV regimes
 // (--kv-cache-dtype f16,int8,...), median over repetitions, plus KV bytes and peak resident
 // memory. Regimes run interleaved within each repetition so machine noise hits them equally.
+// The depth is reached by a real prefill of random tokens (--fill prefill, the default) or by
+// writing synthetic K/V straight into the cache (--fill synthetic: no forward passes, so an 8B
+// model reaches 64k in seconds; for memory and speed only).
 #include <fmt/format.h>
 #include <sys/resource.h>
 
@@ -17,6 +20,8 @@
 #include "bie/engine/generate.h"
 #include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
+#include "bie/engine/synth_model.h"
+#include "bie/engine/synthetic_kv.h"
 #include "bie/model/model.h"
 #include "bie/planner/plan_report.h"
 #include "cli/bench_spec.h"
@@ -34,6 +39,7 @@ struct BenchArgs {
   std::vector<int32_t> depths = {0};
   int32_t reps = 5;
   int32_t threads = 0;
+  std::string fill = "prefill";  // how the depth is reached: prefill | synthetic
   bool json = false;
   KvCliFlags kv;
   std::string speculative;  // "ngram" or a draft model: the speculative benchmark instead
@@ -55,6 +61,7 @@ struct Cell {
   int32_t n = 0;
   bool decode = false;
   uint64_t kv_bytes_at_depth = 0;  // blocks held after filling `depth` tokens
+  double fill_seconds = 0;         // the last fill to `depth` (0 when it was reused)
   std::vector<double> tps;
 };
 
@@ -94,12 +101,18 @@ int bench(const BenchArgs& a) {
     so.kv = *base;
     return run_spec_bench(so);
   }
+  if (a.fill != "prefill" && a.fill != "synthetic") {
+    return fail(kExitBadInput, "--fill must be prefill or synthetic");
+  }
+  const bool synthetic_fill = a.fill == "synthetic";
+  std::vector<int32_t> prompt_lengths;  // -p 0: no prompt tests
+  for (int32_t n : a.prompt_lengths)
+    if (n > 0) prompt_lengths.push_back(n);
   const std::vector<std::string> names = split_list(a.kv.opts.kv.dtype);
   if (names.empty()) return fail(kExitBadInput, "--kv-cache-dtype: give at least one format");
   const int32_t max_depth = *std::max_element(a.depths.begin(), a.depths.end());
-  const int32_t max_pp = a.prompt_lengths.empty()
-                             ? 0
-                             : *std::max_element(a.prompt_lengths.begin(), a.prompt_lengths.end());
+  const int32_t max_pp =
+      prompt_lengths.empty() ? 0 : *std::max_element(prompt_lengths.begin(), prompt_lengths.end());
   if (base->max_model_len == 0) base->max_model_len = max_depth + std::max(max_pp, a.n_decode) + 1;
   if (max_depth + std::max(max_pp, a.n_decode) > base->max_model_len) {
     return fail(kExitBadInput,
@@ -112,6 +125,13 @@ int bench(const BenchArgs& a) {
   auto model = load_named_model(a.model, lo);
   if (!model.ok()) return fail(kExitFailure, model.error());
   Model& m = **model;
+  const bool synthetic_model = m.file().get_bool(kSyntheticKey).value_or(false);
+  if (synthetic_model) {
+    fmt::print(stderr,
+               "bench: {} is a SYNTHETIC model (random weights): speed and memory only, never "
+               "quality\n",
+               m.file().path());
+  }
 
   std::vector<Regime> regimes;
   for (const std::string& name : names) {
@@ -143,10 +163,10 @@ int bench(const BenchArgs& a) {
       // Decode first: its tokens stay in the FP16 window, so the cache can be cut back to the
       // depth afterwards instead of being filled again (a prompt test usually cannot).
       if (a.n_decode > 0) {
-        cells.push_back({ri, d, fmt::format("tg{}", a.n_decode), a.n_decode, true, 0, {}});
+        cells.push_back({ri, d, fmt::format("tg{}", a.n_decode), a.n_decode, true, 0, 0.0, {}});
       }
-      for (int32_t n : a.prompt_lengths)
-        cells.push_back({ri, d, fmt::format("pp{}", n), n, false, 0, {}});
+      for (int32_t n : prompt_lengths)
+        cells.push_back({ri, d, fmt::format("pp{}", n), n, false, 0, 0.0, {}});
     }
   }
   // One warm-up forward so page faults of the mmapped weights are not timed.
@@ -167,11 +187,29 @@ int bench(const BenchArgs& a) {
       const bool reuse = kv.n_tokens() >= c.depth && c.depth > 0 && kv.truncate(c.depth).ok();
       if (!reuse) {
         if (Status s = kv.truncate(0); !s) return fail(kExitFailure, s.error());
-        const std::vector<int32_t> fill = random_tokens(c.depth);
-        if (!fill.empty()) {
-          if (Status s = prefill(m, kv, pool, fill, base->chunked_prefill_size, align, logits); !s)
+        const auto tf = clock::now();
+        if (synthetic_fill) {
+          SyntheticKvOptions so;
+          so.chunk = base->chunked_prefill_size;
+          int last = -1;
+          so.progress = [&](int64_t done, int64_t total) {
+            const int pct = static_cast<int>(100 * done / total);
+            if (pct / 10 != last / 10) {
+              fmt::print(stderr, "bench: synthetic fill {}/{} tokens\n", done, total);
+              last = pct;
+            }
+          };
+          if (Status s = fill_kv_synthetic(kv, c.depth, so); !s)
             return fail(kExitFailure, s.error());
+        } else {
+          const std::vector<int32_t> fill = random_tokens(c.depth);
+          if (!fill.empty()) {
+            if (Status s = prefill(m, kv, pool, fill, base->chunked_prefill_size, align, logits);
+                !s)
+              return fail(kExitFailure, s.error());
+          }
         }
+        c.fill_seconds = std::chrono::duration<double>(clock::now() - tf).count();
       }
       c.kv_bytes_at_depth = kv_held_bytes(kv);
       const std::vector<int32_t> test = random_tokens(c.n);
@@ -197,6 +235,23 @@ int bench(const BenchArgs& a) {
     j["repetitions"] = a.reps;
     j["chunked_prefill_size"] = base->chunked_prefill_size;
     j["peak_rss_mib"] = peak_mib;
+    j["synthetic_model"] = synthetic_model;
+    j["fill"] = a.fill;
+    j["regimes"] = nlohmann::json::array();
+    for (const Regime& rg : regimes) {
+      const KvSetupReport& r = rg.setup.report;
+      j["regimes"].push_back({{"regime", rg.name},
+                              {"layout", r.layout_label},
+                              {"max_model_len", r.max_model_len},
+                              {"usable_bytes", r.usable_bytes},
+                              {"weights_bytes", r.weights_bytes},
+                              {"workspace_bytes", r.workspace_bytes},
+                              {"kv_budget_bytes", r.kv_budget_bytes},
+                              {"kv_pool_bytes", r.kv_pool_bytes()},
+                              {"seq_bytes", r.seq_bytes},
+                              {"tokens_fit", r.tokens_fit},
+                              {"bytes_per_token", r.bytes_per_token}});
+    }
     j["results"] = nlohmann::json::array();
     for (const Cell& c : cells) {
       const KvSetupReport& r = regimes[c.regime].setup.report;
@@ -208,21 +263,26 @@ int bench(const BenchArgs& a) {
                               {"median_tps", median(c.tps)},
                               {"runs_tps", c.tps},
                               {"kv_bytes_per_token", r.bytes_per_token},
-                              {"kv_bytes_at_depth", c.kv_bytes_at_depth}});
+                              {"kv_bytes_at_depth", c.kv_bytes_at_depth},
+                              {"fill_seconds", c.fill_seconds}});
     }
     fmt::print("{}\n", j.dump(1));
     return kExitOk;
   }
-  fmt::print("model   {}\nthreads {}  repetitions {}  chunk {}\n", m.file().path(), pool.size(),
-             a.reps, base->chunked_prefill_size);
+  fmt::print("model   {}{}\nthreads {}  repetitions {}  chunk {}  fill {}\n", m.file().path(),
+             synthetic_model ? " (SYNTHETIC: random weights)" : "", pool.size(), a.reps,
+             base->chunked_prefill_size, a.fill);
   fmt::print("{:<14} {:>6} {:>7} {:>11} {:>9} {:>9} {:>11} {:>12}\n", "regime", "depth", "test",
              "median t/s", "min", "max", "KV B/token", "KV at depth");
   for (const Cell& c : cells) {
     const KvSetupReport& r = regimes[c.regime].setup.report;
-    fmt::print("{:<14} {:>6} {:>7} {:>11.1f} {:>9.1f} {:>9.1f} {:>11} {:>12}\n",
-               regimes[c.regime].name, c.depth, c.test, median(c.tps),
-               *std::min_element(c.tps.begin(), c.tps.end()),
-               *std::max_element(c.tps.begin(), c.tps.end()), r.bytes_per_token,
+    // Slow models (an 8B on a CPU decodes < 1 tok/s) need more digits than llama-bench's one.
+    const double med = median(c.tps);
+    const int dec = med < 10 ? 3 : 1;
+    fmt::print("{:<14} {:>6} {:>7} {:>11.{}f} {:>9.{}f} {:>9.{}f} {:>11} {:>12}\n",
+               regimes[c.regime].name, c.depth, c.test, med, dec,
+               *std::min_element(c.tps.begin(), c.tps.end()), dec,
+               *std::max_element(c.tps.begin(), c.tps.end()), dec, r.bytes_per_token,
                planner::format_bytes(static_cast<double>(c.kv_bytes_at_depth)));
   }
   fmt::print("peak RSS {:.1f} MiB\n", peak_mib);
@@ -235,10 +295,10 @@ void add_bench_command(CLI::App& root, int* rc) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = root.add_subcommand("bench", "Measure prompt and decode throughput (tokens/s)");
   cmd->add_option("-m,--model", a->model, "GGUF file, or 'default'")->capture_default_str();
-  cmd->add_option("-p,--n-prompt", a->prompt_lengths, "Prompt lengths to time (pp tests)")
+  cmd->add_option("-p,--n-prompt", a->prompt_lengths, "Prompt lengths to time (pp tests; 0: none)")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-n,--n-gen", a->n_decode, "Tokens to decode (tg test; 0: skip)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
@@ -250,6 +310,11 @@ void add_bench_command(CLI::App& root, int* rc) {
   cmd->add_option("-r,--repetitions", a->reps, "Runs per test (median reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
+  cmd->add_option("--fill", a->fill,
+                  "How the depth is reached: prefill (forward passes over random tokens) or "
+                  "synthetic (K/V of realistic statistics written straight into the cache)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"prefill", "synthetic"}));
   cmd->add_option("-t,--threads", a->threads, "Threads (0: all cores)")->check(CLI::Range(0, 1024));
   add_kv_engine_flags(cmd, a->kv,
                       "KV format, or a comma list of regimes to compare (f16,int8,int4_asym,...)");

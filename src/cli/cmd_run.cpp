@@ -13,6 +13,7 @@
 #include "bie/engine/generate.h"
 #include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
+#include "bie/engine/synth_model.h"
 #include "bie/model/model.h"
 #include "bie/planner/plan_report.h"
 #include "bie/tokenizer/stream_decoder.h"
@@ -68,6 +69,12 @@ int run(const RunArgs& a) {
     return kExitFailure;
   }
   Model& m = **model;
+  if (m.file().get_bool(kSyntheticKey).value_or(false)) {
+    fmt::print(stderr,
+               "bie run: {} is a SYNTHETIC model (random weights, `bie synth`): its text is "
+               "noise; use it for memory and speed only\n",
+               m.file().path());
+  }
   auto kv = setup_kv_cache(m, *opts);
   if (!kv) {
     std::fprintf(stderr, "bie run: %s\n", kv.error().c_str());

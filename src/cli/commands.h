@@ -17,5 +17,6 @@ void add_info_command(CLI::App& root, int* rc);
 void add_plan_command(CLI::App& root, int* rc);
 void add_bench_command(CLI::App& root, int* rc);
 void add_quality_command(CLI::App& root, int* rc);
+void add_synth_command(CLI::App& root, int* rc);
 
 }  // namespace bie::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   bie::cli::add_plan_command(app, &rc);
   bie::cli::add_bench_command(app, &rc);
   bie::cli::add_quality_command(app, &rc);
+  bie::cli::add_synth_command(app, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

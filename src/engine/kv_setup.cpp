@@ -146,9 +146,13 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& model_g, uint6
   if (r.max_concurrency < (o.require_all_seqs ? r.max_num_seqs : 1)) {
     return Error{fmt::format(
         "the KV budget {} holds {} of the {} sequence(s) of --max-model-len {} asked for at {} "
-        "(one needs {}; {} tokens fit); lower --max-model-len or the KV dtype, or raise {}",
+        "(one needs {}); the largest context that fits is {} tokens per sequence; lower "
+        "--max-model-len or the KV dtype, or raise {}",
         bytes(r.kv_budget_bytes), r.max_concurrency, r.max_num_seqs, r.max_model_len,
-        r.layout_label, bytes(r.seq_bytes), r.tokens_fit,
+        r.layout_label, bytes(r.seq_bytes),
+        r.max_num_seqs > 1 ? planner::kv_max_tokens(g, r.layout, r.kv_budget_bytes, r.max_num_seqs,
+                                                    planner::kMaxPlanContext)
+                           : r.tokens_fit,
         r.explicit_kv_memory ? "--kv-cache-memory" : "--gpu-memory-utilization / --device-memory")};
   }
 

@@ -149,11 +149,12 @@ uint64_t kv_fp16_overhead_bytes(const ModelGeometry& g, const KvLayout& layout) 
 int64_t kv_max_tokens(const ModelGeometry& g, const KvLayout& layout, uint64_t budget_bytes,
                       int64_t n_seqs, int64_t limit) {
   assert(n_seqs >= 1);
-  // A sequence passes through every shorter length, so the test is on the peak up to n.
+  // The pools a sequence of n tokens needs (what the engine reserves): each pool sized for its
+  // own peak over every shorter length. The FP16 pool peaks where the window straddles one more
+  // block than at n, so this can be one FP16 block more than the peak of kv_sequence_bytes.
   const auto fits = [&](int64_t n) {
-    const uint64_t peak = peak_over_lengths(
-        n, layout.block_size, [&](int64_t m) { return kv_sequence_bytes(g, layout, m); });
-    return peak <= budget_bytes / static_cast<uint64_t>(n_seqs);
+    return kv_pool_plan(g, layout, n, 1).total_bytes() <=
+           budget_bytes / static_cast<uint64_t>(n_seqs);
   };
   if (limit < 1 || !fits(1)) return 0;
   int64_t lo = 1;  // fits

@@ -92,7 +92,8 @@ struct KvBlockCount {
 // that sinks and window are disjoint (0 for an unmixed layout).
 [[nodiscard]] uint64_t kv_fp16_overhead_bytes(const ModelGeometry& g, const KvLayout& layout);
 
-// Largest n <= limit with n_seqs * kv_sequence_bytes(n) <= budget_bytes (0 if not even one token).
+// Largest n <= limit whose pools for n_seqs sequences (kv_pool_plan(n, n_seqs), what the engine
+// reserves) fit budget_bytes; 0 if not even one token.
 [[nodiscard]] int64_t kv_max_tokens(const ModelGeometry& g, const KvLayout& layout,
                                     uint64_t budget_bytes, int64_t n_seqs, int64_t limit);
 
