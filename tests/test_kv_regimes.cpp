@@ -99,14 +99,14 @@ TEST(KvMemoryBudget, ManagersOfTwoRegimesAdmitByBytes) {
     EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error());
     return std::move(m).value();
   };
-  kv::BlockManager q = make(int8, page);       // FP16 sink/window blocks 2 pages, body 1
-  kv::BlockManager h = make(f16, 2 * page);    // every block 2 pages
-  std::vector<int32_t> p80(80, 7);              // 20 blocks: 3 FP16 (sink + window) + 17 body
+  kv::BlockManager q = make(int8, page);     // FP16 sink/window blocks 2 pages, body 1
+  kv::BlockManager h = make(f16, 2 * page);  // every block 2 pages
+  std::vector<int32_t> p80(80, 7);           // 20 blocks: 3 FP16 (sink + window) + 17 body
   ASSERT_TRUE(q.can_allocate(p80));
-  ASSERT_TRUE(q.allocate(1, p80).ok());        // 3 x 2 + 17 x 1 = 23 pages
-  std::vector<int32_t> p36(36, 9);              // 9 f16 blocks = 18 pages > 17 left
+  ASSERT_TRUE(q.allocate(1, p80).ok());  // 3 x 2 + 17 x 1 = 23 pages
+  std::vector<int32_t> p36(36, 9);       // 9 f16 blocks = 18 pages > 17 left
   EXPECT_FALSE(h.can_allocate(p36));
-  std::vector<int32_t> p32(32, 9);              // 8 blocks = 16 pages
+  std::vector<int32_t> p32(32, 9);  // 8 blocks = 16 pages
   ASSERT_TRUE(h.can_allocate(p32));
   ASSERT_TRUE(h.allocate(2, p32).ok());
   EXPECT_FALSE(q.can_append(1, 8));
@@ -129,8 +129,8 @@ TEST(KvPolicy, ParsesRangesAndPicksByLength) {
   auto gap = parse_kv_policy("int8:100-200");
   ASSERT_TRUE(gap.ok());
   EXPECT_FALSE(kv_policy_regime(*gap, 50).has_value());
-  for (const char* bad : {"", "int8", "int8:", "int8:5", "int8:a-b", "int8:10-5", ":0-",
-                          "int8:0-100,f16:50-"}) {
+  for (const char* bad :
+       {"", "int8", "int8:", "int8:5", "int8:a-b", "int8:10-5", ":0-", "int8:0-100,f16:50-"}) {
     EXPECT_FALSE(parse_kv_policy(bad).ok()) << bad;
   }
   EXPECT_NE(parse_kv_policy("int8:0-100,f16:50-").error().find("overlap"), std::string::npos);

@@ -241,8 +241,9 @@ TEST(Speculative, GreedyOutputIdenticalWithAndWithoutDraftModel) {
     EXPECT_GT((*spec)->kv_report().draft_bytes, (*plain)->kv_report().weights_bytes);
     EXPECT_NE(format_kv_report((*spec)->kv_report()).find("+ draft model"), std::string::npos);
     std::vector<std::string> prompts = grounded_prompts();
-    prompts.push_back("<|im_start|>user\nWrite a short poem about the sea.<|im_end|>\n"
-                      "<|im_start|>assistant\n");
+    prompts.push_back(
+        "<|im_start|>user\nWrite a short poem about the sea.<|im_end|>\n"
+        "<|im_start|>assistant\n");
     for (const std::string& text : prompts) {
       tokenizer::EncodeOptions eo;
       eo.parse_special = true;

@@ -171,8 +171,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
   bool identical = true;
   for (int rep = 0; rep < o.reps; ++rep) {
     for (Row& r : rows) {
-      fmt::print(stderr, "bench: run {}/{}  {}  {}\n", rep + 1, o.reps, r.task->kind,
-                 r.task->name);
+      fmt::print(stderr, "bench: run {}/{}  {}  {}\n", rep + 1, o.reps, r.task->kind, r.task->name);
       const Timed b = generate(**plain, id++, r.prompt, o.n_gen, tmpl->end_of_turn());
       const Timed s = generate(**drafting, id++, r.prompt, o.n_gen, tmpl->end_of_turn());
       if (b.fin.finish_reason == "error") return fail(kExitFailure, b.fin.error);
@@ -227,12 +226,12 @@ int run_spec_bench(const SpecBenchOptions& o) {
     fmt::print("model   {}\ndrafter {}, up to {} draft tokens per step{}; {} repetitions\n",
                (*plain)->model_info().path, drafter, o.draft_tokens,
                o.always ? " (always)" : " (cost model)", o.reps);
-    fmt::print("{:<10} {:<10} {:>7} {:>11} {:>11} {:>8}\n", "class", "task", "tokens",
-               "base t/s", "spec t/s", "speedup");
+    fmt::print("{:<10} {:<10} {:>7} {:>11} {:>11} {:>8}\n", "class", "task", "tokens", "base t/s",
+               "spec t/s", "speedup");
     for (const Row& r : rows) {
       const double b = median(r.base_tps), s = median(r.spec_tps);
-      fmt::print("{:<10} {:<10} {:>7} {:>11.1f} {:>11.1f} {:>7.2f}x\n", r.task->kind,
-                 r.task->name, r.tokens, b, s, b > 0 ? s / b : 0.0);
+      fmt::print("{:<10} {:<10} {:>7} {:>11.1f} {:>11.1f} {:>7.2f}x\n", r.task->kind, r.task->name,
+                 r.tokens, b, s, b > 0 ? s / b : 0.0);
     }
     for (const auto& [kind, v] : ratios) {
       fmt::print("{}: median speed-up {:.2f}x\n", kind, median(v));

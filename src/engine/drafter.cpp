@@ -35,7 +35,9 @@ int best_draft_len(double accept_rate, int64_t base, int64_t cap, std::span<cons
     return 1.0 + 0.44 * static_cast<double>(n - base) / static_cast<double>(base);
   };
   // Cost of a step with n decode tokens relative to one with base.
-  const auto cost = [&](int64_t n) { return ms(n) > 0 && ms(base) > 0 ? ms(n) / ms(base) : guess(n); };
+  const auto cost = [&](int64_t n) {
+    return ms(n) > 0 && ms(base) > 0 ? ms(n) / ms(base) : guess(n);
+  };
   // A base step's time, estimated from another measured size while it is unseen.
   double base_ms = ms(base);
   for (int64_t n = base + 1; base_ms <= 0 && n <= n_max; ++n) {

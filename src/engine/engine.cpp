@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 #include <openssl/evp.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,9 +111,7 @@ class EngineImpl final : public Engine {
   const ModelInfo& model_info() const override { return info_; }
   const tokenizer::Tokenizer& tokenizer() const override { return *tok_; }
   const KvSetupReport& kv_report() const override { return report_; }
-  std::string kv_regime() const override {
-    return regimes_[force_f16_ ? f16_regime_ : 0].label;
-  }
+  std::string kv_regime() const override { return regimes_[force_f16_ ? f16_regime_ : 0].label; }
   void set_force_f16(bool on) override { force_f16_ = on; }
   std::string kv_regime_for(const EngineRequest& req) const override {
     const auto n = static_cast<int64_t>(req.prompt.size());
@@ -270,7 +267,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     plan_opts.draft_bytes = (*d)->bytes().total();
     drafter_ = std::move(d).value();
   }
-  kind = CreateError::kOutOfBudget;  // what plan_kv_setup can still refuse
+  kind = CreateError::kOutOfBudget;          // what plan_kv_setup can still refuse
   plan_opts.chunked_prefill_size = batched;  // the workspace holds one step's tokens
   plan_opts.require_all_seqs = false;
   auto rep = plan_kv_setup(*g, model_->weight_bytes(), model_->hparams().n_ctx_train, plan_opts);
@@ -337,10 +334,9 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
   const uint64_t stride16 = kv::MemoryBudget::block_cost(report_.fp16_block_bytes, page);
   // The report's pools with each block rounded up to whole pages (how a shared budget lays
   // blocks out), within the KV budget: --kv-cache-memory is never exceeded.
-  const uint64_t planned =
-      static_cast<uint64_t>(report_.fp16_blocks) * stride16 +
-      static_cast<uint64_t>(report_.body_blocks) *
-          kv::MemoryBudget::block_cost(report_.body_block_bytes, page);
+  const uint64_t planned = static_cast<uint64_t>(report_.fp16_blocks) * stride16 +
+                           static_cast<uint64_t>(report_.body_blocks) *
+                               kv::MemoryBudget::block_cost(report_.body_block_bytes, page);
   budget_ = std::make_unique<kv::MemoryBudget>(std::min(planned, report_.kv_budget_bytes));
   const KvGeometry geo = model_->hparams().kv_geometry();
   std::string line;
@@ -380,7 +376,10 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
     int64_t lo = 0, hi = planner::kMaxPlanContext;
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (bytes_for(mid) <= budget_->limit()) lo = mid; else hi = mid - 1;
+      if (bytes_for(mid) <= budget_->limit())
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     if (name == "f16") f16_regime_ = regimes_.size();
     regimes_.push_back({name.empty() ? label : name, label, std::move(store).value(), lo});

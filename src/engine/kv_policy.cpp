@@ -28,14 +28,14 @@ Result<std::vector<KvLengthRule>> parse_kv_policy(std::string_view text) {
   std::vector<KvLengthRule> rules;
   const auto bad = [&](std::string_view part, const char* why) {
     return Error{fmt::format(
-        "--kv-policy '{}': {} in '{}' (expected e.g. \"int4_asym:0-16384,int8:16384-\")", text,
-        why, part)};
+        "--kv-policy '{}': {} in '{}' (expected e.g. \"int4_asym:0-16384,int8:16384-\")", text, why,
+        part)};
   };
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = text.find(',', start);
-    const std::string_view part =
-        text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    const std::string_view part = text.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     start = comma == std::string_view::npos ? text.size() + 1 : comma + 1;
     if (part.empty()) continue;
     const size_t colon = part.find(':');

@@ -85,50 +85,9 @@ class LlamaModel final : public Model {
 
 void LlamaModel::read_hparams(Binder& b) {
   ModelHParams& hp = hp_;
-  hp.arch = file_->architecture();
-  const std::string a = hp.arch + ".";
-  if (auto name = file_->get_string("general.name")) hp.name = std::string(*name);
-  hp.n_layer = b.require_int(a + "block_count");
-  hp.n_embd = b.require_int(a + "embedding_length");
-  hp.n_ff = b.require_int(a + "feed_forward_length");
-  hp.n_head = b.require_int(a + "attention.head_count");
-  hp.n_head_kv = b.optional_int(a + "attention.head_count_kv").value_or(hp.n_head);
-  hp.n_ctx_train = b.optional_int(a + "context_length").value_or(2048);
-  if (hp.n_head_kv > hp.n_head || hp.n_head % hp.n_head_kv != 0) {
-    throw LoadError{fmt::format("head_count {} is not a multiple of head_count_kv {}", hp.n_head,
-                                hp.n_head_kv)};
-  }
-  hp.head_dim = b.optional_int(a + "attention.key_length").value_or(hp.n_embd / hp.n_head);
-  if (hp.head_dim % 2 != 0 || hp.head_dim > 512) {
-    throw LoadError{
-        fmt::format("head dimension {} is unsupported (must be even, <= 512)", hp.head_dim)};
-  }
-  if (auto vl = b.optional_int(a + "attention.value_length"); vl && *vl != hp.head_dim) {
-    throw LoadError{"key_length != value_length is not supported for this architecture"};
-  }
-  hp.rms_eps = b.optional_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5f);
-  hp.rope_freq_base = b.optional_float(a + "rope.freq_base").value_or(10000.0f);
-  hp.n_rot = b.optional_int(a + "rope.dimension_count").value_or(hp.head_dim);
-  if (hp.n_rot > hp.head_dim || hp.n_rot % 2 != 0) {
-    throw LoadError{
-        fmt::format("rope.dimension_count {} is invalid for head dim {}", hp.n_rot, hp.head_dim)};
-  }
-  if (auto st = file_->get_string(a + "rope.scaling.type")) {
-    if (*st == "linear") {
-      const float factor = b.optional_float(a + "rope.scaling.factor").value_or(1.0f);
-      if (!(factor > 0.0f)) throw LoadError{"rope.scaling.factor must be > 0"};
-      hp.rope_freq_scale = 1.0f / factor;
-    } else if (*st != "none") {
-      throw LoadError{
-          fmt::format("rope scaling type '{}' is not supported yet (supported: none, linear)",
-                      std::string(*st))};
-    }
-  }
+  model_loader::read_transformer_hparams(*file_, b, hp, /*default_ctx=*/2048,
+                                         /*default_eps=*/1e-5f);
   hp.rope_layout = hp.arch == "qwen2" ? RopeLayout::kNeox : RopeLayout::kNorm;
-  const gguf::TensorInfo* emb = file_->find_tensor("token_embd.weight");
-  if (emb == nullptr) throw LoadError{"missing tensor 'token_embd.weight'"};
-  hp.n_vocab = static_cast<int32_t>(emb->ne[1]);
-  hp.tied_output = file_->find_tensor("output.weight") == nullptr;
   hp.qkv_bias = file_->find_tensor("blk.0.attn_q.bias") != nullptr;
 
   rope_.n_rot = hp.n_rot;

@@ -84,4 +84,51 @@ const float* Binder::vector_f32(const std::string& name, int64_t n) {
   return reinterpret_cast<const float*>(f_.tensor_data(t));
 }
 
+void read_transformer_hparams(const gguf::GgufFile& f, const Binder& b, ModelHParams& hp,
+                              int32_t default_ctx, float default_eps) {
+  hp.arch = f.architecture();
+  const std::string a = hp.arch + ".";
+  if (auto name = f.get_string("general.name")) hp.name = std::string(*name);
+  hp.n_layer = b.require_int(a + "block_count");
+  hp.n_embd = b.require_int(a + "embedding_length");
+  hp.n_ff = b.require_int(a + "feed_forward_length");
+  hp.n_head = b.require_int(a + "attention.head_count");
+  hp.n_head_kv = b.optional_int(a + "attention.head_count_kv").value_or(hp.n_head);
+  hp.n_ctx_train = b.optional_int(a + "context_length").value_or(default_ctx);
+  if (hp.n_head_kv > hp.n_head || hp.n_head % hp.n_head_kv != 0) {
+    throw LoadError{fmt::format("head_count {} is not a multiple of head_count_kv {}", hp.n_head,
+                                hp.n_head_kv)};
+  }
+  hp.head_dim = b.optional_int(a + "attention.key_length").value_or(hp.n_embd / hp.n_head);
+  if (hp.head_dim % 2 != 0 || hp.head_dim > 512) {
+    throw LoadError{
+        fmt::format("head dimension {} is unsupported (must be even, <= 512)", hp.head_dim)};
+  }
+  if (auto vl = b.optional_int(a + "attention.value_length"); vl && *vl != hp.head_dim) {
+    throw LoadError{"key_length != value_length is not supported for this architecture"};
+  }
+  hp.rms_eps = b.optional_float(a + "attention.layer_norm_rms_epsilon").value_or(default_eps);
+  hp.rope_freq_base = b.optional_float(a + "rope.freq_base").value_or(10000.0f);
+  hp.n_rot = b.optional_int(a + "rope.dimension_count").value_or(hp.head_dim);
+  if (hp.n_rot > hp.head_dim || hp.n_rot % 2 != 0) {
+    throw LoadError{
+        fmt::format("rope.dimension_count {} is invalid for head dim {}", hp.n_rot, hp.head_dim)};
+  }
+  if (auto st = f.get_string(a + "rope.scaling.type")) {
+    if (*st == "linear") {
+      const float factor = b.optional_float(a + "rope.scaling.factor").value_or(1.0f);
+      if (!(factor > 0.0f)) throw LoadError{"rope.scaling.factor must be > 0"};
+      hp.rope_freq_scale = 1.0f / factor;
+    } else if (*st != "none") {
+      throw LoadError{
+          fmt::format("rope scaling type '{}' is not supported yet (supported: none, linear)",
+                      std::string(*st))};
+    }
+  }
+  const gguf::TensorInfo* emb = f.find_tensor("token_embd.weight");
+  if (emb == nullptr) throw LoadError{"missing tensor 'token_embd.weight'"};
+  hp.n_vocab = static_cast<int32_t>(emb->ne[1]);
+  hp.tied_output = f.find_tensor("output.weight") == nullptr;
+}
+
 }  // namespace bie::model_loader

@@ -10,6 +10,7 @@
 #include "bie/backend/matmul.h"
 #include "bie/common/result.h"
 #include "bie/gguf/gguf_file.h"
+#include "bie/model/model.h"
 
 namespace bie::model_loader {
 
@@ -41,5 +42,13 @@ class Binder {
   const gguf::GgufFile& f_;
   uint64_t bound_bytes_ = 0;
 };
+
+// The decoder-only transformer hyper-parameters every architecture reads the same way: name,
+// layers, widths, heads (GQA checked), head dim (key_length; even, <= 512, = value_length), RMS
+// epsilon, RoPE base, rotated dims and linear RoPE scaling, vocabulary (token_embd rows) and a
+// tied output. Defaults where the file is silent: context default_ctx, epsilon default_eps.
+// Throws LoadError naming the key.
+void read_transformer_hparams(const gguf::GgufFile& f, const Binder& b, ModelHParams& hp,
+                              int32_t default_ctx, float default_eps);
 
 }  // namespace bie::model_loader

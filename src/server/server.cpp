@@ -420,12 +420,12 @@ void Server::Impl::routes() {
                 {"budget_bytes", p.budget_bytes},
                 {"regimes", regimes}};
   };
-  http.Get("/admin/kv-policy", [this, kv_policy_json](const httplib::Request&,
-                                                      httplib::Response& res) {
-    Engine* eng = engine.load();
-    if (eng == nullptr) return send_error(res, unavailable("the model is still loading"));
-    send_json(res, 200, kv_policy_json(eng->kv_policy()));
-  });
+  http.Get("/admin/kv-policy",
+           [this, kv_policy_json](const httplib::Request&, httplib::Response& res) {
+             Engine* eng = engine.load();
+             if (eng == nullptr) return send_error(res, unavailable("the model is still loading"));
+             send_json(res, 200, kv_policy_json(eng->kv_policy()));
+           });
   http.Post("/admin/kv-policy", [this, kv_policy_json](const httplib::Request& req,
                                                        httplib::Response& res) {
     Engine* eng = engine.load();
@@ -434,17 +434,16 @@ void Server::Impl::routes() {
     try {
       body = json::parse(req.body);
     } catch (const json::parse_error& e) {
-      return send_error(res, bad_request(std::string("the body is not valid JSON: ") + e.what(),
-                                         {}, "invalid_json"));
+      return send_error(res, bad_request(std::string("the body is not valid JSON: ") + e.what(), {},
+                                         "invalid_json"));
     }
     if (!body.is_object() || !body.contains("force_f16") || !body["force_f16"].is_boolean()) {
-      return send_error(res, bad_request("expected {\"force_f16\": true|false}", "force_f16",
-                                         "invalid_type"));
+      return send_error(
+          res, bad_request("expected {\"force_f16\": true|false}", "force_f16", "invalid_type"));
     }
     const bool on = body["force_f16"].get<bool>();
     eng->set_force_f16(on);
-    spdlog::warn("kv-policy: force_f16 {} (new requests: {})", on ? "on" : "off",
-                 eng->kv_regime());
+    spdlog::warn("kv-policy: force_f16 {} (new requests: {})", on ? "on" : "off", eng->kv_regime());
     send_json(res, 200, kv_policy_json(eng->kv_policy()));
   });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {

@@ -86,6 +86,7 @@ class DraftModelDrafter final : public Drafter {
 };
 
 // Checks that a draft model's vocabulary is the target's; the error names the first difference.
-[[nodiscard]] Status check_same_vocab(const tokenizer::Vocab& target, const tokenizer::Vocab& draft);
+[[nodiscard]] Status check_same_vocab(const tokenizer::Vocab& target,
+                                      const tokenizer::Vocab& draft);
 
 }  // namespace bie

@@ -23,7 +23,7 @@ struct Sequence {
   int64_t computed = 0;       // tokens whose K/V are stored (and verified)
   int64_t cached_tokens = 0;  // prompt tokens the prefix cache served at first admission
   int64_t preemptions = 0;
-  std::vector<int32_t> draft;  // speculative proposals for after tokens (this step only)
+  std::vector<int32_t> draft;     // speculative proposals for after tokens (this step only)
   PagedKvStore* store = nullptr;  // the KV regime's store holding its blocks
   SeqStatus status = SeqStatus::kWaiting;
   [[nodiscard]] int64_t n_generated() const {
