@@ -120,6 +120,10 @@ class EngineConfig:
         speculative_adaptive: shrink the draft length after rejections, grow it after acceptances.
         speculative_model: a draft model GGUF with the target's vocabulary that drafts instead of
             the n-gram matcher (its weights and KV cache come out of the memory budget).
+        kv_regimes: further KV formats requests may ask for (``SamplingParams.kv_cache_dtype``);
+            f16 is always one (the kill switch, :meth:`BieEngine.set_force_f16`).
+        kv_policy: KV format by request length (prompt + max_tokens), e.g.
+            ``"int4_asym:0-16384,int8:16384-"``; lengths no range covers use kv_cache_dtype.
         kv_rotate: Hadamard-rotate K and Q; None = on for int4_asym keys.
         max_queue: requests waiting for admission before submission is refused.
         check_integrity: verify the scheduler's and KV block manager's invariants after every
@@ -148,6 +152,8 @@ class EngineConfig:
     speculative_ngram_max: int = 3
     speculative_adaptive: bool = False
     speculative_model: Optional[str] = None
+    kv_regimes: Optional[List[str]] = None
+    kv_policy: Optional[str] = None
     kv_rotate: Optional[bool] = None
     max_queue: int = 256
     check_integrity: bool = False
@@ -194,6 +200,12 @@ class EngineConfig:
             raise ValueError(
                 f"speculative_adaptive must be True or False, got {self.speculative_adaptive!r}"
             )
+        if self.kv_regimes is not None and not (
+            isinstance(self.kv_regimes, (list, tuple)) and all(isinstance(x, str) for x in self.kv_regimes)
+        ):
+            raise ValueError(f"kv_regimes must be a list of format names, got {self.kv_regimes!r}")
+        if self.kv_policy is not None and not isinstance(self.kv_policy, str):
+            raise ValueError(f"kv_policy must be a string such as 'int4_asym:0-16384,int8:16384-', got {self.kv_policy!r}")
         if self.speculative_model is not None and not isinstance(self.speculative_model, str):
             raise ValueError(
                 f"speculative_model must be a path or None, got {self.speculative_model!r}"
@@ -230,6 +242,8 @@ class SamplingParams:
         penalty_last_n: how many recent tokens the penalties look at; -1 = all.
         ignore_eos: keep generating past end-of-generation tokens.
         logprobs: None = no log-probabilities; 0 = the chosen token's; k = plus the top k (<= 20).
+        kv_cache_dtype: the KV regime to run in (one of the engine's: its kv_cache_dtype, "f16",
+            kv_regimes, kv_policy formats); None = the length policy, else the default.
     """
 
     temperature: float = 0.8
@@ -245,6 +259,7 @@ class SamplingParams:
     penalty_last_n: int = 64
     ignore_eos: bool = False
     logprobs: Optional[int] = None
+    kv_cache_dtype: Optional[str] = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -278,6 +293,8 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, 20)
+        if self.kv_cache_dtype is not None and not isinstance(self.kv_cache_dtype, str):
+            raise ValueError(f"kv_cache_dtype must be a format name or None, got {self.kv_cache_dtype!r}")
 
     def _native(self, extra_stop: Sequence[str] = ()) -> Dict[str, Any]:
         self.validate()
@@ -296,6 +313,7 @@ class SamplingParams:
             "penalty_last_n": self.penalty_last_n,
             "ignore_eos": self.ignore_eos,
             "logprobs": -1 if self.logprobs is None else self.logprobs,
+            "kv_cache_dtype": self.kv_cache_dtype or "",
         }
 
 
@@ -594,6 +612,17 @@ class BieEngine:
     def metrics(self) -> Dict[str, Any]:
         """A snapshot of the engine's counters: pools, running/waiting requests, tokens, prefix hits."""
         return self._engine.metrics()
+
+    def kv_policy(self) -> Dict[str, Any]:
+        """The KV regimes (``name``, ``kv`` label, ``max_tokens`` the budget holds in each), the
+        length ``policy``, the kill switch ``force_f16`` and ``budget_bytes``."""
+        return self._engine.kv_policy()
+
+    def set_force_f16(self, on: bool) -> None:
+        """The kill switch: while on, every new request runs in f16 KV whatever it asks for."""
+        if not isinstance(on, bool):
+            raise ValueError(f"set_force_f16 wants True or False, got {on!r}")
+        self._engine.set_force_f16(on)
 
 
 def _stream_pieces(native: Any) -> Iterator[str]:

@@ -30,6 +30,8 @@ class EngineConfig:
     speculative_ngram_max: int = 3
     speculative_adaptive: bool = False
     speculative_model: Optional[str] = None
+    kv_regimes: Optional[List[str]] = None
+    kv_policy: Optional[str] = None
     kv_rotate: Optional[bool] = None
     max_queue: int = 256
     check_integrity: bool = False
@@ -51,6 +53,7 @@ class SamplingParams:
     penalty_last_n: int = 64
     ignore_eos: bool = False
     logprobs: Optional[int] = None
+    kv_cache_dtype: Optional[str] = None
     def validate(self) -> None: ...
 
 @dataclass
@@ -106,3 +109,5 @@ class BieEngine:
     def plan(self) -> Dict[str, Any]: ...
     def model_info(self) -> Dict[str, Any]: ...
     def metrics(self) -> Dict[str, Any]: ...
+    def kv_policy(self) -> Dict[str, Any]: ...
+    def set_force_f16(self, on: bool) -> None: ...

@@ -88,6 +88,8 @@ EngineConfig engine_config_from(const py::dict& d) {
   c.speculative_ngram_max = get_or<int32_t>(d, "speculative_ngram_max", c.speculative_ngram_max);
   c.speculative_adaptive = get_or<bool>(d, "speculative_adaptive", false);
   c.speculative_model = get_or<std::string>(d, "speculative_model", "");
+  c.kv_regimes = get_or<std::vector<std::string>>(d, "kv_regimes", {});
+  c.kv_policy = get_or<std::string>(d, "kv_policy", "");
 
   // Argument errors the engine would only report as a failed start: name them as ValueError.
   if (auto layout = planner::resolve_kv_layout(f); !layout) throw py::value_error(layout.error());
@@ -113,6 +115,7 @@ EngineRequest request_from(std::vector<int32_t> prompt, const py::dict& d) {
   r.stop = get_or<std::vector<std::string>>(d, "stop", {});
   r.ignore_eos = get_or<bool>(d, "ignore_eos", false);
   r.logprobs = get_or<int32_t>(d, "logprobs", -1);
+  r.kv_cache_dtype = get_or<std::string>(d, "kv_cache_dtype", "");
   return r;
 }
 
@@ -394,6 +397,27 @@ class EngineHandle {
     return d;
   }
 
+  // The KV regimes, the length policy and the kill switch (Engine::kv_policy).
+  [[nodiscard]] py::dict kv_policy() const {
+    std::shared_ptr<Engine> e = get();
+    const KvPolicyInfo p = e->kv_policy();
+    py::dict d;
+    d["force_f16"] = p.force_f16;
+    d["policy"] = p.policy;
+    d["budget_bytes"] = p.budget_bytes;
+    py::list regimes;
+    for (const KvRegimeInfo& r : p.regimes) {
+      py::dict rd;
+      rd["name"] = r.name;
+      rd["kv"] = r.label;
+      rd["max_tokens"] = r.tokens_fit;
+      regimes.append(rd);
+    }
+    d["regimes"] = regimes;
+    return d;
+  }
+  void set_force_f16(bool on) { get()->set_force_f16(on); }
+
   [[nodiscard]] py::dict metrics() const {
     std::shared_ptr<Engine> e = get();
     const EngineMetrics m = e->metrics();
@@ -558,6 +582,8 @@ PYBIND11_MODULE(_bie, m) {
       .def("plan", &EngineHandle::plan)
       .def("model_info", &EngineHandle::model_info)
       .def("metrics", &EngineHandle::metrics)
+      .def("kv_policy", &EngineHandle::kv_policy)
+      .def("set_force_f16", &EngineHandle::set_force_f16, py::arg("on"))
       .def("close", &EngineHandle::close)
       .def_property_readonly("closed", &EngineHandle::closed);
 

@@ -222,3 +222,26 @@ def test_draft_model_keeps_greedy_output(engine):
         assert got.metrics.accepted_tokens > 0.8 * got.metrics.draft_tokens
     with pytest.raises(ValueError, match="speculative_model"):
         bi.EngineConfig(speculative_model=3)
+
+
+def test_kv_regimes_kill_switch_and_per_request_regime():
+    from conftest import small_config
+
+    params = bi.SamplingParams(temperature=0.0, max_tokens=4)
+    with bi.BieEngine(small_config(kv_cache_dtype="int4_asym", kv_regimes=["int8"],
+                                   kv_policy="fp8_e4m3:100000-")) as e:
+        info = e.kv_policy()
+        assert [r["name"] for r in info["regimes"]] == ["int4_asym", "f16", "int8", "fp8_e4m3"]
+        assert info["force_f16"] is False and info["policy"] == "fp8_e4m3:100000-"
+        out = e.generate("The capital of France is", params)[0]
+        assert out.metrics.kv_regime.startswith("int4_asym")
+        own = bi.SamplingParams(temperature=0.0, max_tokens=4, kv_cache_dtype="int8")
+        assert e.generate("The capital of France is", own)[0].metrics.kv_regime == "int8"
+        e.set_force_f16(True)
+        assert e.kv_policy()["force_f16"] is True
+        assert e.generate("The capital of France is", own)[0].metrics.kv_regime == "f16"
+        e.set_force_f16(False)
+        with pytest.raises(ValueError, match="kv_cache_dtype 'int3'"):
+            e.generate("x", bi.SamplingParams(max_tokens=2, kv_cache_dtype="int3"))
+    with pytest.raises(ValueError):
+        bi.EngineConfig(kv_regimes="int8")
