@@ -3,7 +3,6 @@
 #include "bie/engine/engine.h"
 
 #include <fmt/format.h>
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include "bie/backend/thread_pool.h"
 #include "bie/engine/draft_model.h"
 #include "bie/engine/drafter.h"
+#include "bie/engine/file_digest.h"
 #include "bie/engine/kv_policy.h"
 #include "bie/engine/model_path.h"
 #include "bie/engine/scheduler.h"
@@ -40,27 +40,6 @@ namespace bie {
 double RequestMetrics::decode_tps() const {
   const double t = total_seconds - ttft_seconds;
   return generated_tokens > 1 && t > 0 ? static_cast<double>(generated_tokens - 1) / t : 0.0;
-}
-
-Result<std::string> file_sha256(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return Error{fmt::format("cannot open '{}' to hash it", path)};
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  std::vector<unsigned char> buf(1 << 20);
-  size_t got = 0;
-  while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0)
-    EVP_DigestUpdate(ctx, buf.data(), got);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, md, &len);
-  EVP_MD_CTX_free(ctx);
-  if (failed) return Error{fmt::format("read error while hashing '{}'", path)};
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
-  return hex;
 }
 
 namespace {
