@@ -284,7 +284,7 @@ TEST_F(Gemma3Golden, EngineChunkedLongPromptMatchesLlamaCpp) {
   cfg.check_integrity = true;
   auto e = Engine::create(cfg);
   ASSERT_TRUE(e.ok()) << e.error();
-  EXPECT_EQ((*e)->kv_report().swa_layers_held, 15);
+  EXPECT_EQ((*e)->kv_report().swa_layers, 15);
   const auto want = (*p)["gen_ids"].get<std::vector<int32_t>>();
   EngineRequest req;
   req.prompt = (*p)["prompt_ids"].get<std::vector<int32_t>>();

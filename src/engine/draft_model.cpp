@@ -6,8 +6,8 @@
 #include <chrono>
 #include <limits>
 
-#include "bie/planner/planner.h"
 #include "bie/kv/sequence_kv.h"
+#include "bie/planner/planner.h"
 #include "bie/tokenizer/tokenizer.h"
 
 namespace bie {
@@ -29,15 +29,16 @@ Status check_same_vocab(const tokenizer::Vocab& target, const tokenizer::Vocab& 
   const tokenizer::SpecialIds& a = target.ids();
   const tokenizer::SpecialIds& b = draft.ids();
   if (a.bos != b.bos || a.eos != b.eos || a.eot != b.eot) {
-    return Error{fmt::format("special tokens differ (bos/eos/eot {}/{}/{} vs the target's {}/{}/{})",
-                             b.bos, b.eos, b.eot, a.bos, a.eos, a.eot)};
+    return Error{
+        fmt::format("special tokens differ (bos/eos/eot {}/{}/{} vs the target's {}/{}/{})", b.bos,
+                    b.eos, b.eot, a.bos, a.eos, a.eot)};
   }
   return {};
 }
 
 Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
-    const std::string& path, const tokenizer::Vocab& target_vocab, int64_t kv_tokens,
-    int32_t chunk, ThreadPool& pool) {
+    const std::string& path, const tokenizer::Vocab& target_vocab, int64_t kv_tokens, int32_t chunk,
+    ThreadPool& pool) {
   const auto fail = [&](const std::string& why) {
     return Error{fmt::format("--speculative-model {}: {}", path, why)};
   };
@@ -68,7 +69,7 @@ Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
   DraftModelBytes bytes;
   bytes.weights = (*model)->weight_bytes();
   bytes.workspace = planner::activation_bytes(*g, chunk, 1);
-  bytes.kv = (*store)->manager().reserved_bytes();
+  bytes.kv = (*store)->reserved_bytes();
   bytes.kv_tokens = kv_tokens;
   return std::unique_ptr<DraftModelDrafter>(new DraftModelDrafter(
       std::move(model).value(), std::move(store).value(), bytes, chunk, pool));
@@ -81,7 +82,7 @@ void DraftModelDrafter::touch(kv::SeqId seq) {
 
 void DraftModelDrafter::forget(kv::SeqId seq) {
   lru_.remove(seq);
-  if (store_->manager().has_sequence(seq)) (void)store_->manager().free(seq);
+  (void)store_->free(seq);
 }
 
 void DraftModelDrafter::release(kv::SeqId seq) {
@@ -90,8 +91,8 @@ void DraftModelDrafter::release(kv::SeqId seq) {
 
 bool DraftModelDrafter::make_room(kv::SeqId seq, int64_t written, int64_t n) {
   while (!store_->can_append(seq, written, n)) {
-    const auto victim = std::find_if(lru_.begin(), lru_.end(),
-                                     [&](kv::SeqId s) { return s != seq; });
+    const auto victim =
+        std::find_if(lru_.begin(), lru_.end(), [&](kv::SeqId s) { return s != seq; });
     if (victim == lru_.end()) return false;
     forget(*victim);
   }
@@ -102,7 +103,8 @@ bool DraftModelDrafter::read(kv::SeqId seq, std::span<const int32_t> tokens) {
   kv::BlockManager& m = store_->manager();
   int64_t written = m.has_sequence(seq) ? m.num_tokens(seq) : 0;
   for (size_t off = 0; off < tokens.size(); off += static_cast<size_t>(chunk_)) {
-    const auto piece = tokens.subspan(off, std::min(tokens.size() - off, static_cast<size_t>(chunk_)));
+    const auto piece =
+        tokens.subspan(off, std::min(tokens.size() - off, static_cast<size_t>(chunk_)));
     const auto n = static_cast<int64_t>(piece.size());
     if (!make_room(seq, written, n) || !store_->append_tokens(seq, written, piece)) {
       forget(seq);
@@ -143,13 +145,13 @@ void DraftModelDrafter::propose(kv::SeqId seq, std::span<const int32_t> tokens, 
   if (m.has_sequence(seq)) {
     const auto have = m.tokens(seq);
     const size_t lim = std::min(have.size(), tokens.size() - 1);
-    while (static_cast<size_t>(keep) < lim && have[static_cast<size_t>(keep)] ==
-                                                  tokens[static_cast<size_t>(keep)]) {
+    while (static_cast<size_t>(keep) < lim &&
+           have[static_cast<size_t>(keep)] == tokens[static_cast<size_t>(keep)]) {
       ++keep;
     }
     if (keep == 0) {
       forget(seq);
-    } else if (!m.truncate(seq, keep)) {
+    } else if (!store_->truncate(seq, keep)) {
       forget(seq);
       keep = 0;
     }
