@@ -63,12 +63,18 @@ std::vector<int32_t> PagedKvCache::placeholder_tokens(int64_t n) const {
 
 bool PagedKvCache::can_append(int64_t n) const {
   if (n < 0 || n_tokens_ + n > cfg_.max_tokens) return false;
+  if (store_->has_local_groups() && cfg_.max_append > 0 && n > cfg_.max_append) {
+    // A prompt longer than a chunk goes in chunks with a pass (and the local groups' drops) in
+    // between; the pools hold a sequence of max_tokens in such chunks, so the first chunk
+    // decides.
+    return store_->can_append(kSeq, n_tokens_, cfg_.max_append);
+  }
   return store_->can_append(kSeq, n_tokens_, n);
 }
 
 Status PagedKvCache::append(int64_t n) {
   if (n == 0) return {};
-  if (!can_append(n)) {
+  if (n < 0 || n_tokens_ + n > cfg_.max_tokens || !store_->can_append(kSeq, n_tokens_, n)) {
     const kv::BlockPool& f16 = manager().pool(kv::PoolKind::kFp16);
     const kv::BlockPool& body = manager().pool(kv::PoolKind::kBody);
     return Error{fmt::format(

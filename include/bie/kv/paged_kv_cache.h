@@ -26,6 +26,7 @@ struct PagedKvCacheConfig {
   int64_t max_tokens = 0;    // longest sequence; the pools are planned for exactly this
   // Most tokens one append() adds (a prefill chunk; 0: max_tokens). Sizes the headroom of
   // sliding-window layer groups (PagedKvStore::with_chunk_headroom); no effect without them.
+  // With local groups, can_append(n > max_append) answers for appends in chunks of max_append.
   int64_t max_append = 0;
 };
 
