@@ -43,7 +43,7 @@ bie::PagedKvCache* cache_for(int regime, int64_t depth) {
   auto& slot = caches[{regime, depth}];
   if (slot) return slot.get();
   bie::PagedKvCacheConfig cfg;
-  cfg.geometry = bie::KvGeometry{kLayers, kHeadsKv, kHeadDim};
+  cfg.geometry = bie::KvGeometry{kLayers, kHeadsKv, kHeadDim, {}};
   cfg.layout.k = bie::planner::parse_kv_format(kRegimes[regime].k).value();
   cfg.layout.v = bie::planner::parse_kv_format(kRegimes[regime].v).value();
   cfg.layout.rotate = kRegimes[regime].rotate;

@@ -14,7 +14,7 @@ namespace bie {
 namespace {
 
 TEST(PagedAttentionInvariance, QueryBitsDoNotDependOnTheTile) {
-  const KvGeometry geo{1, 3, 64};
+  const KvGeometry geo{1, 3, 64, {}};
   const int n_head = 9;
   ThreadPool pool(2);
   for (const char* dtype : {"f16", "int8", "fp8_e4m3", "int4_asym", "int4_channel"}) {

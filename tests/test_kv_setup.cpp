@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "bie/engine/kv_setup.h"
+#include "bie/planner/plan_report.h"
 #include "bie/planner/planner.h"
 #include "support/paths.h"
 
@@ -83,6 +84,67 @@ TEST(KvSetup, BudgetAndPoolsEqualThePlanner) {
                 std::string::npos)
           << text;
     }
+  }
+}
+
+// Gemma 3 270M (15 local layers, window 512): the pools are the SWA-hybrid plan, group by group,
+// and the start-up report shows the bytes `bie plan` reports for the same context.
+TEST(KvSetup, GemmaHybridPoolsEqualThePlanner) {
+  auto gg = planner::geometry_from_gguf_path(test::gemma3_path());
+  ASSERT_TRUE(gg.ok()) << gg.error() << " (run scripts/fetch_models.sh)";
+  const planner::ModelGeometry& g = *gg;
+  ASSERT_EQ(g.n_swa_layers(), 15);
+  ASSERT_TRUE(g.weight_bytes.has_value());
+  for (const char* dtype : {"f16", "int4_asym"}) {
+    SCOPED_TRACE(dtype);
+    KvEngineOptions o;
+    o.kv.dtype = dtype;
+    o.max_model_len = 32768;
+    o.max_num_seqs = 1;
+    o.chunked_prefill_size = 512;
+    o.gpu_memory_utilization = 0.9;
+    o.device_memory = 2ull << 30;
+    auto r = plan_kv_setup(g, *g.weight_bytes, 32768, o);
+    ASSERT_TRUE(r.ok()) << r.error();
+
+    planner::PlanRequest req;
+    req.model = g;
+    req.device.name = "test";
+    req.device.memory_gib = 2.0;
+    req.device.bandwidth_gbs = 10;
+    req.utilization = 0.9;
+    req.workspace_gib = 0.0;
+    req.max_model_len = 32768;
+    req.max_num_seqs = 1;
+    req.chunked_prefill_size = 512;
+    req.layout = r->layout;
+    req.compare_formats = false;
+    auto plan = planner::make_plan(req);
+    ASSERT_TRUE(plan.ok()) << plan.error();
+    const planner::KvOption& opt = plan->options[0];
+    EXPECT_EQ(r->kv_pool_bytes(), opt.kv_bytes);
+    EXPECT_EQ(r->max_concurrency, opt.max_seqs);
+    EXPECT_EQ(r->tokens_fit, opt.max_context);
+    const planner::KvPoolPlan pools = planner::kv_pool_plan(g, r->layout, 32768, 1);
+    ASSERT_EQ(r->groups.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(r->groups[i].group.shape.window, pools.groups[i].group.shape.window);
+      EXPECT_EQ(r->groups[i].fp16_blocks, pools.groups[i].fp16_blocks);
+      EXPECT_EQ(r->groups[i].body_blocks, pools.groups[i].body_blocks);
+    }
+    // The local group keeps its window: 33 blocks (a window straddling 32 + 1 blocks).
+    EXPECT_EQ(pools.groups[0].group.shape.window, 512);
+    EXPECT_EQ(pools.groups[0].fp16_blocks + pools.groups[0].body_blocks, 33);
+    if (std::string(dtype) == "f16") {
+      // 3 global layers x 32768 tokens + 15 local layers x 528 tokens, 1 KiB per layer-token.
+      EXPECT_EQ(r->kv_pool_bytes(), (3ull * 32768 + 15ull * 528) * 1024);
+    }
+    const std::string text = format_kv_report(*r);
+    EXPECT_NE(
+        text.find("SWA-hybrid pools " + planner::format_bytes(static_cast<double>(opt.kv_bytes))),
+        std::string::npos)
+        << text;
+    EXPECT_EQ(text.find("keep every token"), std::string::npos) << text;
   }
 }
 

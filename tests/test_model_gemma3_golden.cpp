@@ -284,7 +284,7 @@ TEST_F(Gemma3Golden, EngineChunkedLongPromptMatchesLlamaCpp) {
   cfg.check_integrity = true;
   auto e = Engine::create(cfg);
   ASSERT_TRUE(e.ok()) << e.error();
-  EXPECT_EQ((*e)->kv_report().swa_layers_held, 15);
+  EXPECT_EQ((*e)->kv_report().swa_layers, 15);
   const auto want = (*p)["gen_ids"].get<std::vector<int32_t>>();
   EngineRequest req;
   req.prompt = (*p)["prompt_ids"].get<std::vector<int32_t>>();
@@ -319,6 +319,124 @@ TEST_F(Gemma3Golden, EngineChunkedLongPromptMatchesLlamaCpp) {
     EXPECT_LT((*p)["gen_steps"][i][4].get<double>(), 2 * kLongPromptTol)
         << "diverges at step " << i;
   }
+}
+
+// Hybrid paging: after the long prompt (and a few decoded tokens) the local layers' group holds
+// only the blocks its 512-token window reaches, the global group every block; integrity holds
+// after the drops, and a speculative rollback of window tokens still works in both groups.
+TEST_F(Gemma3Golden, LocalLayersKeepOnlyTheirWindow) {
+  const nlohmann::json* p = prompt(kLongPrompt);
+  ASSERT_NE(p, nullptr) << "regenerate tests/golden/gemma3/logits.json";
+  const auto ids = (*p)["prompt_ids"].get<std::vector<int32_t>>();
+  ThreadPool pool(2);
+  auto kv = paged_f16();
+  ASSERT_NE(kv, nullptr);
+  const PagedKvStore& st = kv->store();
+  ASSERT_EQ(st.n_groups(), 2);
+  int local = -1, global = -1;
+  for (int g = 0; g < 2; ++g) (st.group_window(g) > 0 ? local : global) = g;
+  ASSERT_GE(local, 0);
+  ASSERT_GE(global, 0);
+  EXPECT_EQ(st.group_window(local), 512);
+  EXPECT_EQ(st.layer_group(5), global);
+  EXPECT_EQ(st.layer_group(0), local);
+  auto logits = prompt_logits(*model_, *kv, pool, ids);
+  ASSERT_TRUE(logits.ok()) << logits.error();
+  ASSERT_TRUE(kv->check_integrity().ok()) << kv->check_integrity().error();
+  const auto held = [&](int g) {
+    const kv::BlockManager& m = st.manager(g);
+    int64_t n = 0;
+    for (const kv::PoolKind pk : {kv::PoolKind::kFp16, kv::PoolKind::kBody}) {
+      n += m.pool(pk).num_active();
+    }
+    return n;
+  };
+  const int64_t n = kv->n_tokens();
+  ASSERT_EQ(n, static_cast<int64_t>(ids.size()));
+  const int64_t B = st.layout().block_size;
+  EXPECT_EQ(held(global), (n + B - 1) / B);
+  // Blocks holding one of the last 512 tokens: 32 or 33.
+  EXPECT_LE(held(local), 512 / B + 1);
+  EXPECT_GE(held(local), 512 / B);
+  EXPECT_LT(st.held_bytes(), kv->store().reserved_bytes());
+  // Three decode steps, then a rollback of two tokens (rejected drafts) and one more step.
+  std::vector<float> out = std::move(*logits);
+  for (int i = 0; i < 3; ++i) {
+    const int32_t tok = argmax(out.data(), model_->hparams().n_vocab);
+    const int32_t one[1] = {tok};
+    ASSERT_TRUE(model_->forward(one, *kv, pool, out).ok());
+    ASSERT_TRUE(kv->check_integrity().ok()) << kv->check_integrity().error();
+  }
+  EXPECT_LE(held(local), 512 / B + 1);
+  ASSERT_TRUE(kv->truncate(kv->n_tokens() - 2).ok());
+  ASSERT_TRUE(kv->check_integrity().ok()) << kv->check_integrity().error();
+  EXPECT_EQ(st.manager(local).num_tokens(0), st.manager(global).num_tokens(0));
+  // A rollback past the window is refused, changing nothing.
+  EXPECT_FALSE(kv->truncate(100).ok());
+  ASSERT_TRUE(kv->check_integrity().ok()) << kv->check_integrity().error();
+}
+
+// Prefix caching with local layers: a store with sliding-window groups takes no hits (the local
+// group has dropped the blocks a long prefix starts with), so the same prompt twice gives the
+// same greedy output with prefix caching on and off, and nothing is served from cache.
+TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
+  const nlohmann::json* p = prompt(kLongPrompt);
+  ASSERT_NE(p, nullptr) << "regenerate tests/golden/gemma3/logits.json";
+  auto ids = (*p)["prompt_ids"].get<std::vector<int32_t>>();
+  ids.resize(700);  // past the window
+  const auto run = [&](bool caching) {
+    EngineConfig cfg;
+    cfg.model = test::gemma3_path();
+    cfg.kv.kv.dtype = "f16";
+    cfg.kv.max_model_len = kCtx;
+    cfg.kv.max_num_seqs = 2;
+    cfg.kv.chunked_prefill_size = 256;
+    cfg.kv.kv_cache_memory = 96ull << 20;
+    cfg.threads = 2;
+    cfg.check_integrity = true;
+    cfg.enable_prefix_caching = caching;
+    auto e = Engine::create(cfg);
+    EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error());
+    std::vector<std::vector<int32_t>> outs;
+    if (!e.ok()) return outs;
+    for (int rep = 0; rep < 2; ++rep) {
+      EngineRequest req;
+      req.prompt = ids;
+      req.sampling.temperature = 0;
+      req.max_tokens = 8;
+      req.ignore_eos = true;
+      std::mutex mu;
+      std::condition_variable cv;
+      std::vector<int32_t> got;
+      std::optional<FinishEvent> fin;
+      RequestCallbacks cb;
+      cb.on_token = [&](const TokenEvent& t) {
+        std::lock_guard lk(mu);
+        got.push_back(t.token);
+        return true;
+      };
+      cb.on_finish = [&](const FinishEvent& f) {
+        std::lock_guard lk(mu);
+        fin = f;
+        cv.notify_all();
+      };
+      EXPECT_FALSE((*e)->submit(rep + 1, req, cb).has_value());
+      std::unique_lock lk(mu);
+      cv.wait(lk, [&] { return fin.has_value(); });
+      EXPECT_EQ(fin->finish_reason, "length") << fin->error;
+      EXPECT_EQ(fin->metrics.cached_tokens, 0);
+      outs.push_back(got);
+    }
+    return outs;
+  };
+  const auto on = run(true);
+  const auto off = run(false);
+  ASSERT_EQ(on.size(), 2u);
+  ASSERT_EQ(off.size(), 2u);
+  EXPECT_EQ(on[0].size(), 8u);
+  EXPECT_EQ(on[0], on[1]);
+  EXPECT_EQ(on[0], off[0]);
+  EXPECT_EQ(off[0], off[1]);
 }
 
 }  // namespace

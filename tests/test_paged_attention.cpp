@@ -432,7 +432,7 @@ std::vector<PagedBlockView> cache_views(const PagedKvCache& c, int il) {
 
 TEST_P(PagedCacheAttention, StoreAndAttendMatchReference) {
   const CacheCase cc = GetParam();
-  KvGeometry g{2, 3, 64};
+  KvGeometry g{2, 3, 64, {}};
   const int n_head = 9, d = 64;
   PagedKvCacheConfig cfg;
   cfg.geometry = g;
@@ -496,7 +496,7 @@ INSTANTIATE_TEST_SUITE_P(
 // longer than the window and decode steps after it; a window wider than the context changes no
 // bit, a real one changes the result.
 TEST(ContiguousCacheWindow, MatchesPagedF16) {
-  const KvGeometry g{1, 2, 64};
+  const KvGeometry g{1, 2, 64, {}};
   const int n_head = 6, d = 64;
   const int64_t window = 100, kv_dim = g.kv_dim(), q_dim = int64_t{n_head} * d;
   ContiguousKvCache dense(g, 400);
@@ -536,7 +536,7 @@ TEST(ContiguousCacheWindow, MatchesPagedF16) {
 
 // With f16 storage, rotation only changes fp16 rounding of K: outputs agree to float tolerance.
 TEST(PagedCacheRotate, F16RotatedEqualsUnrotated) {
-  KvGeometry g{1, 3, 64};
+  KvGeometry g{1, 3, 64, {}};
   std::vector<float> outs[2];
   std::mt19937 rng(9);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -656,7 +656,7 @@ TEST(PagedCacheRotate, RotationReducesInt4KeyErrorOnSmolLM2) {
 
 TEST(PagedCacheRotate, NeedsPowerOfTwoHeadDim) {
   PagedKvCacheConfig cfg;
-  cfg.geometry = KvGeometry{1, 2, 48};
+  cfg.geometry = KvGeometry{1, 2, 48, {}};
   cfg.layout.rotate = true;
   cfg.max_tokens = 64;
   auto r = PagedKvCache::create(cfg);

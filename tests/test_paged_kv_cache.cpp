@@ -220,7 +220,7 @@ TEST(PagedKvCache, SinkAndWindowBlocksAreFp16After300Tokens) {
 
 // Drives a cache without a model: random K/V rows, attention at every layer.
 struct Driver {
-  KvGeometry g{2, 2, 64};
+  KvGeometry g{2, 2, 64, {}};
   int n_head = 4;
   std::mt19937 rng{7};
   std::normal_distribution<float> nd{0.0f, 1.0f};

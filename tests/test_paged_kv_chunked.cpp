@@ -53,7 +53,7 @@ Result<std::vector<float>> feed(PagedKvCache& kv, int64_t n_total, int64_t chunk
 }
 
 TEST(PagedKvChunked, LongPromptInChunksFitsPoolsPlannedForItsLength) {
-  const KvGeometry g{2, 2, 64};
+  const KvGeometry g{2, 2, 64, {}};
   constexpr int64_t kTokens = 700;
   struct Regime {
     const char* k;
@@ -108,7 +108,7 @@ TEST(PagedKvChunked, LongPromptInChunksFitsPoolsPlannedForItsLength) {
 // nothing.
 TEST(PagedKvChunked, ShortPoolRefusesChunkAndChangesNothing) {
   PagedKvCacheConfig c;
-  c.geometry = KvGeometry{1, 1, 64};
+  c.geometry = KvGeometry{1, 1, 64, {}};
   c.max_tokens = 400;
   c.layout = layout("int8", "int8", 32);
   // Planned for 400 tokens: FP16 = 1 sink block + up to 3 window blocks, body = up to 22 blocks.
@@ -151,7 +151,7 @@ TEST(PagedKvChunked, PrefillChunksEndOnBlockBoundaries) {
 // it, and block-aligned chunks (what generate() and bench do) never need it.
 TEST(PagedKvChunked, PerChannelKeysNeedBlockAlignedChunks) {
   PagedKvCacheConfig c;
-  c.geometry = KvGeometry{2, 2, 64};
+  c.geometry = KvGeometry{2, 2, 64, {}};
   c.max_tokens = 700;
   c.layout = layout("int4_channel_t16", "int4_asym_g64", 32);
   auto planned = PagedKvCache::create(c);

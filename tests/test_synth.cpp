@@ -220,7 +220,7 @@ TEST(SyntheticKv, FillsToDepthWithThePlannersBlocks) {
     auto layout = planner::resolve_kv_layout(flags);
     ASSERT_TRUE(layout.ok());
     PagedKvCacheConfig c;
-    c.geometry = KvGeometry{2, 2, 64};
+    c.geometry = KvGeometry{2, 2, 64, {}};
     c.layout = *layout;
     c.max_tokens = 2000;
     auto kv = PagedKvCache::create(c);
@@ -252,7 +252,7 @@ TEST(SyntheticKv, FillsToDepthWithThePlannersBlocks) {
 
 TEST(SyntheticKv, KeysHavePersistentOutlierChannels) {
   PagedKvCacheConfig c;
-  c.geometry = KvGeometry{1, 1, 64};
+  c.geometry = KvGeometry{1, 1, 64, {}};
   c.layout = planner::resolve_kv_layout({}).value();  // f16: rows read back exactly
   c.max_tokens = 512;
   auto kv = PagedKvCache::create(c);

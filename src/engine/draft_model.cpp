@@ -62,6 +62,8 @@ Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
   const planner::KvLayout layout;
   auto sc = PagedKvStore::planned_config((*model)->hparams().kv_geometry(), layout, kv_tokens, 1);
   if (!sc) return fail(sc.error());
+  // A draft model with sliding-window layers holds a chunk beyond its local windows while it reads.
+  sc->groups = PagedKvStore::with_chunk_headroom(sc->groups, layout, chunk, 1);
   sc->model_id = "draft:" + path;
   sc->enable_prefix_caching = false;
   auto store = PagedKvStore::create(*sc);
@@ -69,7 +71,7 @@ Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
   DraftModelBytes bytes;
   bytes.weights = (*model)->weight_bytes();
   bytes.workspace = planner::activation_bytes(*g, chunk, 1);
-  bytes.kv = (*store)->manager().reserved_bytes();
+  bytes.kv = (*store)->reserved_bytes();
   bytes.kv_tokens = kv_tokens;
   return std::unique_ptr<DraftModelDrafter>(new DraftModelDrafter(
       std::move(model).value(), std::move(store).value(), bytes, chunk, pool));
@@ -82,7 +84,7 @@ void DraftModelDrafter::touch(kv::SeqId seq) {
 
 void DraftModelDrafter::forget(kv::SeqId seq) {
   lru_.remove(seq);
-  if (store_->manager().has_sequence(seq)) (void)store_->manager().free(seq);
+  (void)store_->free(seq);
 }
 
 void DraftModelDrafter::release(kv::SeqId seq) {
@@ -151,7 +153,7 @@ void DraftModelDrafter::propose(kv::SeqId seq, std::span<const int32_t> tokens, 
     }
     if (keep == 0) {
       forget(seq);
-    } else if (!m.truncate(seq, keep)) {
+    } else if (!store_->truncate(seq, keep)) {
       forget(seq);
       keep = 0;
     }

@@ -310,12 +310,25 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
   for (const KvLengthRule& r : policy_) wanted.emplace_back(r.regime, "--kv-policy");
   const long page_l = sysconf(_SC_PAGESIZE);
   const uint64_t page = page_l > 0 ? static_cast<uint64_t>(page_l) : 4096;
-  const uint64_t stride16 = kv::MemoryBudget::block_cost(report_.fp16_block_bytes, page);
-  // The report's pools with each block rounded up to whole pages (how a shared budget lays
-  // blocks out), within the KV budget: --kv-cache-memory is never exceeded.
-  const uint64_t planned = static_cast<uint64_t>(report_.fp16_blocks) * stride16 +
-                           static_cast<uint64_t>(report_.body_blocks) *
-                               kv::MemoryBudget::block_cost(report_.body_block_bytes, page);
+  // Pools of every layer group with each block rounded up to whole pages (how a shared budget
+  // lays blocks out).
+  const auto page_bytes = [&](const std::vector<planner::KvGroupPool>& groups) {
+    uint64_t sum = 0;
+    for (const planner::KvGroupPool& p : groups) {
+      sum += static_cast<uint64_t>(p.fp16_blocks) *
+                 kv::MemoryBudget::block_cost(p.fp16_block_bytes, page) +
+             static_cast<uint64_t>(p.body_blocks) *
+                 kv::MemoryBudget::block_cost(p.body_block_bytes, page);
+    }
+    return sum;
+  };
+  // The report's pools, within the KV budget: --kv-cache-memory is never exceeded.
+  // Local layer groups also hold the tokens of a step's passes until the pass has run.
+  const int64_t batched = cfg_.max_num_batched_tokens > 0
+                              ? cfg_.max_num_batched_tokens
+                              : std::max(cfg_.kv.chunked_prefill_size, cfg_.kv.max_num_seqs);
+  const uint64_t planned = page_bytes(PagedKvStore::with_chunk_headroom(
+      report_.groups, report_.layout, batched, report_.max_num_seqs));
   budget_ = std::make_unique<kv::MemoryBudget>(std::min(planned, report_.kv_budget_bytes));
   const KvGeometry geo = model_->hparams().kv_geometry();
   std::string line;
@@ -345,12 +358,7 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
     if (!store) return Error{store.error()};
     // The longest single sequence the budget holds in this regime (page-rounded blocks).
     const auto bytes_for = [&](int64_t n) {
-      const planner::KvGroupPool p =
-          planner::kv_pool_plan(held_kv_geometry(g), *layout, n, 1).groups.at(0);
-      return static_cast<uint64_t>(p.fp16_blocks) *
-                 kv::MemoryBudget::block_cost(p.fp16_block_bytes, page) +
-             static_cast<uint64_t>(p.body_blocks) *
-                 kv::MemoryBudget::block_cost(p.body_block_bytes, page);
+      return page_bytes(planner::kv_pool_plan(g, *layout, n, 1).groups);
     };
     int64_t lo = 0, hi = planner::kMaxPlanContext;
     while (lo < hi) {
@@ -846,14 +854,18 @@ void EngineImpl::publish_metrics() {
     const std::array<std::string, kv::kPoolKinds> names = {
         "f16", planner::kv_format_name(l.k) +
                    (l.k == l.v ? std::string() : "/" + planner::kv_format_name(l.v))};
-    for (int p = 0; p < kv::kPoolKinds; ++p) {
-      const kv::BlockPool& pool = mgr.pool(kv::PoolKind(p));
-      if (pool.n_blocks() == 0) continue;
-      EngineMetrics::Pool& e = by_format[names[static_cast<size_t>(p)]];
-      e.format = names[static_cast<size_t>(p)];
-      e.blocks_total = static_cast<int64_t>(budget_->limit() / pool.stride());
-      e.blocks_used += pool.num_active();
-      e.blocks_cached += pool.num_cached();
+    // Blocks of every layer group count as used; totals are in the lead group's blocks.
+    for (int gi = 0; gi < rg.store->n_groups(); ++gi) {
+      const kv::BlockManager& gm = rg.store->manager(gi);
+      for (int p = 0; p < kv::kPoolKinds; ++p) {
+        const kv::BlockPool& pool = gm.pool(kv::PoolKind(p));
+        if (pool.n_blocks() == 0) continue;
+        EngineMetrics::Pool& e = by_format[names[static_cast<size_t>(p)]];
+        e.format = names[static_cast<size_t>(p)];
+        if (&gm == &mgr) e.blocks_total = static_cast<int64_t>(budget_->limit() / pool.stride());
+        e.blocks_used += pool.num_active();
+        e.blocks_cached += pool.num_cached();
+      }
     }
     queried += mgr.prefix_stats().queried_blocks;
     hits += mgr.prefix_stats().hit_blocks;

@@ -81,17 +81,10 @@ Result<planner::KvLayout> kv_layout_for_model(const planner::ModelGeometry& g,
   return layout;
 }
 
-planner::ModelGeometry held_kv_geometry(const planner::ModelGeometry& g) {
-  planner::ModelGeometry held = g;
-  for (planner::LayerKv& l : held.layers) l.window = 0;
-  return held;
-}
-
-Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& model_g, uint64_t weights_bytes,
+Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t weights_bytes,
                                     int64_t n_ctx_train, const KvEngineOptions& o) {
   KvSetupReport r;
-  const planner::ModelGeometry g = held_kv_geometry(model_g);
-  r.swa_layers_held = model_g.n_swa_layers();
+  r.swa_layers = g.n_swa_layers();
   auto layout = kv_layout_for_model(g, o.kv);
   if (!layout) return Error{layout.error()};
   r.layout = *layout;
@@ -158,8 +151,20 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& model_g, uint6
 
   const planner::KvPoolPlan want =
       planner::kv_pool_plan(g, r.layout, r.max_model_len, r.max_num_seqs);
+  r.groups = want.groups;
   if (want.groups.size() != 1) {
-    return Error{"the paged KV cache supports models without sliding-window layers only"};
+    // Layer groups (sliding-window layers): pools for as many sequences of max_model_len as the
+    // budget holds, up to max_num_seqs; bytes left over are not spread over the groups.
+    if (want.total_bytes() > r.kv_budget_bytes) {
+      r.groups = planner::kv_pool_plan(g, r.layout, r.max_model_len,
+                                       std::max<int64_t>(1, r.max_concurrency))
+                     .groups;
+    }
+    for (const planner::KvGroupPool& gp : r.groups) {
+      r.fp16_blocks += gp.fp16_blocks;
+      r.body_blocks += gp.body_blocks;
+    }
+    return r;
   }
   const planner::KvGroupPool& p = want.groups[0];
   r.fp16_block_bytes = p.fp16_block_bytes;
@@ -189,6 +194,8 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& model_g, uint6
             ? static_cast<int64_t>((r.kv_budget_bytes - fp16_total) / r.body_block_bytes)
             : 0;
   }
+  r.groups[0].fp16_blocks = r.fp16_blocks;
+  r.groups[0].body_blocks = r.body_blocks;
   return r;
 }
 
@@ -201,7 +208,8 @@ Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts) 
   c.geometry = model.hparams().kv_geometry();
   c.layout = r->layout;
   c.max_tokens = r->max_model_len;
-  auto cache = PagedKvCache::create(c, r->fp16_blocks, r->body_blocks);
+  c.max_append = r->chunked_prefill_size;
+  auto cache = PagedKvCache::create(c, r->groups);
   if (!cache) return Error{cache.error()};
   KvSetup s;
   s.cache = std::move(cache).value();
@@ -210,12 +218,7 @@ Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts) 
 }
 
 uint64_t kv_held_bytes(const PagedKvCache& kv) {
-  uint64_t sum = 0;
-  for (const kv::PoolKind p : {kv::PoolKind::kFp16, kv::PoolKind::kBody}) {
-    const kv::BlockPool& pool = kv.manager().pool(p);
-    sum += static_cast<uint64_t>(pool.num_active()) * pool.block_bytes();
-  }
-  return sum;
+  return kv.store().held_bytes();
 }
 
 std::string format_kv_report(const KvSetupReport& r) {
@@ -236,7 +239,28 @@ std::string format_kv_report(const KvSetupReport& r) {
         bytes(r.kv_pool_bytes()));
   }
   s += fmt::format("kv: {}, block {}, ", r.layout_label, r.layout.block_size);
-  if (r.layout.mixed()) {
+  if (r.groups.size() > 1) {
+    // One pool pair per layer group; a local group holds only its sliding window.
+    std::string parts;
+    for (const planner::KvGroupPool& p : r.groups) {
+      parts += fmt::format(
+          "{}{} {} layers{}: ", parts.empty() ? "" : "; ", p.group.n_layers,
+          p.group.shape.window > 0 ? "local" : "global",
+          p.group.shape.window > 0 ? fmt::format(" (window {})", p.group.shape.window) : "");
+      if (r.layout.mixed()) {
+        parts += fmt::format("FP16 {} x {} + body {} x {}", p.fp16_blocks,
+                             bytes(p.fp16_block_bytes), p.body_blocks, bytes(p.body_block_bytes));
+      } else {
+        parts += fmt::format("{} x {}", p.body_blocks, bytes(p.body_block_bytes));
+      }
+      parts += fmt::format(" = {}", bytes(p.bytes()));
+    }
+    if (r.layout.mixed()) {
+      s += fmt::format("sink {} + window {} tokens FP16, ", r.layout.sink_tokens,
+                       r.layout.window_tokens);
+    }
+    s += fmt::format("SWA-hybrid pools {} ({})\n", bytes(r.kv_pool_bytes()), parts);
+  } else if (r.layout.mixed()) {
     s += fmt::format(
         "sink {} + window {} tokens FP16: FP16 pool {} x {} = {}, body pool {} x {} = {}\n",
         r.layout.sink_tokens, r.layout.window_tokens, r.fp16_blocks, bytes(r.fp16_block_bytes),
@@ -253,12 +277,6 @@ std::string format_kv_report(const KvSetupReport& r) {
       bytes(r.bytes_per_token), r.max_model_len, bytes(r.seq_bytes), r.tokens_fit,
       r.max_concurrency, r.max_model_len, r.max_num_seqs);
   if (!r.regimes.empty()) s += r.regimes + "\n";
-  if (r.swa_layers_held > 0) {
-    s += fmt::format(
-        "kv: {} sliding-window layers are masked but keep every token (not freed yet), so the "
-        "pools are sized as full attention\n",
-        r.swa_layers_held);
-  }
   return s;
 }
 

@@ -109,10 +109,8 @@ Result<std::unique_ptr<PagedKvCache>> make_cache(const Model& model,
   c.geometry = model.hparams().kv_geometry();
   c.layout = layout;
   c.max_tokens = max_tokens;
-  const planner::KvPoolPlan plan =
-      planner::kv_pool_plan(held_kv_geometry(g), layout, max_tokens, 1);
-  if (plan.groups.size() != 1) return Error{"bie quality: expected one KV layer group"};
-  return PagedKvCache::create(c, plan.groups[0].fp16_blocks, plan.groups[0].body_blocks);
+  c.max_append = batch;
+  return PagedKvCache::create(c, planner::kv_pool_plan(g, layout, max_tokens, 1).groups);
 }
 
 // The first token of every scored sequence is BOS when the model asks for one (llama-perplexity

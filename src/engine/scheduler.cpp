@@ -42,10 +42,7 @@ Sequence* Scheduler::find(kv::SeqId id) {
 Status Scheduler::finish(kv::SeqId id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return Error{fmt::format("scheduler: unknown sequence {}", id)};
-  kv::BlockManager& m = it->second->store->manager();
-  if (m.has_sequence(id)) {
-    if (Status s = m.free(id); !s) return s;
-  }
+  if (Status s = it->second->store->free(id); !s) return s;
   std::erase(running_, id);
   std::erase(waiting_, id);
   it->second->status = SeqStatus::kFinished;
@@ -69,14 +66,21 @@ int64_t Scheduler::chunk_for(const Sequence& s, int64_t budget) const {
   return std::max<int64_t>(n, 0);
 }
 
+int64_t Scheduler::tokens_to_hold(const Sequence& s) const {
+  const auto known = static_cast<int64_t>(s.tokens.size());
+  if (!s.store->has_local_groups()) return known;
+  return std::min(known, s.computed + cfg_.chunked_prefill_size);
+}
+
 bool Scheduler::ensure_blocks(Sequence& s, bool draft) {
   PagedKvStore& store = *s.store;
   const kv::BlockManager& m = store.manager();
   const int64_t held = m.has_sequence(s.id) ? m.num_tokens(s.id) : 0;
-  const auto known = static_cast<int64_t>(s.tokens.size());
+  const int64_t known = tokens_to_hold(s);
   // append_tokens plans the append (a dry run) and changes nothing when it does not fit.
   if (held < known) {
-    const auto fresh = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(held));
+    const auto fresh = std::span<const int32_t>(s.tokens).subspan(
+        static_cast<size_t>(held), static_cast<size_t>(known - held));
     if (!store.append_tokens(s.id, s.computed, fresh).ok()) return false;
   }
   if (!draft || s.draft.empty()) return true;
@@ -85,7 +89,7 @@ bool Scheduler::ensure_blocks(Sequence& s, bool draft) {
 
 void Scheduler::preempt(kv::SeqId id, SchedulerOutput& out) {
   Sequence& s = *seqs_.at(id);
-  if (s.store->manager().has_sequence(id)) (void)s.store->manager().free(id);
+  (void)s.store->free(id);
   s.computed = 0;
   s.status = SeqStatus::kWaiting;
   ++s.preemptions;
@@ -140,8 +144,10 @@ SchedulerOutput Scheduler::schedule() {
     const kv::SeqId id = waiting_.front();
     Sequence& s = *seqs_.at(id);
     const auto n_known = static_cast<int64_t>(s.tokens.size());
-    if (!s.store->can_append(id, 0, n_known)) break;
-    auto cached = s.store->append_tokens(id, 0, s.tokens);
+    const int64_t n_hold = tokens_to_hold(s);  // s.computed is 0 while waiting
+    const auto first = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(n_hold));
+    if (!s.store->can_append(id, 0, n_hold)) break;
+    auto cached = s.store->append_tokens(id, 0, first);
     if (!cached) break;  // unreachable after can_append
     s.computed = *cached;
     if (s.cached_tokens < 0) s.cached_tokens = *cached;
@@ -159,14 +165,14 @@ SchedulerOutput Scheduler::schedule() {
 Status Scheduler::commit(const ScheduledSeq& sc, int64_t n_verified) {
   Sequence& s = *sc.seq;
   assert(n_verified >= sc.n_tokens && n_verified <= sc.n_tokens + sc.n_draft);
-  kv::BlockManager& m = s.store->manager();
+  PagedKvStore& store = *s.store;
   if (sc.n_draft > 0) {
     // Rejected drafts: back to the verified length (their blocks are FP16 window blocks).
-    if (Status st = m.truncate(s.id, s.computed + n_verified); !st) return st;
+    if (Status st = store.truncate(s.id, s.computed + n_verified); !st) return st;
     s.draft.clear();
   }
   s.computed += n_verified;
-  return m.mark_computed(s.id, s.computed);
+  return store.mark_computed(s.id, s.computed);
 }
 
 void Scheduler::append_token(kv::SeqId id, int32_t token) {

@@ -2,12 +2,33 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace bie {
 
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const PagedKvCacheConfig& cfg) {
   auto sc = PagedKvStore::planned_config(cfg.geometry, cfg.layout, cfg.max_tokens, 1);
   if (!sc) return Error{sc.error()};
-  return create(cfg, sc->fp16_blocks, sc->body_blocks);
+  return create(cfg, sc->groups);
+}
+
+Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(
+    const PagedKvCacheConfig& cfg, const std::vector<planner::KvGroupPool>& groups) {
+  if (cfg.max_tokens < 1) return Error{"paged KV cache: empty geometry or max_tokens < 1"};
+  PagedKvStoreConfig sc;
+  sc.geometry = cfg.geometry;
+  sc.layout = cfg.layout;
+  const int64_t chunk =
+      cfg.max_append > 0 ? std::min(cfg.max_append, cfg.max_tokens) : cfg.max_tokens;
+  sc.groups = PagedKvStore::with_chunk_headroom(groups, cfg.layout, chunk, 1);
+  if (groups.size() == 1) {
+    sc.fp16_blocks = groups[0].fp16_blocks;
+    sc.body_blocks = groups[0].body_blocks;
+  }
+  sc.enable_prefix_caching = false;  // no token ids reach the cache through KvCache
+  auto store = PagedKvStore::create(sc);
+  if (!store) return Error{store.error()};
+  return std::unique_ptr<PagedKvCache>(new PagedKvCache(cfg, std::move(store).value()));
 }
 
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const PagedKvCacheConfig& cfg,
@@ -42,12 +63,18 @@ std::vector<int32_t> PagedKvCache::placeholder_tokens(int64_t n) const {
 
 bool PagedKvCache::can_append(int64_t n) const {
   if (n < 0 || n_tokens_ + n > cfg_.max_tokens) return false;
+  if (store_->has_local_groups() && cfg_.max_append > 0 && n > cfg_.max_append) {
+    // A prompt longer than a chunk goes in chunks with a pass (and the local groups' drops) in
+    // between; the pools hold a sequence of max_tokens in such chunks, so the first chunk
+    // decides.
+    return store_->can_append(kSeq, n_tokens_, cfg_.max_append);
+  }
   return store_->can_append(kSeq, n_tokens_, n);
 }
 
 Status PagedKvCache::append(int64_t n) {
   if (n == 0) return {};
-  if (!can_append(n)) {
+  if (n < 0 || n_tokens_ + n > cfg_.max_tokens || !store_->can_append(kSeq, n_tokens_, n)) {
     const kv::BlockPool& f16 = manager().pool(kv::PoolKind::kFp16);
     const kv::BlockPool& body = manager().pool(kv::PoolKind::kBody);
     return Error{fmt::format(
@@ -86,15 +113,12 @@ Status PagedKvCache::migrate_window_exits() {
 
 Status PagedKvCache::truncate(int64_t n) {
   if (n >= n_tokens_) return {};
-  kv::BlockManager& m = store_->manager();
   if (n <= 0) {
-    if (m.has_sequence(kSeq)) {
-      if (Status s = m.free(kSeq); !s) return s;
-    }
+    if (Status s = store_->free(kSeq); !s) return s;
     n_tokens_ = 0;
     return {};
   }
-  if (Status s = m.truncate(kSeq, n); !s) return s;
+  if (Status s = store_->truncate(kSeq, n); !s) return s;
   n_tokens_ = n;
   return {};
 }

@@ -19,13 +19,17 @@ planner::ModelGeometry planner_geometry(const KvGeometry& geo) {
   g.n_layer = geo.n_layer;
   g.layers.assign(static_cast<size_t>(geo.n_layer),
                   planner::LayerKv{geo.n_head_kv, geo.head_dim, geo.head_dim, 0});
+  for (int il = 0; il < geo.n_layer; ++il)
+    g.layers[static_cast<size_t>(il)].window = geo.window(il);
   return g;
 }
 
 Status check_config(const PagedKvStoreConfig& cfg) {
   const planner::KvLayout& l = cfg.layout;
   if (cfg.geometry.n_layer < 1 || cfg.geometry.n_head_kv < 1 || cfg.geometry.head_dim < 1 ||
-      cfg.fp16_blocks < 0 || cfg.body_blocks < 0) {
+      cfg.fp16_blocks < 0 || cfg.body_blocks < 0 ||
+      (!cfg.geometry.layer_window.empty() &&
+       cfg.geometry.layer_window.size() != static_cast<size_t>(cfg.geometry.n_layer))) {
     return Error{"paged KV cache: empty geometry or negative pool size"};
   }
   if (cfg.geometry.head_dim > 512) {
@@ -67,48 +71,92 @@ Result<PagedKvStoreConfig> PagedKvStore::planned_config(const KvGeometry& geomet
   if (max_tokens < 1 || max_num_seqs < 1) return Error{"paged KV cache: max_tokens < 1"};
   const planner::KvPoolPlan plan =
       planner::kv_pool_plan(planner_geometry(geometry), layout, max_tokens, max_num_seqs);
-  if (plan.groups.size() != 1) return Error{"paged KV cache: expected one layer group"};
   PagedKvStoreConfig c;
   c.geometry = geometry;
   c.layout = layout;
-  c.fp16_blocks = plan.groups[0].fp16_blocks;
-  c.body_blocks = plan.groups[0].body_blocks;
-  return c;
-}
-
-Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreConfig& cfg) {
-  if (Status s = check_config(cfg); !s) return Error{s.error()};
-  const planner::KvPoolPlan plan =
-      planner::kv_pool_plan(planner_geometry(cfg.geometry), cfg.layout, 1, 1);
-  if (plan.groups.size() != 1) return Error{"paged KV cache: expected one layer group"};
-  kv::BlockManagerConfig mc;
-  mc.layout = cfg.layout;
-  mc.model_id = cfg.model_id;
-  mc.enable_prefix_caching = cfg.enable_prefix_caching;
-  mc.fp16_blocks = cfg.fp16_blocks;
-  mc.body_blocks = cfg.body_blocks;
-  mc.fp16_block_bytes = plan.groups[0].fp16_block_bytes;
-  mc.body_block_bytes = plan.groups[0].body_block_bytes;
-  mc.reserve_memory = true;  // the store writes into the pools' memory
-  mc.budget = cfg.budget;
-  auto m = kv::BlockManager::create(mc);
-  if (!m) return Error{m.error()};
-  std::unique_ptr<PagedKvStore> c(new PagedKvStore(cfg, std::move(m).value()));
-  for (int p = 0; p < kv::kPoolKinds; ++p) {
-    const PoolFormat& f = c->fmt_[p];
-    const uint64_t want = static_cast<uint64_t>(cfg.geometry.n_layer) * f.layer_bytes;
-    const kv::BlockPool& pool = c->mgr_->pool(kv::PoolKind(p));
-    if (pool.n_blocks() > 0 && pool.block_bytes() != want) {
-      return Error{fmt::format("paged KV cache: planner block bytes {} != layout bytes {}",
-                               pool.block_bytes(), want)};
-    }
-    if (f.tk == nullptr || f.tv == nullptr) return Error{"paged KV cache: missing kernels"};
+  c.groups = plan.groups;
+  if (plan.groups.size() == 1) {
+    c.fp16_blocks = plan.groups[0].fp16_blocks;
+    c.body_blocks = plan.groups[0].body_blocks;
   }
   return c;
 }
 
-PagedKvStore::PagedKvStore(const PagedKvStoreConfig& cfg, kv::BlockManager mgr)
-    : cfg_(cfg), mgr_(std::make_unique<kv::BlockManager>(std::move(mgr))) {
+std::vector<planner::KvGroupPool> PagedKvStore::with_chunk_headroom(
+    std::vector<planner::KvGroupPool> groups, const planner::KvLayout& layout, int64_t chunk_tokens,
+    int64_t n_seqs) {
+  const int64_t B = layout.block_size;
+  for (planner::KvGroupPool& p : groups) {
+    if (p.group.shape.window == 0) continue;
+    p.body_blocks += (chunk_tokens + B - 1) / B + n_seqs;
+    if (layout.mixed()) p.fp16_blocks += n_seqs * ((layout.window_tokens + B - 1) / B + 1);
+  }
+  return groups;
+}
+
+Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreConfig& cfg) {
+  if (Status s = check_config(cfg); !s) return Error{s.error()};
+  const planner::ModelGeometry g = planner_geometry(cfg.geometry);
+  const planner::KvPoolPlan plan = planner::kv_pool_plan(g, cfg.layout, 1, 1);
+  const size_t n_groups = plan.groups.size();
+  if (cfg.budget == nullptr && n_groups > 1 && cfg.groups.size() != n_groups) {
+    return Error{fmt::format("paged KV cache: {} layer groups but pool sizes for {}", n_groups,
+                             cfg.groups.size())};
+  }
+  std::unique_ptr<PagedKvStore> c(new PagedKvStore(cfg));
+  // Layer il -> (group, index within the group's block), in layer order.
+  c->slots_.resize(static_cast<size_t>(cfg.geometry.n_layer));
+  std::vector<int> filled(n_groups, 0);
+  for (int il = 0; il < cfg.geometry.n_layer; ++il) {
+    const planner::LayerKv& l = g.layers[static_cast<size_t>(il)];
+    const auto it = std::find_if(plan.groups.begin(), plan.groups.end(),
+                                 [&](const planner::KvGroupPool& p) { return p.group.shape == l; });
+    assert(it != plan.groups.end());
+    const auto gi = static_cast<size_t>(it - plan.groups.begin());
+    c->slots_[static_cast<size_t>(il)] = {static_cast<int>(gi), filled[gi]++};
+  }
+  for (size_t gi = 0; gi < n_groups; ++gi) {
+    const planner::KvGroupPool& p = plan.groups[gi];
+    kv::BlockManagerConfig mc;
+    mc.layout = cfg.layout;
+    mc.local_window = p.group.shape.window;
+    mc.model_id = cfg.model_id;
+    // One group: the prefix cache as asked. Several: no hits (see the header).
+    mc.enable_prefix_caching = cfg.enable_prefix_caching && n_groups == 1;
+    mc.fp16_blocks = n_groups == 1 && cfg.groups.empty() ? cfg.fp16_blocks
+                     : gi < cfg.groups.size()            ? cfg.groups[gi].fp16_blocks
+                                                         : 0;
+    mc.body_blocks = n_groups == 1 && cfg.groups.empty() ? cfg.body_blocks
+                     : gi < cfg.groups.size()            ? cfg.groups[gi].body_blocks
+                                                         : 0;
+    mc.fp16_block_bytes = p.fp16_block_bytes;
+    mc.body_block_bytes = p.body_block_bytes;
+    mc.reserve_memory = true;  // the store writes into the pools' memory
+    mc.budget = cfg.budget;
+    auto m = kv::BlockManager::create(mc);
+    if (!m) return Error{m.error()};
+    c->groups_.push_back({std::make_unique<kv::BlockManager>(std::move(m).value()),
+                          p.group.shape.window, static_cast<int>(p.group.n_layers)});
+  }
+  const auto lead = std::find_if(c->groups_.begin(), c->groups_.end(),
+                                 [](const Group& gr) { return gr.window == 0; });
+  c->lead_ = lead == c->groups_.end() ? 0 : static_cast<size_t>(lead - c->groups_.begin());
+  for (const Group& gr : c->groups_) {
+    for (int p = 0; p < kv::kPoolKinds; ++p) {
+      const PoolFormat& f = c->fmt_[p];
+      const uint64_t want = static_cast<uint64_t>(gr.n_layers) * f.layer_bytes;
+      const kv::BlockPool& pool = gr.mgr->pool(kv::PoolKind(p));
+      if (pool.n_blocks() > 0 && pool.block_bytes() != want) {
+        return Error{fmt::format("paged KV cache: planner block bytes {} != layout bytes {}",
+                                 pool.block_bytes(), want)};
+      }
+      if (f.tk == nullptr || f.tv == nullptr) return Error{"paged KV cache: missing kernels"};
+    }
+  }
+  return c;
+}
+
+PagedKvStore::PagedKvStore(const PagedKvStoreConfig& cfg) : cfg_(cfg) {
   const int d = cfg_.geometry.head_dim;
   const int B = cfg_.layout.block_size;
   const std::array<planner::KvFormat, kv::kPoolKinds> ks = {planner::kKvF16, cfg_.layout.k};
@@ -126,8 +174,45 @@ PagedKvStore::PagedKvStore(const PagedKvStoreConfig& cfg, kv::BlockManager mgr)
   rows_.resize(static_cast<size_t>(B) * static_cast<size_t>(d));
 }
 
-uint8_t* PagedKvStore::block_data(const kv::BlockTableEntry& e) {
-  return mgr_->pool(e.pool).data(e.block.index);
+uint64_t PagedKvStore::reserved_bytes() const {
+  uint64_t sum = 0;
+  for (const Group& gr : groups_) sum += gr.mgr->reserved_bytes();
+  return sum;
+}
+
+bool PagedKvStore::has_local_groups() const {
+  return std::any_of(groups_.begin(), groups_.end(), [](const Group& gr) { return gr.window > 0; });
+}
+
+Status PagedKvStore::free(kv::SeqId s) {
+  for (Group& gr : groups_) {
+    if (!gr.mgr->has_sequence(s)) continue;
+    if (Status st = gr.mgr->free(s); !st) return st;
+  }
+  return {};
+}
+
+Status PagedKvStore::truncate(kv::SeqId s, int64_t n) {
+  // Local groups first: the lead (global) group refuses only where a local group refuses too
+  // (its body blocks are body or dropped there), so a refusal changes nothing.
+  for (size_t pass = 0; pass < 2; ++pass) {
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      if ((gi == lead_) != (pass == 1)) continue;
+      if (Status st = groups_[gi].mgr->truncate(s, n); !st) return st;
+    }
+  }
+  return {};
+}
+
+Status PagedKvStore::mark_computed(kv::SeqId s, int64_t n) {
+  for (Group& gr : groups_) {
+    if (Status st = gr.mgr->mark_computed(s, n); !st) return st;
+  }
+  return {};
+}
+
+uint8_t* PagedKvStore::block_data(int g, const kv::BlockTableEntry& e) {
+  return manager(g).pool(e.pool).data(e.block.index);
 }
 
 bool PagedKvStore::can_migrate_now(int64_t written_rows) const {
@@ -138,36 +223,48 @@ bool PagedKvStore::can_migrate_now(int64_t written_rows) const {
   return !f.tk->per_channel && !f.tv->per_channel;
 }
 
-std::optional<std::vector<int64_t>> PagedKvStore::plan_append(kv::SeqId s, int64_t written,
-                                                              int64_t n, bool migrate) const {
-  assert(mgr_->has_sequence(s) && n > 0);
+std::optional<std::vector<int64_t>> PagedKvStore::plan_append(int g, kv::SeqId s, int64_t written,
+                                                              int64_t n, bool migrate,
+                                                              uint64_t* budget_bytes) const {
+  const kv::BlockManager& mgr = manager(g);
+  assert(mgr.has_sequence(s) && n > 0);
   const planner::KvLayout& l = cfg_.layout;
   const int64_t B = l.block_size;
-  const int64_t n0 = mgr_->num_tokens(s);
+  const int64_t W = groups_[static_cast<size_t>(g)].window;
+  const int64_t n0 = mgr.num_tokens(s);
+  kv::PoolCapacity cap = mgr.capacity();
+  if (cap.budgeted) cap.bytes = std::min(cap.bytes, *budget_bytes);
+  std::vector<int64_t> pieces;
   // An unmixed layout has no window to leave: one append, as the manager plans it.
   if (!l.mixed()) {
-    if (!mgr_->can_append(s, n)) return std::nullopt;
+    if (!mgr.can_append(s, n)) return std::nullopt;
+    if (cap.budgeted) {  // the groups before this one charged the shared budget too
+      const auto fresh = static_cast<uint64_t>((n0 + n + B - 1) / B - (n0 + B - 1) / B);
+      const uint64_t need = fresh * cap.cost[static_cast<int>(kv::PoolKind::kBody)];
+      if (need > cap.bytes) return std::nullopt;
+      *budget_bytes = cap.bytes - need;
+    }
     return std::vector<int64_t>{n};
   }
-  std::vector<int64_t> pieces;
   for (int64_t x = n0; x < n0 + n;) {
     const int64_t k = std::min(B - x % B, n0 + n - x);  // up to the next block boundary
     pieces.push_back(k);
     x += k;
   }
-  // Dry run of append(): where each block lives after every piece and its migrations.
-  const kv::BlockTable& t = mgr_->table(s);
-  std::vector<kv::PoolKind> where;
+  // Dry run of append(): where each block lives after every piece and its migrations (nullopt:
+  // dropped from a sliding window).
+  const kv::BlockTable& t = mgr.table(s);
+  std::vector<std::optional<kv::PoolKind>> where;
   where.reserve(t.size() + pieces.size());
-  for (const kv::BlockTableEntry& e : t) where.push_back(e.pool);
-  kv::PoolCapacity cap = mgr_->capacity();
-  const auto role_is_fp16 = [&](int64_t i, int64_t len) {
-    return kv::block_role(l, 0, i, len) == kv::BlockRole::kFp16;
-  };
+  for (const kv::BlockTableEntry& e : t) {
+    where.push_back(e.block.index == kv::kNullBlock ? std::nullopt
+                                                    : std::optional<kv::PoolKind>(e.pool));
+  }
+  const auto role = [&](int64_t i, int64_t len) { return kv::block_role(l, W, i, len); };
   const auto migrate_exits_dry = [&](int64_t len, bool after_pass) {
     for (size_t i = 0; i < where.size(); ++i) {
       const int64_t b = static_cast<int64_t>(i);
-      if (where[i] != kv::PoolKind::kFp16 || role_is_fp16(b, len)) continue;
+      if (where[i] != kv::PoolKind::kFp16 || role(b, len) != kv::BlockRole::kBody) continue;
       if (!after_pass && !can_migrate_now(std::clamp<int64_t>(written - b * B, 0, B))) continue;
       if (!cap.take(kv::PoolKind::kBody)) return false;
       cap.give(kv::PoolKind::kFp16);
@@ -179,75 +276,121 @@ std::optional<std::vector<int64_t>> PagedKvStore::plan_append(kv::SeqId s, int64
   for (const int64_t k : pieces) {
     const int64_t x1 = x + k;
     if (x % B == 0) {  // the piece starts a new block, in the pool of its role at x1
-      const kv::PoolKind p = role_is_fp16(x / B, x1) ? kv::PoolKind::kFp16 : kv::PoolKind::kBody;
+      const kv::PoolKind p =
+          role(x / B, x1) == kv::BlockRole::kFp16 ? kv::PoolKind::kFp16 : kv::PoolKind::kBody;
       if (!cap.take(p)) return std::nullopt;
       where.push_back(p);
     }
     if (migrate && !migrate_exits_dry(x1, false)) return std::nullopt;
     x = x1;
   }
-  // Blocks kept FP16 through the pass move after it (attend -> migrate_window_exits).
+  // Blocks kept FP16 through the pass move after it (attend -> migrate_exits); blocks a sliding
+  // window no longer keeps are dropped then too, but not counted as freed here (a caller may
+  // hold draft tokens, and a drop waits for verified tokens).
   if (migrate && !migrate_exits_dry(n0 + n, true)) return std::nullopt;
+  if (cap.budgeted) *budget_bytes = cap.bytes;
   return pieces;
 }
 
 bool PagedKvStore::can_append(kv::SeqId s, int64_t written, int64_t n, bool migrate) const {
   if (n <= 0) return n == 0;
-  if (!mgr_->has_sequence(s)) {
-    // The first tokens: the manager places every block by its role at once.
+  if (!has_sequence(s)) {
+    // The first tokens: each manager places every block by its role at once. With a shared
+    // budget the groups' blocks are charged together.
     std::vector<int32_t> placeholder(static_cast<size_t>(n), 0);
-    return mgr_->can_allocate(placeholder);
+    uint64_t cost = 0, left = 0;
+    bool budgeted = false;
+    for (const Group& gr : groups_) {
+      if (!gr.mgr->can_allocate(placeholder)) return false;
+      const kv::PoolCapacity cap = gr.mgr->capacity();
+      if (!cap.budgeted) continue;
+      budgeted = true;
+      left = cap.bytes;
+      // Prefix hits (one group only) are charged too: a bound, exact without a cache.
+      const int64_t B = cfg_.layout.block_size;
+      const int64_t nb = (n + B - 1) / B;
+      for (int64_t i = 0; i < nb; ++i) {
+        const bool f16 = kv::block_role(cfg_.layout, gr.window, i, n) == kv::BlockRole::kFp16;
+        cost += cap.cost[static_cast<int>(f16 ? kv::PoolKind::kFp16 : kv::PoolKind::kBody)];
+      }
+    }
+    return !budgeted || groups_.size() == 1 || cost <= left;
   }
-  return plan_append(s, written, n, migrate).has_value();
+  uint64_t budget_bytes = UINT64_MAX;
+  for (int g = 0; g < n_groups(); ++g) {
+    if (!plan_append(g, s, written, n, migrate, &budget_bytes)) return false;
+  }
+  return true;
 }
 
 Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
                                             std::span<const int32_t> tokens, bool migrate) {
   const auto n = static_cast<int64_t>(tokens.size());
   if (n == 0) return int64_t{0};
-  if (!mgr_->has_sequence(s)) {
-    auto r = mgr_->allocate(s, tokens);
-    if (!r) return Error{r.error()};
-    // FP16 prefix hits the prompt needs in the body format are quantised now.
-    if (cfg_.layout.mixed() && *r > 0) {
-      if (Status st = migrate_exits(s, *r); !st) return Error{st.error()};
+  if (!has_sequence(s)) {
+    if (groups_.size() > 1 && !can_append(s, written, n, migrate)) {
+      return Error{fmt::format("KV cache out of budget: a new sequence of {} tokens", n)};
     }
-    return *r;
+    int64_t cached = 0;
+    for (int g = 0; g < n_groups(); ++g) {
+      auto r = manager(g).allocate(s, tokens);
+      if (!r) {
+        (void)free(s);  // the groups allocated before this one
+        return Error{r.error()};
+      }
+      if (static_cast<size_t>(g) == lead_) cached = *r;
+    }
+    // FP16 prefix hits the prompt needs in the body format are quantised now.
+    if (cfg_.layout.mixed() && cached > 0) {
+      for (int g = 0; g < n_groups(); ++g) {
+        if (Status st = move_exits(g, s, cached, false); !st) return Error{st.error()};
+      }
+    }
+    return cached;
   }
-  const std::optional<std::vector<int64_t>> pieces = plan_append(s, written, n, migrate);
-  if (!pieces) {
-    const kv::BlockPool& f16 = mgr_->pool(kv::PoolKind::kFp16);
-    const kv::BlockPool& body = mgr_->pool(kv::PoolKind::kBody);
-    return Error{fmt::format(
-        "KV cache out of budget: {} tokens held, {} more requested (FP16 pool {} of {} blocks "
-        "free, body pool {} of {} free)",
-        mgr_->num_tokens(s), n, f16.num_available(), f16.n_blocks(), body.num_available(),
-        body.n_blocks())};
+  std::vector<std::vector<int64_t>> pieces;
+  uint64_t budget_bytes = UINT64_MAX;
+  for (int g = 0; g < n_groups(); ++g) {
+    std::optional<std::vector<int64_t>> p = plan_append(g, s, written, n, migrate, &budget_bytes);
+    if (!p) {
+      const kv::BlockPool& f16 = manager(g).pool(kv::PoolKind::kFp16);
+      const kv::BlockPool& body = manager(g).pool(kv::PoolKind::kBody);
+      return Error{fmt::format(
+          "KV cache out of budget: {} tokens held, {} more requested (layer group {}: FP16 pool "
+          "{} of {} blocks free, body pool {} of {} free)",
+          manager(g).num_tokens(s), n, g, f16.num_available(), f16.n_blocks(), body.num_available(),
+          body.n_blocks())};
+    }
+    pieces.push_back(std::move(*p));
   }
-  size_t off = 0;
-  for (const int64_t k : *pieces) {
-    auto r = mgr_->append(s, tokens.subspan(off, static_cast<size_t>(k)));
-    if (!r) return Error{r.error()};  // unreachable after plan_append
-    off += static_cast<size_t>(k);
-    execute_copies(*r);
-    if (cfg_.layout.mixed() && migrate) {
-      if (Status st = migrate_exits(s, written); !st) return Error{st.error()};
+  for (int g = 0; g < n_groups(); ++g) {
+    size_t off = 0;
+    for (const int64_t k : pieces[static_cast<size_t>(g)]) {
+      auto r = manager(g).append(s, tokens.subspan(off, static_cast<size_t>(k)));
+      if (!r) return Error{r.error()};  // unreachable after plan_append
+      off += static_cast<size_t>(k);
+      execute_copies(g, *r);
+      if (cfg_.layout.mixed() && migrate) {
+        if (Status st = move_exits(g, s, written, false); !st) return Error{st.error()};
+      }
     }
   }
   return int64_t{0};
 }
 
-void PagedKvStore::execute_copies(std::span<const kv::KvCopy> copies) {
+void PagedKvStore::execute_copies(int g, std::span<const kv::KvCopy> copies) {
   for (const kv::KvCopy& c : copies) {  // copy-on-write of a shared last block
-    kv::BlockPool& p = mgr_->pool(c.pool);
+    kv::BlockPool& p = manager(g).pool(c.pool);
     std::memcpy(p.data(c.dst.index), p.data(c.src.index), p.block_bytes());
   }
 }
 
 void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* k,
                          const float* v) {
-  assert(pos0 >= 0 && pos0 + n <= mgr_->num_tokens(s));
-  const kv::BlockTable& t = mgr_->table(s);
+  const LayerSlot slot = slots_[static_cast<size_t>(il)];
+  const kv::BlockManager& mgr = manager(slot.group);
+  assert(pos0 >= 0 && pos0 + n <= mgr.num_tokens(s));
+  const kv::BlockTable& t = mgr.table(s);
   const int B = cfg_.layout.block_size;
   const int d = cfg_.geometry.head_dim;
   const int H = cfg_.geometry.n_head_kv;
@@ -257,8 +400,9 @@ void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const flo
     const int t0 = static_cast<int>(p % B);
     const int cnt = static_cast<int>(std::min<int64_t>(B - t0, pos0 + n - p));
     const kv::BlockTableEntry& e = t[static_cast<size_t>(lb)];
+    assert(e.block.index != kv::kNullBlock);
     const PoolFormat& f = format(e.pool);
-    uint8_t* layer = block_data(e) + static_cast<size_t>(il) * f.layer_bytes;
+    uint8_t* layer = block_data(slot.group, e) + static_cast<size_t>(slot.index) * f.layer_bytes;
     // note: per-channel tiles are only ever written whole (check_config).
     assert(!(f.tk->per_channel || f.tv->per_channel) || (t0 == 0 && cnt == B));
     for (int h = 0; h < H; ++h) {
@@ -286,13 +430,19 @@ void PagedKvStore::build_views(kv::SeqId s, int il, int64_t n_ctx) {
   const int d = cfg_.geometry.head_dim;
   const int H = cfg_.geometry.n_head_kv;
   const int64_t nb = (n_ctx + B - 1) / B;
-  const kv::BlockTable& t = mgr_->table(s);
+  const LayerSlot slot = slots_[static_cast<size_t>(il)];
+  const kv::BlockTable& t = manager(slot.group).table(s);
   views_.resize(static_cast<size_t>(nb));
   for (int64_t b = 0; b < nb; ++b) {
     const kv::BlockTableEntry& e = t[static_cast<size_t>(b)];
-    const PoolFormat& f = format(e.pool);
-    const uint8_t* layer = block_data(e) + static_cast<size_t>(il) * f.layer_bytes;
     attention::PagedBlockView& bv = views_[static_cast<size_t>(b)];
+    if (e.block.index == kv::kNullBlock) {  // dropped: outside every query's window (never read)
+      bv = attention::PagedBlockView{};
+      continue;
+    }
+    const PoolFormat& f = format(e.pool);
+    const uint8_t* layer =
+        block_data(slot.group, e) + static_cast<size_t>(slot.index) * f.layer_bytes;
     bv.k = layer;
     bv.v = layer + static_cast<size_t>(H) * f.k_tile;
     bv.k_tile_bytes = f.k_tile;
@@ -390,15 +540,15 @@ void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const fl
   });
 }
 
-void PagedKvStore::quantise_block(const kv::Migration& m, int rows) {
+void PagedKvStore::quantise_block(int g, const kv::Migration& m, int rows) {
   const PoolFormat& src_f = format(kv::PoolKind::kFp16);
   const PoolFormat& dst_f = format(kv::PoolKind::kBody);
-  const uint8_t* src = mgr_->pool(kv::PoolKind::kFp16).data(m.src.index);
-  uint8_t* dst = mgr_->pool(kv::PoolKind::kBody).data(m.dst.index);
+  const uint8_t* src = manager(g).pool(kv::PoolKind::kFp16).data(m.src.index);
+  uint8_t* dst = manager(g).pool(kv::PoolKind::kBody).data(m.dst.index);
   const int d = cfg_.geometry.head_dim;
   const int H = cfg_.geometry.n_head_kv;
   const kv::KvRowGeom g16 = kv::kv_row_geom(planner::kKvF16, d);
-  for (int il = 0; il < cfg_.geometry.n_layer; ++il) {
+  for (int il = 0; il < groups_[static_cast<size_t>(g)].n_layers; ++il) {
     const uint8_t* s = src + static_cast<size_t>(il) * src_f.layer_bytes;
     uint8_t* t = dst + static_cast<size_t>(il) * dst_f.layer_bytes;
     for (int h = 0; h < H; ++h) {
@@ -413,37 +563,65 @@ void PagedKvStore::quantise_block(const kv::Migration& m, int rows) {
   }
 }
 
-Status PagedKvStore::migrate_exits(kv::SeqId s, int64_t written) {
-  if (!mgr_->has_sequence(s)) return {};
+Status PagedKvStore::move_exits(int g, kv::SeqId s, int64_t written, bool drop) {
+  kv::BlockManager& mgr = manager(g);
+  if (!mgr.has_sequence(s)) return {};
   const int64_t B = cfg_.layout.block_size;
-  for (const kv::WindowExit& x : mgr_->blocks_leaving_window(s)) {
-    if (x.drop) {  // sliding windows are not used by this cache (one global group)
-      auto r = mgr_->drop(s, x.logical);
-      if (!r) return Error{r.error()};
+  const int64_t W = groups_[static_cast<size_t>(g)].window;
+  for (const kv::WindowExit& x : mgr.blocks_leaving_window(s)) {
+    if (x.drop) {
+      // Dropped only once no query to come can reach it: outside the window at the `written`
+      // tokens stored (the sequence may hold more, e.g. a whole prompt of which a chunk ran).
+      if (drop && kv::block_role(cfg_.layout, W, x.logical, written) == kv::BlockRole::kDropped) {
+        auto r = mgr.drop(s, x.logical);
+        if (!r) return Error{r.error()};
+      }
       continue;
     }
     const int64_t rows = std::clamp<int64_t>(written - x.logical * B, 0, B);
     if (!can_migrate_now(rows)) continue;  // partly written per-channel tile: after the pass
-    auto m = mgr_->begin_migration(s, x.logical);
+    auto m = mgr.begin_migration(s, x.logical);
     if (!m) return Error{m.error()};
-    if (m->needs_quantise && rows > 0) quantise_block(*m, static_cast<int>(rows));
-    auto r = mgr_->migrate(s, x.logical, m->dst);
+    if (m->needs_quantise && rows > 0) quantise_block(g, *m, static_cast<int>(rows));
+    auto r = mgr.migrate(s, x.logical, m->dst);
     if (!r) return Error{r.error()};
+  }
+  return {};
+}
+
+Status PagedKvStore::migrate_exits(kv::SeqId s, int64_t written) {
+  for (int g = 0; g < n_groups(); ++g) {
+    if (Status st = move_exits(g, s, written, true); !st) return st;
   }
   return {};
 }
 
 uint64_t PagedKvStore::held_bytes() const {
   uint64_t sum = 0;
-  for (const kv::PoolKind p : {kv::PoolKind::kFp16, kv::PoolKind::kBody}) {
-    const kv::BlockPool& pool = mgr_->pool(p);
-    sum += static_cast<uint64_t>(pool.num_active()) * pool.block_bytes();
+  for (const Group& gr : groups_) {
+    for (const kv::PoolKind p : {kv::PoolKind::kFp16, kv::PoolKind::kBody}) {
+      const kv::BlockPool& pool = gr.mgr->pool(p);
+      sum += static_cast<uint64_t>(pool.num_active()) * pool.block_bytes();
+    }
   }
   return sum;
 }
 
 Status PagedKvStore::check_integrity() const {
-  return mgr_->check_integrity();
+  const kv::BlockManager& lead = manager();
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const kv::BlockManager& m = *groups_[gi].mgr;
+    if (Status st = m.check_integrity(); !st) {
+      return groups_.size() == 1 ? st : Error{fmt::format("layer group {}: {}", gi, st.error())};
+    }
+    if (gi == lead_) continue;
+    // Every group holds the same sequences with the same tokens and computed counts.
+    if (m.num_sequences() != lead.num_sequences()) {
+      return Error{fmt::format("paged KV cache: layer group {} holds {} sequences, the lead {}", gi,
+                               m.num_sequences(), lead.num_sequences())};
+    }
+  }
+  return {};
 }
 
 }  // namespace bie

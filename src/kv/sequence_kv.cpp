@@ -23,7 +23,7 @@ void SequenceKv::attend(int il, int64_t pos0, int64_t n, const float* q, int n_h
                         float* out, ThreadPool& pool, int64_t window) {
   store_.attend(seq_, il, pos0, n, q, n_head, scale, out, pool, window);
   if (migrate_after_pass_ && il == store_.geometry().n_layer - 1 && pos0 + n == computed_ &&
-      store_.layout().mixed()) {
+      (store_.layout().mixed() || store_.has_local_groups())) {
     if (Status s = store_.migrate_exits(seq_, computed_); !s) migration_deferred_ = true;
   }
 }

@@ -10,10 +10,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "bie/common/result.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
+#include "bie/planner/kv_bytes.h"
 #include "bie/planner/kv_layout_flags.h"
 #include "bie/planner/model_geometry.h"
 
@@ -55,6 +57,10 @@ struct KvSetupReport {
   uint64_t workspace_bytes = 0;  // planner::activation_bytes(chunk, seqs)
   uint64_t draft_bytes = 0;      // speculative draft model (KvEngineOptions::draft_bytes)
   uint64_t kv_budget_bytes = 0;  // usable - weights - workspace, or --kv-cache-memory
+  // The pools, one entry per layer group (planner::kv_pool_plan's order: one for a model without
+  // sliding windows; Gemma 3: its local layers, then its global layers).
+  std::vector<planner::KvGroupPool> groups;
+  // The pools summed over groups (blocks); the block bytes of a one-group model (0 otherwise).
   int64_t fp16_blocks = 0;
   int64_t body_blocks = 0;
   uint64_t fp16_block_bytes = 0;
@@ -65,13 +71,13 @@ struct KvSetupReport {
   int64_t max_concurrency = 0;   // sequences of max_model_len the pools' bytes hold
   // The serving engine's KV regimes sharing the pools' bytes, one line (empty for one regime).
   std::string regimes;
-  // Sliding-window layers of the model, whose out-of-window blocks are still held (pools sized as
-  // full attention; `bie plan` reports the SWA-hybrid bytes they will need once freed).
-  int64_t swa_layers_held = 0;
+  // Sliding-window layers of the model (their group keeps only the window).
+  int64_t swa_layers = 0;
 
   [[nodiscard]] uint64_t kv_pool_bytes() const {
-    return static_cast<uint64_t>(fp16_blocks) * fp16_block_bytes +
-           static_cast<uint64_t>(body_blocks) * body_block_bytes;
+    uint64_t sum = 0;
+    for (const planner::KvGroupPool& p : groups) sum += p.bytes();
+    return sum;
   }
 };
 
@@ -80,12 +86,8 @@ struct KvSetupReport {
 [[nodiscard]] Result<planner::KvLayout> kv_layout_for_model(const planner::ModelGeometry& g,
                                                             const planner::KvLayoutFlags& flags);
 
-// The geometry the paged pools are sized for: g with every layer global. Sliding-window layers
-// are masked in attention but their blocks are not freed yet (one block holds every layer), so
-// they hold every token until hybrid paging (the SWA-hybrid bytes `bie plan` reports).
-[[nodiscard]] planner::ModelGeometry held_kv_geometry(const planner::ModelGeometry& g);
-
-// Sizes pools for a model of geometry g (sized as held_kv_geometry(g)) (weights_bytes resident,
+// Sizes pools for a model of geometry g, sliding-window layers keeping only their window (the
+// SWA-hybrid bytes `bie plan` reports) (weights_bytes resident,
 // trained context n_ctx_train). Errors (one line each, naming the flag to change): a bad layout,
 // max_model_len beyond what the RoPE was trained for is allowed but must be >= 1, weights +
 // workspace over the budget, a KV budget that cannot hold max_num_seqs sequences of max_model_len.

@@ -81,6 +81,10 @@ class Scheduler {
   // Makes the manager hold every known token of s (decode: the last sampled token) and, with
   // draft, its draft tokens (no window exits for those: they may be rolled back).
   [[nodiscard]] bool ensure_blocks(Sequence& s, bool draft = false);
+  // Tokens of s its store should hold before the next pass: every known token, except in a store
+  // with sliding-window layer groups, which holds a prompt one chunk ahead only (the chunk's
+  // blocks of a local group are dropped after its pass, so the whole prompt is never held).
+  [[nodiscard]] int64_t tokens_to_hold(const Sequence& s) const;
   void preempt(kv::SeqId id, SchedulerOutput& out);
 
   SchedulerConfig cfg_;

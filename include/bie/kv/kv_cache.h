@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "bie/backend/thread_pool.h"
 #include "bie/common/result.h"
@@ -17,8 +18,14 @@ struct KvGeometry {
   int n_layer = 0;
   int n_head_kv = 0;
   int head_dim = 0;
+  // [n_layer] sliding window of each layer in tokens (0: global). Empty: every layer global. A
+  // paged store keeps only the window of a local layer (PagedKvStore's layer groups).
+  std::vector<int32_t> layer_window;
 
   [[nodiscard]] int kv_dim() const { return n_head_kv * head_dim; }
+  [[nodiscard]] int64_t window(int il) const {
+    return layer_window.empty() ? 0 : layer_window[static_cast<size_t>(il)];
+  }
 };
 
 class KvCache {

@@ -1,16 +1,25 @@
 // PagedKvStore: the paged, mixed-precision KV storage shared by every sequence of an engine.
-// Owns a BlockManager (block pools, block tables, ref counts, prefix-cache index) and executes
-// what the manager decides on the pools' memory: K/V rows are written into FP16 sink/window
-// blocks (or straight into body blocks that lie outside the window), blocks that leave the window
-// are re-quantised into the body pool, copy-on-write copies are made, and attention walks a
-// sequence's block table with the formats' fused dot/axpy kernels (attention/paged_attention.h)
-// as (query tile x KV head x context split) tasks on the ThreadPool.
+// Owns one BlockManager per layer group (block pools, block tables, ref counts, prefix-cache
+// index; planner::kv_pool_plan's groups: all layers for a model without sliding windows, else one
+// group of global layers and one of local layers per window) and executes what the managers
+// decide on the pools' memory: K/V rows are written into FP16 sink/window blocks (or straight
+// into body blocks that lie outside the window), blocks that leave the window are re-quantised
+// into the body pool, blocks a local group's sliding window no longer reaches are dropped after
+// the pass, copy-on-write copies are made, and attention walks a sequence's block table (of the
+// layer's group) with the formats' fused dot/axpy kernels (attention/paged_attention.h) as
+// (query tile x KV head x context split) tasks on the ThreadPool. Every group holds the same
+// tokens of every sequence.
 // With layout.rotate, K rows and queries pass through kv::hadamard_rotate per head (V does not).
 // Not thread-safe (engine thread); attend() fans out over the ThreadPool it is given.
 //
-// Block layout (every pool): per layer il, the K tiles of KV heads 0..n_head_kv-1, then the V
-// tiles; a tile is kv::kv_tile_bytes(format, head_dim, block_size) bytes, so a block is exactly the
-// planner's block bytes. FP16-pool blocks are f16/f16; body blocks use layout.k / layout.v.
+// Block layout (every pool): per layer of the group (in layer order), the K tiles of KV heads
+// 0..n_head_kv-1, then the V tiles; a tile is kv::kv_tile_bytes(format, head_dim, block_size)
+// bytes, so a block is exactly the planner's group block bytes. FP16-pool blocks are f16/f16;
+// body blocks use layout.k / layout.v.
+//
+// Prefix caching with local groups: a hit would have to be served by every group, and a local
+// group drops the blocks a long prefix starts with, so a store with local groups takes no hits
+// (enable_prefix_caching is ignored; lookups miss). docs/kv-cache.md §"Sliding-window layers".
 #pragma once
 #include <array>
 #include <cstdint>
@@ -29,12 +38,16 @@ namespace bie {
 struct PagedKvStoreConfig {
   KvGeometry geometry;
   planner::KvLayout layout;  // body formats, block size, sink and window tokens
-  int64_t fp16_blocks = 0;   // pool sizes (see planner::kv_pool_plan)
+  int64_t fp16_blocks = 0;   // pool sizes of a one-group geometry (see planner::kv_pool_plan)
   int64_t body_blocks = 0;
+  // Pool sizes per layer group, in planner::kv_pool_plan's order; required when the geometry has
+  // sliding-window layers (then fp16_blocks/body_blocks are ignored).
+  std::vector<planner::KvGroupPool> groups;
   std::string model_id = "bie-paged-kv";  // keys the prefix cache (e.g. the model's sha256)
   bool enable_prefix_caching = false;
   // Shared byte budget (several stores, one per KV regime): the pools draw on it and
-  // fp16_blocks/body_blocks are ignored (kv::BlockManagerConfig::budget).
+  // fp16_blocks/body_blocks/groups are ignored (kv::BlockManagerConfig::budget); every group's
+  // manager draws on it.
   kv::MemoryBudget* budget = nullptr;
 };
 
@@ -48,11 +61,44 @@ class PagedKvStore {
                                                                  const planner::KvLayout& layout,
                                                                  int64_t max_tokens,
                                                                  int64_t max_num_seqs);
+  // Pools planned by kv_pool_plan hold a local group's window; while a pass of new tokens runs
+  // its group also holds the blocks of those tokens and the blocks they push out of the window
+  // (dropped after the pass). The pools plus that headroom for appends of up to chunk_tokens
+  // tokens in all (n_seqs sequences): local groups get ceil(chunk/B) + n_seqs more body blocks
+  // and, in a mixed layout, n_seqs * (ceil(window_tokens/B) + 1) more FP16 blocks. Global groups
+  // are unchanged (every group when the geometry has no local layers).
+  [[nodiscard]] static std::vector<planner::KvGroupPool> with_chunk_headroom(
+      std::vector<planner::KvGroupPool> groups, const planner::KvLayout& layout,
+      int64_t chunk_tokens, int64_t n_seqs);
 
   [[nodiscard]] const KvGeometry& geometry() const { return cfg_.geometry; }
   [[nodiscard]] const planner::KvLayout& layout() const { return cfg_.layout; }
-  [[nodiscard]] kv::BlockManager& manager() { return *mgr_; }
-  [[nodiscard]] const kv::BlockManager& manager() const { return *mgr_; }
+  // The lead manager: the first group of global layers (the prefix cache, token ids, computed
+  // counts and block tables the scheduler reads); group 0 if every layer is local.
+  [[nodiscard]] kv::BlockManager& manager() { return *groups_[lead_].mgr; }
+  [[nodiscard]] const kv::BlockManager& manager() const { return *groups_[lead_].mgr; }
+  [[nodiscard]] int n_groups() const { return static_cast<int>(groups_.size()); }
+  [[nodiscard]] kv::BlockManager& manager(int g) { return *groups_[static_cast<size_t>(g)].mgr; }
+  [[nodiscard]] const kv::BlockManager& manager(int g) const {
+    return *groups_[static_cast<size_t>(g)].mgr;
+  }
+  // Sliding window of group g's layers (0: global) and the group of layer il.
+  [[nodiscard]] int64_t group_window(int g) const { return groups_[static_cast<size_t>(g)].window; }
+  [[nodiscard]] int layer_group(int il) const { return slots_[static_cast<size_t>(il)].group; }
+  [[nodiscard]] bool has_local_groups() const;
+  // Address space every group's pools reserve.
+  [[nodiscard]] uint64_t reserved_bytes() const;
+
+  // ---- sequence state across every group -------------------------------------------------
+  [[nodiscard]] bool has_sequence(kv::SeqId s) const { return manager().has_sequence(s); }
+  // Ends s in every group (kv::BlockManager::free).
+  [[nodiscard]] Status free(kv::SeqId s);
+  // Rolls s back to n tokens in every group (kv::BlockManager::truncate). Fails, changing
+  // nothing, where any group refuses, or where a local group already dropped a block its window
+  // at n tokens would keep (a rollback further back than the draft tokens).
+  [[nodiscard]] Status truncate(kv::SeqId s, int64_t n);
+  // kv::BlockManager::mark_computed in every group.
+  [[nodiscard]] Status mark_computed(kv::SeqId s, int64_t n);
 
   // ---- block bookkeeping with the data work it implies --------------------------------------
   // Whether `n` more tokens fit for sequence s, which holds `written` tokens' K/V (a dry run of
@@ -66,25 +112,33 @@ class PagedKvStore {
   // copies are executed. Returns the tokens served from the prefix cache (new sequences only).
   [[nodiscard]] Result<int64_t> append_tokens(kv::SeqId s, int64_t written,
                                               std::span<const int32_t> tokens, bool migrate = true);
-  // Quantises every block of s that has left the FP16 window (`written` tokens stored) into the
-  // body pool and frees its FP16 block. Partly written per-channel tiles wait.
+  // After a forward pass over s (`written` tokens stored): quantises every block that has left
+  // the FP16 window into the body pool and frees its FP16 block (partly written per-channel tiles
+  // wait), and drops the blocks of local groups that their sliding window no longer keeps at the
+  // sequence's length. note: call it after a pass of verified tokens only (no draft tokens held),
+  // or a rollback could need a dropped block.
   [[nodiscard]] Status migrate_exits(kv::SeqId s, int64_t written);
-  void execute_copies(std::span<const kv::KvCopy> copies);
+  // Executes group g's copy-on-write copies.
+  void execute_copies(int g, std::span<const kv::KvCopy> copies);
 
   // ---- data ------------------------------------------------------------------------------
   // note: positions [pos0, pos0 + n) must be allocated for s.
   void store(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* k, const float* v);
   // Causal attention of n queries at positions [pos0, pos0 + n) of s over [0, pos0 + i], or with
   // window > 0 over [max(0, pos0 + i - window + 1), pos0 + i] (sliding window; blocks wholly
-  // before a tile's window are not read, but they stay allocated).
+  // before a tile's window are not read; a local layer's group drops them after the pass).
   void attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
               float* out, ThreadPool& pool, int64_t window = 0);
 
-  // Bytes of the blocks held by sequences (active blocks of both pools).
+  // Bytes of the blocks held by sequences (active blocks of both pools of every group).
   [[nodiscard]] uint64_t held_bytes() const;
   // Read-only storage of a table entry's block (tests and tools).
   [[nodiscard]] const uint8_t* block_storage(const kv::BlockTableEntry& e) const {
-    return mgr_->pool(e.pool).data(e.block.index);
+    return groups_[lead_].mgr->pool(e.pool).data(e.block.index);
+  }
+  // The same for a table entry of group g.
+  [[nodiscard]] const uint8_t* block_storage(int g, const kv::BlockTableEntry& e) const {
+    return groups_[static_cast<size_t>(g)].mgr->pool(e.pool).data(e.block.index);
   }
   [[nodiscard]] Status check_integrity() const;
 
@@ -96,21 +150,36 @@ class PagedKvStore {
     size_t k_tile = 0, v_tile = 0;  // bytes of one KV head's tile
     size_t layer_bytes = 0;         // n_head_kv * (k_tile + v_tile)
   };
-  PagedKvStore(const PagedKvStoreConfig& cfg, kv::BlockManager mgr);
+  struct Group {
+    std::unique_ptr<kv::BlockManager> mgr;
+    int64_t window = 0;  // sliding window of its layers (0: global)
+    int n_layers = 0;
+  };
+  struct LayerSlot {
+    int group = 0;
+    int index = 0;  // the layer's place within its group's block
+  };
+  explicit PagedKvStore(const PagedKvStoreConfig& cfg);
   [[nodiscard]] const PoolFormat& format(kv::PoolKind p) const { return fmt_[static_cast<int>(p)]; }
-  [[nodiscard]] uint8_t* block_data(const kv::BlockTableEntry& e);
-  void quantise_block(const kv::Migration& m, int rows);
+  [[nodiscard]] uint8_t* block_data(int g, const kv::BlockTableEntry& e);
+  void quantise_block(int g, const kv::Migration& m, int rows);
   void build_views(kv::SeqId s, int il, int64_t n_ctx);
-  // The manager appends an append of n tokens to s (holding `written` tokens) makes: first up to
-  // a block boundary, then one block at a time; nullopt when the pools cannot hold them with the
-  // migrations in between.
-  [[nodiscard]] std::optional<std::vector<int64_t>> plan_append(kv::SeqId s, int64_t written,
-                                                                int64_t n, bool migrate) const;
+  // The manager appends an append of n tokens to s (holding `written` tokens) makes in group g:
+  // first up to a block boundary, then one block at a time; nullopt when the pools cannot hold
+  // them with the migrations in between. *budget_bytes (a shared budget's bytes left, carried
+  // from group to group) is updated.
+  [[nodiscard]] std::optional<std::vector<int64_t>> plan_append(int g, kv::SeqId s, int64_t written,
+                                                                int64_t n, bool migrate,
+                                                                uint64_t* budget_bytes) const;
+  // FP16 -> body moves of group g, and with drop also sliding-window drops.
+  [[nodiscard]] Status move_exits(int g, kv::SeqId s, int64_t written, bool drop);
   // Whether a block with `written` of its rows stored may move to the body pool now.
   [[nodiscard]] bool can_migrate_now(int64_t written_rows) const;
 
   PagedKvStoreConfig cfg_;
-  std::unique_ptr<kv::BlockManager> mgr_;
+  std::vector<Group> groups_;
+  std::vector<LayerSlot> slots_;  // [n_layer]
+  size_t lead_ = 0;
   std::array<PoolFormat, kv::kPoolKinds> fmt_;
   std::vector<float> rows_;                       // [block_size, head_dim] staging for store
   std::vector<attention::PagedBlockView> views_;  // per logical block, rebuilt per attend

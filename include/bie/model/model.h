@@ -46,7 +46,9 @@ struct ModelHParams {
   // architectures without local layers.
   std::vector<int32_t> layer_window;
 
-  [[nodiscard]] KvGeometry kv_geometry() const { return {n_layer, n_head_kv, head_dim}; }
+  [[nodiscard]] KvGeometry kv_geometry() const {
+    return {n_layer, n_head_kv, head_dim, layer_window};
+  }
 };
 
 struct ForwardOptions {
