@@ -110,13 +110,6 @@ Timed generate(Engine& eng, RequestId id, const std::vector<int32_t>& prompt, in
   return t;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  if (n == 0) return 0;
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 double tps(const Timed& t) {
   const auto n = static_cast<double>(t.tokens.size());
   return n > 1 && t.decode_seconds > 0 ? (n - 1) / t.decode_seconds : 0.0;

@@ -1,13 +1,24 @@
-// bie bench --speculative: greedy generation through the Engine with and without a drafter, on
-// built-in input-grounded tasks (the answer copies text from the prompt) and open chat.
+// Shared by the bench commands: median(). bie bench --speculative: greedy generation through the
+// Engine with and without a drafter, on built-in input-grounded tasks (the answer copies text from
+// the prompt) and open chat.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "bie/engine/kv_setup.h"
 
 namespace bie::cli {
+
+// The median of v (the mean of the middle two for an even count; 0 when empty).
+[[nodiscard]] inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 struct SpecBenchOptions {
   std::string model = "default";

@@ -91,8 +91,10 @@ void DraftModelDrafter::release(kv::SeqId seq) {
   forget(seq);
 }
 
-bool DraftModelDrafter::make_room(kv::SeqId seq, int64_t written, int64_t n) {
-  while (!store_->can_append(seq, written, n)) {
+bool DraftModelDrafter::append(kv::SeqId seq, int64_t written, std::span<const int32_t> tokens) {
+  // append_tokens changes nothing when the tokens do not fit: forget the least recently drafted
+  // other sequence and try again.
+  while (!store_->append_tokens(seq, written, tokens)) {
     const auto victim =
         std::find_if(lru_.begin(), lru_.end(), [&](kv::SeqId s) { return s != seq; });
     if (victim == lru_.end()) return false;
@@ -108,7 +110,7 @@ bool DraftModelDrafter::read(kv::SeqId seq, std::span<const int32_t> tokens) {
     const auto piece =
         tokens.subspan(off, std::min(tokens.size() - off, static_cast<size_t>(chunk_)));
     const auto n = static_cast<int64_t>(piece.size());
-    if (!make_room(seq, written, n) || !store_->append_tokens(seq, written, piece)) {
+    if (!append(seq, written, piece)) {
       forget(seq);
       return false;
     }
@@ -147,10 +149,9 @@ void DraftModelDrafter::propose(kv::SeqId seq, std::span<const int32_t> tokens, 
   if (m.has_sequence(seq)) {
     const auto have = m.tokens(seq);
     const size_t lim = std::min(have.size(), tokens.size() - 1);
-    while (static_cast<size_t>(keep) < lim &&
-           have[static_cast<size_t>(keep)] == tokens[static_cast<size_t>(keep)]) {
-      ++keep;
-    }
+    keep = std::mismatch(have.begin(), have.begin() + static_cast<ptrdiff_t>(lim), tokens.begin())
+               .first -
+           have.begin();
     if (keep == 0) {
       forget(seq);
     } else if (!store_->truncate(seq, keep)) {

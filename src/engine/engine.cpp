@@ -3,7 +3,6 @@
 #include "bie/engine/engine.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -93,9 +92,7 @@ class EngineImpl final : public Engine {
   std::string kv_regime() const override { return regimes_[force_f16_ ? f16_regime_ : 0].label; }
   void set_force_f16(bool on) override { force_f16_ = on; }
   std::string kv_regime_for(const EngineRequest& req) const override {
-    const auto n = static_cast<int64_t>(req.prompt.size());
-    const int64_t len = req.max_tokens > 0 ? n + req.max_tokens : max_model_len_;
-    auto r = pick_regime(req, len);
+    auto r = pick_regime(req, static_cast<int64_t>(req.prompt.size()) + capped_max_tokens(req));
     return regimes_[r ? *r : 0].label;
   }
   KvPolicyInfo kv_policy() const override;
@@ -134,8 +131,14 @@ class EngineImpl final : public Engine {
   };
   // Builds the regimes (default, f16, --kv-regimes, the policy's formats) over one budget.
   [[nodiscard]] Status make_regimes(const planner::ModelGeometry& g, const std::string& model_id);
-  // The regime a request runs in (kill switch, its own choice, the length policy, the default).
+  // The regime a request runs in (kill switch, its own choice, the length policy at `length`
+  // tokens, the default).
   [[nodiscard]] Result<size_t> pick_regime(const EngineRequest& req, int64_t length) const;
+  // Tokens req may generate within max_model_len (its max_tokens, or all the room left).
+  [[nodiscard]] int64_t capped_max_tokens(const EngineRequest& req) const {
+    const int64_t room = max_model_len_ - static_cast<int64_t>(req.prompt.size());
+    return req.max_tokens > 0 ? std::min<int64_t>(req.max_tokens, room) : room;
+  }
   std::unique_ptr<kv::MemoryBudget> budget_;
   std::vector<Regime> regimes_;
   size_t f16_regime_ = 0;
@@ -235,11 +238,8 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     auto dpath = resolve_model_path(cfg.speculative_model);
     if (!dpath) return Error{"--speculative-model: " + dpath.error()};
     // Its cache holds one sequence of the context the target serves (sequences share it).
-    const int64_t n_ctx = model_->hparams().n_ctx_train;
     const int64_t draft_ctx =
-        o.max_model_len > 0
-            ? o.max_model_len
-            : std::min<int64_t>(n_ctx > 0 ? n_ctx : kDefaultMaxModelLen, kDefaultMaxModelLen);
+        effective_max_model_len(o.max_model_len, model_->hparams().n_ctx_train);
     auto d = DraftModelDrafter::create(*dpath, tok_->vocab(), draft_ctx,
                                        static_cast<int32_t>(o.chunked_prefill_size), *pool_);
     if (!d) return Error{d.error()};
@@ -308,27 +308,21 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
   wanted.emplace_back("f16", "kill switch");
   for (const std::string& n : cfg_.kv_regimes) wanted.emplace_back(n, "--kv-regimes");
   for (const KvLengthRule& r : policy_) wanted.emplace_back(r.regime, "--kv-policy");
-  const long page_l = sysconf(_SC_PAGESIZE);
-  const uint64_t page = page_l > 0 ? static_cast<uint64_t>(page_l) : 4096;
   // Pools of every layer group with each block rounded up to whole pages (how a shared budget
   // lays blocks out).
   const auto page_bytes = [&](const std::vector<planner::KvGroupPool>& groups) {
     uint64_t sum = 0;
     for (const planner::KvGroupPool& p : groups) {
-      sum += static_cast<uint64_t>(p.fp16_blocks) *
-                 kv::MemoryBudget::block_cost(p.fp16_block_bytes, page) +
-             static_cast<uint64_t>(p.body_blocks) *
-                 kv::MemoryBudget::block_cost(p.body_block_bytes, page);
+      sum +=
+          static_cast<uint64_t>(p.fp16_blocks) * kv::MemoryBudget::block_cost(p.fp16_block_bytes) +
+          static_cast<uint64_t>(p.body_blocks) * kv::MemoryBudget::block_cost(p.body_block_bytes);
     }
     return sum;
   };
   // The report's pools, within the KV budget: --kv-cache-memory is never exceeded.
   // Local layer groups also hold the tokens of a step's passes until the pass has run.
-  const int64_t batched = cfg_.max_num_batched_tokens > 0
-                              ? cfg_.max_num_batched_tokens
-                              : std::max(cfg_.kv.chunked_prefill_size, cfg_.kv.max_num_seqs);
   const uint64_t planned = page_bytes(PagedKvStore::with_chunk_headroom(
-      report_.groups, report_.layout, batched, report_.max_num_seqs));
+      report_.groups, report_.layout, report_.chunked_prefill_size, report_.max_num_seqs));
   budget_ = std::make_unique<kv::MemoryBudget>(std::min(planned, report_.kv_budget_bytes));
   const KvGeometry geo = model_->hparams().kv_geometry();
   std::string line;
@@ -446,8 +440,7 @@ std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
   auto r = std::make_unique<Request>();
   r->rid = id;
   r->submitted = Clock::now();
-  int64_t room = max_model_len_ - n_prompt;
-  r->max_tokens = req.max_tokens > 0 ? std::min<int64_t>(req.max_tokens, room) : room;
+  r->max_tokens = capped_max_tokens(req);
   auto regime = pick_regime(req, n_prompt + r->max_tokens);
   if (!regime) return refuse(SubmitError::kInvalid, regime.error());
   r->regime = *regime;
@@ -458,8 +451,7 @@ std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
                               "sequence in {}",
                               n_prompt, rg.tokens_fit, rg.label));
   }
-  room = rg.tokens_fit - n_prompt;
-  r->max_tokens = std::min(r->max_tokens, room);
+  r->max_tokens = std::min(r->max_tokens, rg.tokens_fit - n_prompt);
   r->sampler = std::make_unique<Sampler>(req.sampling, info_.n_vocab);
   r->decoder = std::make_unique<tokenizer::StreamDecoder>(*tok_);
   r->stops = std::make_unique<StopStrings>(req.stop);
@@ -596,10 +588,9 @@ void EngineImpl::draft() {
         1;
     const int64_t cap = std::min<int64_t>({per_seq, r.gamma, room});
     if (cap < 1) continue;
-    // The first few speculative steps always draft (they measure the acceptance), then the
-    // cost model decides.
     // Drafts that cannot pay even when all are accepted (a draft model about as slow as the
-    // target) are not tried at all.
+    // target) are not tried at all. The first few speculative steps always draft (they measure
+    // the acceptance), then the cost model decides.
     if (!cfg_.speculative_always && best_draft_len(1.0, base, cap) == 0) continue;
     int n = r.spec_steps < kExploreSteps || cfg_.speculative_always
                 ? static_cast<int>(cap)
@@ -877,7 +868,6 @@ void EngineImpl::publish_metrics() {
   m.prefix_queried_blocks = queried;
   m.prefix_hit_blocks = hits;
   m.requests_running = sched_->num_running();
-  m.force_f16 = force_f16_;
   m.preemptions = sched_->preemptions();
   std::lock_guard lk(mu_);
   // Waiting = not yet running: still in the hand-over queue or in the scheduler's queue.

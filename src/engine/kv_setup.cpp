@@ -90,10 +90,7 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
   r.layout = *layout;
   r.layout_label = planner::kv_layout_label(r.layout);
   if (o.max_model_len < 0) return Error{"--max-model-len must be >= 1"};
-  r.max_model_len = o.max_model_len > 0
-                        ? o.max_model_len
-                        : std::min<int64_t>(n_ctx_train > 0 ? n_ctx_train : kDefaultMaxModelLen,
-                                            kDefaultMaxModelLen);
+  r.max_model_len = effective_max_model_len(o.max_model_len, n_ctx_train);
   if (o.max_num_seqs < 1) return Error{"--max-num-seqs must be >= 1"};
   if (o.chunked_prefill_size < 1) return Error{"--chunked-prefill-size must be >= 1"};
   r.max_num_seqs = o.max_num_seqs;

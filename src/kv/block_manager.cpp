@@ -52,7 +52,7 @@ Result<BlockManager> BlockManager::create(const BlockManagerConfig& cfg) {
     for (int p = 0; p < kPoolKinds; ++p) {
       if (p == idx(PoolKind::kFp16) && !l.mixed()) continue;
       if (bytes[p] > 0) {
-        const uint64_t stride = MemoryBudget::block_cost(bytes[p], 4096);
+        const uint64_t stride = MemoryBudget::block_cost(bytes[p]);
         counts[p] = std::min<int64_t>(static_cast<int64_t>(cfg.budget->limit() / stride),
                                       int64_t{1} << 30);
       }

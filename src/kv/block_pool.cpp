@@ -1,7 +1,5 @@
 #include "bie/kv/block_pool.h"
 
-#include "bie/kv/memory_budget.h"
-
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,6 +8,8 @@
 #include <cassert>
 #include <cerrno>
 #include <cstring>
+
+#include "bie/kv/memory_budget.h"
 
 namespace bie::kv {
 
@@ -39,11 +39,9 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(const BlockPoolConfig& cfg)
     return Error{fmt::format("KV block pool: block size {} tokens", cfg.block_tokens)};
   }
   std::unique_ptr<BlockPool> pool(new BlockPool(cfg));
-  const long page = sysconf(_SC_PAGESIZE);
-  pool->page_ = page > 0 ? static_cast<uint64_t>(page) : 4096;
+  pool->page_ = MemoryBudget::page_size();
   // Under a shared budget every block starts on a page: its pages are its own to give back.
-  pool->stride_ = cfg.budget ? MemoryBudget::block_cost(cfg.block_bytes, pool->page_)
-                             : cfg.block_bytes;
+  pool->stride_ = cfg.budget ? MemoryBudget::block_cost(cfg.block_bytes) : cfg.block_bytes;
   pool->reserved_ = static_cast<uint64_t>(cfg.n_blocks) * pool->stride_;
   if (cfg.reserve_memory && pool->reserved_ > 0) {
     void* p = mmap(nullptr, pool->reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -248,33 +246,25 @@ void BlockPool::clear_key(BlockIndex b) {
   keys_[b] = BlockKey{};
 }
 
-bool BlockPool::page_used_by_other(uint64_t page, BlockIndex b) const {
-  const uint64_t first = page * page_ / stride_ + 1;
-  const uint64_t last = ((page + 1) * page_ - 1) / stride_ + 1;
-  for (uint64_t id = first; id <= last && id <= static_cast<uint64_t>(n_); ++id) {
-    if (static_cast<BlockIndex>(id) != b && block_committed_[id]) return true;
-  }
-  return false;
-}
-
 void BlockPool::decommit(BlockIndex b) {
+  // Only pools under a budget give pages back; their blocks are page-aligned and share no page.
+  assert(cfg_.budget != nullptr && stride_ % page_ == 0);
   if (!base_ || !block_committed_[b]) return;
   block_committed_[b] = 0;
   const uint64_t begin = static_cast<uint64_t>(b - 1) * stride_;
   const uint64_t p0 = begin / page_;
   const uint64_t p1 = (begin + cfg_.block_bytes + page_ - 1) / page_;
+  // Dropping the pages returns them to the OS; PROT_NONE makes a stray access fault.
+  (void)madvise(base_ + p0 * page_, (p1 - p0) * page_, MADV_DONTNEED);
+  (void)mprotect(base_ + p0 * page_, (p1 - p0) * page_, PROT_NONE);
   uint64_t freed = 0;
   for (uint64_t p = p0; p < p1; ++p) {
-    if (!page_committed_[p] || page_used_by_other(p, b)) continue;
-    uint8_t* at = base_ + p * page_;
-    // Dropping the pages returns them to the OS; PROT_NONE makes a stray access fault.
-    (void)madvise(at, page_, MADV_DONTNEED);
-    (void)mprotect(at, page_, PROT_NONE);
+    if (!page_committed_[p]) continue;
     page_committed_[p] = 0;
     --committed_pages_;
     freed += page_;
   }
-  if (cfg_.budget) cfg_.budget->credit(freed);
+  cfg_.budget->credit(freed);
 }
 
 uint64_t BlockPool::give_back(uint64_t bytes, bool free_only) {

@@ -1,13 +1,23 @@
 #include "bie/kv/memory_budget.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "bie/kv/block_pool.h"
 
 namespace bie::kv {
 
-uint64_t MemoryBudget::block_cost(uint64_t block_bytes, uint64_t page) {
-  if (page == 0) return block_bytes;
+uint64_t MemoryBudget::page_size() {
+  static const uint64_t page = [] {
+    const long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<uint64_t>(p) : uint64_t{4096};
+  }();
+  return page;
+}
+
+uint64_t MemoryBudget::block_cost(uint64_t block_bytes) {
+  const uint64_t page = page_size();
   return (block_bytes + page - 1) / page * page;
 }
 

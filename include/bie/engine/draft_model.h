@@ -69,7 +69,9 @@ class DraftModelDrafter final : public Drafter {
   // Runs `tokens` after the draft's copy of seq (appending them); logits of the last one in
   // logits_. False (copy rolled back) when the cache cannot hold them.
   [[nodiscard]] bool read(kv::SeqId seq, std::span<const int32_t> tokens);
-  [[nodiscard]] bool make_room(kv::SeqId seq, int64_t written, int64_t n);
+  // Appends tokens to seq's copy, forgetting other sequences (least recently drafted first) until
+  // they fit; false when they do not fit even alone.
+  [[nodiscard]] bool append(kv::SeqId seq, int64_t written, std::span<const int32_t> tokens);
   void touch(kv::SeqId seq);
   void forget(kv::SeqId seq);
 

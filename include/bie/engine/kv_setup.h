@@ -23,6 +23,12 @@ namespace bie {
 
 constexpr int64_t kDefaultMaxModelLen = 8192;  // cap on the default --max-model-len
 
+// --max-model-len as asked (> 0), else min(the model's trained context, kDefaultMaxModelLen).
+[[nodiscard]] inline int64_t effective_max_model_len(int64_t requested, int64_t n_ctx_train) {
+  if (requested > 0) return requested;
+  return n_ctx_train > 0 && n_ctx_train < kDefaultMaxModelLen ? n_ctx_train : kDefaultMaxModelLen;
+}
+
 struct KvEngineOptions {
   planner::KvLayoutFlags kv;           // --kv-cache-dtype[-k|-v], --kv-group-size, ... --kv-rotate
   int64_t max_model_len = 0;           // 0: min(model's n_ctx_train, kDefaultMaxModelLen)

@@ -149,9 +149,8 @@ class BlockPool {
   void list_push_back(int32_t sentinel, BlockIndex b);
   void list_remove(BlockIndex b);
   [[nodiscard]] Status commit(BlockIndex b);
-  // Pages of b not shared with another committed block go back to the OS (and the budget).
+  // b's pages go back to the OS and the budget (budget pools only: blocks own their pages).
   void decommit(BlockIndex b);
-  [[nodiscard]] bool page_used_by_other(uint64_t page, BlockIndex b) const;
 
   BlockPoolConfig cfg_;
   int64_t n_ = 0;

@@ -26,9 +26,11 @@ class MemoryBudget {
   [[nodiscard]] uint64_t committed() const { return committed_; }
   // Sum over attached pools of active blocks x their stride (whole pages per block).
   [[nodiscard]] uint64_t active_cost() const;
+  // The OS page size (4096 if it cannot be read).
+  [[nodiscard]] static uint64_t page_size();
   // A block's charge: its bytes rounded up to whole pages (pools under a budget lay blocks out
   // page-aligned, so each block's pages are its own).
-  [[nodiscard]] static uint64_t block_cost(uint64_t block_bytes, uint64_t page);
+  [[nodiscard]] static uint64_t block_cost(uint64_t block_bytes);
 
   // Pools register themselves on creation and leave on destruction.
   void attach(BlockPool* p);
