@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -15,38 +14,13 @@
 #include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
 #include "bie/tokenizer/tokenizer.h"
+#include "support/engine_collect.h"
 
 namespace bie {
 namespace {
 
-struct Collected {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  std::string text;
-  std::optional<FinishEvent> finish;
-  void wait() {
-    std::unique_lock lk(mu);
-    cv.wait(lk, [&] { return finish.has_value(); });
-  }
-};
-
-RequestCallbacks collect(Collected& c) {
-  RequestCallbacks cb;
-  cb.on_token = [&c](const TokenEvent& e) {
-    std::lock_guard lk(c.mu);
-    c.tokens.push_back(e.token);
-    c.text += e.text;
-    return true;
-  };
-  cb.on_finish = [&c](const FinishEvent& f) {
-    std::lock_guard lk(c.mu);
-    c.text += f.tail_text;
-    c.finish = f;
-    c.cv.notify_all();
-  };
-  return cb;
-}
+using test::collect;
+using test::Collected;
 
 EngineConfig base_config() {
   EngineConfig cfg;

@@ -4,9 +4,6 @@
 // the length policy, refusals, and identical greedy output in the f16 regime.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
-#include <mutex>
-#include <optional>
 #include <thread>
 
 #include "bie/engine/engine.h"
@@ -14,6 +11,7 @@
 #include "bie/kv/block_manager.h"
 #include "bie/kv/memory_budget.h"
 #include "bie/tokenizer/tokenizer.h"
+#include "support/engine_collect.h"
 
 namespace bie {
 namespace {
@@ -144,32 +142,10 @@ struct Done {
 };
 
 Done run(Engine& e, EngineRequest r) {
-  std::mutex mu;
-  std::condition_variable cv;
-  Done d;
-  bool finished = false;
-  RequestCallbacks cb;
-  cb.on_token = [&](const TokenEvent& t) {
-    std::lock_guard lk(mu);
-    d.tokens.push_back(t.token);
-    return true;
-  };
-  cb.on_finish = [&](const FinishEvent& f) {
-    std::lock_guard lk(mu);
-    d.fin = f;
-    finished = true;
-    cv.notify_all();
-  };
   static RequestId id = 1;
-  auto refused = e.submit(id++, std::move(r), cb);
-  if (refused) {
-    d.fin.finish_reason = "refused";
-    d.fin.error = refused->message;
-    return d;
-  }
-  std::unique_lock lk(mu);
-  cv.wait(lk, [&] { return finished; });
-  return d;
+  test::Collected c;
+  test::run_to_end(e, id++, std::move(r), c);
+  return {c.tokens, *c.finish};
 }
 
 EngineConfig regime_config(const char* dtype, int64_t max_len = 2048, uint64_t mib = 24) {

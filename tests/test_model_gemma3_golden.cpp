@@ -7,9 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <condition_variable>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -20,6 +18,7 @@
 #include "bie/model/model.h"
 #include "bie/tokenizer/chat_template.h"
 #include "bie/tokenizer/tokenizer.h"
+#include "support/engine_collect.h"
 #include "support/paths.h"
 
 namespace bie {
@@ -42,6 +41,20 @@ double tolerance(const nlohmann::json& p) {
   return p["name"] == kLongPrompt ? kLongPromptTol : kTopLogitTol;
 }
 constexpr int64_t kCtx = 2048;
+
+// The serving engine on the Gemma file: f16 KV, chunked prefill of `chunk` tokens.
+EngineConfig engine_config(int64_t chunk) {
+  EngineConfig cfg;
+  cfg.model = test::gemma3_path();
+  cfg.kv.kv.dtype = "f16";
+  cfg.kv.max_model_len = kCtx;
+  cfg.kv.max_num_seqs = 2;
+  cfg.kv.chunked_prefill_size = chunk;
+  cfg.kv.kv_cache_memory = 96ull << 20;
+  cfg.threads = 2;
+  cfg.check_integrity = true;
+  return cfg;
+}
 
 // Forwards everything to a ContiguousKvCache but drops the sliding window: every layer attends
 // to the whole prefix (what an implementation without the SWA mask computes).
@@ -273,16 +286,7 @@ TEST_F(Gemma3Golden, ChatTemplateIsGemmaAndRendersTheGoldenPrompt) {
 TEST_F(Gemma3Golden, EngineChunkedLongPromptMatchesLlamaCpp) {
   const nlohmann::json* p = prompt(kLongPrompt);
   ASSERT_NE(p, nullptr) << "regenerate tests/golden/gemma3/logits.json";
-  EngineConfig cfg;
-  cfg.model = test::gemma3_path();
-  cfg.kv.kv.dtype = "f16";
-  cfg.kv.max_model_len = kCtx;
-  cfg.kv.max_num_seqs = 2;
-  cfg.kv.chunked_prefill_size = 64;
-  cfg.kv.kv_cache_memory = 96ull << 20;
-  cfg.threads = 2;
-  cfg.check_integrity = true;
-  auto e = Engine::create(cfg);
+  auto e = Engine::create(engine_config(64));
   ASSERT_TRUE(e.ok()) << e.error();
   EXPECT_EQ((*e)->kv_report().swa_layers, 15);
   const auto want = (*p)["gen_ids"].get<std::vector<int32_t>>();
@@ -291,26 +295,10 @@ TEST_F(Gemma3Golden, EngineChunkedLongPromptMatchesLlamaCpp) {
   req.sampling.temperature = 0;
   req.max_tokens = static_cast<int32_t>(want.size());
   req.ignore_eos = true;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> got;
-  std::optional<FinishEvent> fin;
-  RequestCallbacks cb;
-  cb.on_token = [&](const TokenEvent& t) {
-    std::lock_guard lk(mu);
-    got.push_back(t.token);
-    return true;
-  };
-  cb.on_finish = [&](const FinishEvent& f) {
-    std::lock_guard lk(mu);
-    fin = f;
-    cv.notify_all();
-  };
-  ASSERT_FALSE((*e)->submit(1, req, cb).has_value());
-  {
-    std::unique_lock lk(mu);
-    cv.wait(lk, [&] { return fin.has_value(); });
-  }
+  test::Collected c;
+  test::run_to_end(**e, 1, req, c);
+  const std::optional<FinishEvent>& fin = c.finish;
+  const std::vector<int32_t>& got = c.tokens;
   ASSERT_EQ(fin->finish_reason, "length") << fin->error;
   size_t i = 0;
   while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
@@ -385,15 +373,7 @@ TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
   auto ids = (*p)["prompt_ids"].get<std::vector<int32_t>>();
   ids.resize(700);  // past the window
   const auto run = [&](bool caching) {
-    EngineConfig cfg;
-    cfg.model = test::gemma3_path();
-    cfg.kv.kv.dtype = "f16";
-    cfg.kv.max_model_len = kCtx;
-    cfg.kv.max_num_seqs = 2;
-    cfg.kv.chunked_prefill_size = 256;
-    cfg.kv.kv_cache_memory = 96ull << 20;
-    cfg.threads = 2;
-    cfg.check_integrity = true;
+    EngineConfig cfg = engine_config(256);
     cfg.enable_prefix_caching = caching;
     auto e = Engine::create(cfg);
     EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error());
@@ -405,24 +385,10 @@ TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
       req.sampling.temperature = 0;
       req.max_tokens = 8;
       req.ignore_eos = true;
-      std::mutex mu;
-      std::condition_variable cv;
-      std::vector<int32_t> got;
-      std::optional<FinishEvent> fin;
-      RequestCallbacks cb;
-      cb.on_token = [&](const TokenEvent& t) {
-        std::lock_guard lk(mu);
-        got.push_back(t.token);
-        return true;
-      };
-      cb.on_finish = [&](const FinishEvent& f) {
-        std::lock_guard lk(mu);
-        fin = f;
-        cv.notify_all();
-      };
-      EXPECT_FALSE((*e)->submit(rep + 1, req, cb).has_value());
-      std::unique_lock lk(mu);
-      cv.wait(lk, [&] { return fin.has_value(); });
+      test::Collected c;
+      test::run_to_end(**e, rep + 1, req, c);
+      const std::optional<FinishEvent>& fin = c.finish;
+      const std::vector<int32_t>& got = c.tokens;
       EXPECT_EQ(fin->finish_reason, "length") << fin->error;
       EXPECT_EQ(fin->metrics.cached_tokens, 0);
       outs.push_back(got);

@@ -5,9 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <condition_variable>
 #include <filesystem>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -18,6 +16,7 @@
 #include "bie/engine/model_path.h"
 #include "bie/sampling/sampler.h"
 #include "bie/tokenizer/tokenizer.h"
+#include "support/engine_collect.h"
 #include "support/tiny_llama.h"
 
 namespace bie {
@@ -134,37 +133,18 @@ TEST(SpeculativeVerify, DeterministicDrafterAndGreedy) {
   EXPECT_LT(g_statistic(t.target(), counts), 20.5);
 }
 
-struct Run {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  std::optional<FinishEvent> fin;
-};
-
 std::vector<int32_t> generate_once(Engine& eng, const std::vector<int32_t>& prompt, int n,
                                    FinishEvent* fin_out = nullptr) {
-  Run run;
-  RequestCallbacks cb;
-  cb.on_token = [&run](const TokenEvent& e) {
-    std::lock_guard lk(run.mu);
-    run.tokens.push_back(e.token);
-    return true;
-  };
-  cb.on_finish = [&run](const FinishEvent& f) {
-    std::lock_guard lk(run.mu);
-    run.fin = f;
-    run.cv.notify_all();
-  };
   EngineRequest r;
   r.prompt = prompt;
   r.sampling.temperature = 0;
   r.max_tokens = n;
   static RequestId id = 1;
-  EXPECT_FALSE(eng.submit(id++, r, cb).has_value());
-  std::unique_lock lk(run.mu);
-  run.cv.wait(lk, [&] { return run.fin.has_value(); });
-  if (fin_out != nullptr) *fin_out = *run.fin;
-  return run.tokens;
+  test::Collected c;
+  test::run_to_end(eng, id++, r, c);
+  EXPECT_NE(c.finish->finish_reason, "refused") << c.finish->error;
+  if (fin_out != nullptr) *fin_out = *c.finish;
+  return c.tokens;
 }
 
 EngineConfig spec_config(int gamma, const char* dtype) {
