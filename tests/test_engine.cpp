@@ -54,11 +54,7 @@ const char* kPrompts[] = {
     "The quick brown fox",
 };
 
-int64_t used_blocks(const Engine& e) {
-  int64_t used = 0;
-  for (const auto& p : e.metrics().pools) used += p.blocks_used;
-  return used;
-}
+using test::used_blocks;
 
 TEST(Engine, GreedyMatchesSingleSequenceGenerate) {
   auto e = Engine::create(base_config());
@@ -164,7 +160,8 @@ TEST(Engine, PrefixCacheHitGivesSameOutputAndSkipsWork) {
 // Quantised KV: a prompt's body blocks are cached in the body format, its sink/window blocks in
 // FP16. A repeat of the prompt hits every full block (FP16 where it needs FP16, body where body)
 // and reproduces the output exactly; a longer prompt that needs some of those FP16 blocks in the
-// body format quantises the cached FP16 copy (docs/serving.md "Prefix caching and quantised KV").
+// body format quantises the cached FP16 copy (docs/serving.md "Prefix caching and quantised KV")
+// and still matches a cold run.
 TEST(Engine, PrefixCacheWithQuantisedBody) {
   EngineConfig cfg = base_config();
   cfg.kv.kv.dtype = "int8";
@@ -193,6 +190,16 @@ TEST(Engine, PrefixCacheWithQuantisedBody) {
   EXPECT_EQ(longer.finish->finish_reason, "length");
   eng.wait_idle();
   EXPECT_EQ(used_blocks(eng), 0);
+  // Body blocks are always quantised from FP16-rounded rows, so quantising a cached FP16 copy
+  // gives the bytes a cold run writes: the output equals an engine without prefix caching.
+  cfg.enable_prefix_caching = false;
+  auto cold = Engine::create(cfg);
+  ASSERT_TRUE(cold.ok()) << cold.error();
+  Collected cold_longer;
+  ASSERT_FALSE((*cold)->submit(1, b, collect(cold_longer)));
+  cold_longer.wait();
+  EXPECT_EQ(cold_longer.finish->metrics.cached_tokens, 0);
+  EXPECT_EQ(longer.tokens, cold_longer.tokens);
 }
 
 // Every 4-bit regime under continuous batching with prefill chunks that do not fall on block

@@ -527,7 +527,52 @@ TEST(KvBlockManager, SlidingWindowGroupDropsBlocksItNoLongerKeeps) {
   (void)must(m.append(1, Tok{1, 2}));  // 18 tokens: block 2 (tokens 8..11) still kept
   EXPECT_TRUE(m.blocks_leaving_window(1).empty());
   must(m.truncate(1, 16));
-  EXPECT_EQ(m.lookup_prefix(iota_tokens(16)).cached_tokens, 0);  // no caching for local groups
+  EXPECT_EQ(m.lookup_prefix(iota_tokens(16)).cached_tokens, 0);  // nothing computed yet
+  BIE_EXPECT_INTEGRITY(m);
+}
+
+// A local group serves a hit of h blocks when it holds the blocks the window of token h*B reaches
+// (here window 8, B = 4: blocks from (4h - 7) / 4 on); the blocks before them become null entries.
+// Blocks the window dropped return to the cache and hit until their memory is reused, so the
+// servable hit lengths need not be a prefix-closed set.
+TEST(KvBlockManager, SlidingWindowGroupHitsNeedOnlyTheWindowsBlocks) {
+  auto cfg = tiny_config(0, 8);
+  cfg.layout.k = cfg.layout.v = planner::kKvF16;
+  cfg.local_window = 8;
+  BlockManager m = make_manager(cfg);
+  (void)must(m.allocate(1, iota_tokens(12)));
+  must(m.mark_computed(1, 12));          // blocks 1, 2, 3 keyed
+  auto dropped = m.drop(1, 0);
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_EQ(dropped.value(), (BlockRef{1, 1}));
+  EXPECT_TRUE(m.pool(Bd).is_cached(1));  // dropped, but its content stays findable
+  must(m.free(1));                        // LRU: 1 (dropped first), then 3, 2 (tail first)
+  const Tok p = concat(iota_tokens(12), Tok{7});
+  EXPECT_EQ(m.local_window_first_block(3), 1);
+  EXPECT_EQ(m.local_window_first_block(2), 0);
+  EXPECT_EQ(m.servable_prefixes(p), (std::vector<bool>{true, true, true, true}));
+
+  // Another sequence takes the 5 free blocks and evicts the oldest cached one: the dropped block.
+  (void)must(m.allocate(2, iota_tokens(24, 500)));
+  EXPECT_FALSE(m.pool(Bd).is_cached(1));
+  EXPECT_EQ(m.servable_prefixes(p), (std::vector<bool>{true, false, false, true}));
+  const PrefixHit hit = m.lookup_prefix(p);
+  EXPECT_EQ(hit.cached_tokens, 12);
+  EXPECT_EQ(hit.blocks, (BlockTable{E(Bd, kNullBlock, 0), E(Bd, 2), E(Bd, 3)}));
+  EXPECT_EQ(m.lookup_prefix(p, 2).cached_tokens, 0);  // no servable length in (0, 2]
+  must(m.free(2));  // never computed: its blocks go back to the free list
+  EXPECT_EQ(must(m.allocate(3, p)), 12);
+  const BlockTable& t = m.table(3);
+  ASSERT_EQ(t.size(), 4u);
+  EXPECT_EQ(BlockTable(t.begin(), t.begin() + 3),
+            (BlockTable{E(Bd, kNullBlock, 0), E(Bd, 2), E(Bd, 3)}));
+  BIE_EXPECT_INTEGRITY(m);
+  must(m.free(3));
+
+  // Evicting a block of the window (physical 2 or 3) ends every hit.
+  (void)must(m.allocate(4, iota_tokens(28, 900)));  // 7 blocks: the 6 free ones, then LRU-first
+  EXPECT_EQ(m.servable_prefixes(p), (std::vector<bool>{true, false, false, false}));
+  EXPECT_EQ(m.lookup_prefix(p).cached_tokens, 0);
   BIE_EXPECT_INTEGRITY(m);
 }
 

@@ -367,42 +367,88 @@ TEST_F(Gemma3Golden, LocalLayersKeepOnlyTheirWindow) {
 // Prefix caching with local layers: a store with sliding-window groups takes no hits (the local
 // group has dropped the blocks a long prefix starts with), so the same prompt twice gives the
 // same greedy output with prefix caching on and off, and nothing is served from cache.
+// Prefix hits with local layers (docs/kv-cache.md §4): a hit of h blocks needs the global groups'
+// blocks [0, h) and the local groups' blocks the window of token h*B reaches. The requests run in
+// turn on one engine: A; A again (hit, all but the last token's block); a second turn (A, its
+// answer, a new message: the hit reaches past A into the answer); a branch off A's first 600
+// tokens (its window blocks 5..36 were dropped by A's local layers and hit from the pool's cache);
+// and A once more. Greedy outputs must equal an engine without prefix caching, in f16 and in
+// the default 4-bit regime (FP16 hits quantised into the body format where the prompt needs it).
 TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
   const nlohmann::json* p = prompt(kLongPrompt);
   ASSERT_NE(p, nullptr) << "regenerate tests/golden/gemma3/logits.json";
-  auto ids = (*p)["prompt_ids"].get<std::vector<int32_t>>();
-  ids.resize(700);  // past the window
-  const auto run = [&](bool caching) {
+  const auto all = (*p)["prompt_ids"].get<std::vector<int32_t>>();
+  ASSERT_GE(all.size(), 760u);
+  const std::vector<int32_t> a(all.begin(), all.begin() + 700);  // past the 512-token window
+  const std::vector<int32_t> next_message(all.begin() + 720, all.begin() + 760);
+  std::vector<int32_t> branch(all.begin(), all.begin() + 600);
+  branch.insert(branch.end(), all.begin() + 650, all.begin() + 680);
+
+  struct Turn {
+    std::vector<int32_t> tokens;
+    int64_t cached = 0;
+  };
+  const auto run = [&](const std::string& dtype, bool caching) {
     EngineConfig cfg = engine_config(256);
+    cfg.kv.kv.dtype = dtype;
     cfg.enable_prefix_caching = caching;
     auto e = Engine::create(cfg);
     EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error());
-    std::vector<std::vector<int32_t>> outs;
-    if (!e.ok()) return outs;
-    for (int rep = 0; rep < 2; ++rep) {
+    std::vector<Turn> turns;
+    if (!e.ok()) return turns;
+    int64_t id = 0;
+    const auto ask = [&](const std::vector<int32_t>& prompt) {
       EngineRequest req;
-      req.prompt = ids;
+      req.prompt = prompt;
       req.sampling.temperature = 0;
       req.max_tokens = 8;
       req.ignore_eos = true;
       test::Collected c;
-      test::run_to_end(**e, rep + 1, req, c);
-      const std::optional<FinishEvent>& fin = c.finish;
-      const std::vector<int32_t>& got = c.tokens;
-      EXPECT_EQ(fin->finish_reason, "length") << fin->error;
-      EXPECT_EQ(fin->metrics.cached_tokens, 0);
-      outs.push_back(got);
-    }
-    return outs;
+      test::run_to_end(**e, ++id, req, c);
+      EXPECT_TRUE(c.finish.has_value());
+      if (!c.finish) return;
+      EXPECT_EQ(c.finish->finish_reason, "length") << c.finish->error;
+      turns.push_back({c.tokens, c.finish->metrics.cached_tokens});
+    };
+    ask(a);
+    ask(a);
+    if (turns.size() != 2) return turns;
+    std::vector<int32_t> second_turn = a;
+    second_turn.insert(second_turn.end(), turns[0].tokens.begin(), turns[0].tokens.end());
+    second_turn.insert(second_turn.end(), next_message.begin(), next_message.end());
+    ask(second_turn);
+    ask(branch);
+    ask(a);
+    EXPECT_EQ(test::used_blocks(**e), 0) << dtype;
+    return turns;
   };
-  const auto on = run(true);
-  const auto off = run(false);
-  ASSERT_EQ(on.size(), 2u);
-  ASSERT_EQ(off.size(), 2u);
-  EXPECT_EQ(on[0].size(), 8u);
-  EXPECT_EQ(on[0], on[1]);
-  EXPECT_EQ(on[0], off[0]);
-  EXPECT_EQ(off[0], off[1]);
+  for (const std::string dtype : {"f16", "int4_asym"}) {
+    SCOPED_TRACE(dtype);
+    const std::vector<Turn> on = run(dtype, true);
+    const std::vector<Turn> off = run(dtype, false);
+    ASSERT_EQ(on.size(), 5u);
+    ASSERT_EQ(off.size(), 5u);
+    for (size_t i = 0; i < on.size(); ++i) {
+      EXPECT_EQ(on[i].tokens.size(), 8u) << "request " << i;
+      EXPECT_EQ(on[i].tokens, off[i].tokens) << "request " << i;
+      EXPECT_EQ(off[i].cached, 0) << "request " << i;
+    }
+    EXPECT_EQ(on[0].cached, 0);
+    EXPECT_EQ(on[1].cached, 688);  // 43 full blocks; the 44th holds the last prompt token
+    // A's 700 prompt tokens and 7 of its 8 answer tokens were computed: 44 full blocks.
+    EXPECT_EQ(on[2].cached, 704);
+    if (dtype == "f16") {
+      EXPECT_EQ(on[3].cached, 592);  // the branch: 37 blocks, 5..36 from the local groups' cache
+    } else {
+      // The branch needs blocks 31..36 in FP16 (its window); A's FP16 copies of them sat in the
+      // small FP16 pools' caches, where later allocations may have reused some.
+      EXPECT_GT(on[3].cached, 0);
+      EXPECT_LE(on[3].cached, 592);
+    }
+    EXPECT_EQ(on[4].cached, 688);
+    EXPECT_EQ(on[0].tokens, on[1].tokens);
+    EXPECT_EQ(on[0].tokens, on[4].tokens);
+  }
 }
 
 }  // namespace

@@ -72,6 +72,20 @@ int64_t Scheduler::tokens_to_hold(const Sequence& s) const {
   return std::min(known, s.computed + cfg_.chunked_prefill_size);
 }
 
+int64_t Scheduler::tokens_to_hold_at_start(const Sequence& s) const {
+  const int64_t n_hold = tokens_to_hold(s);  // s.computed is 0 while waiting
+  const auto known = static_cast<int64_t>(s.tokens.size());
+  if (n_hold == known) return n_hold;
+  // A store with local groups holds a chunk past what is computed; a prefix hit counts as
+  // computed, so the first append reaches one chunk past the longest hit (if the hit still holds
+  // at that length: the window's FP16 roles move with it).
+  const int64_t hit = s.store->prefix_hit_tokens(s.tokens);
+  if (hit == 0) return n_hold;
+  const int64_t n_try = std::min(known, hit + cfg_.chunked_prefill_size);
+  const auto first = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(n_try));
+  return s.store->prefix_hit_tokens(first) == hit ? n_try : n_hold;
+}
+
 bool Scheduler::ensure_blocks(Sequence& s, bool draft) {
   PagedKvStore& store = *s.store;
   const kv::BlockManager& m = store.manager();
@@ -144,9 +158,9 @@ SchedulerOutput Scheduler::schedule() {
     const kv::SeqId id = waiting_.front();
     Sequence& s = *seqs_.at(id);
     const auto n_known = static_cast<int64_t>(s.tokens.size());
-    const int64_t n_hold = tokens_to_hold(s);  // s.computed is 0 while waiting
+    const int64_t n_hold = tokens_to_hold_at_start(s);
     const auto first = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(n_hold));
-    if (!s.store->can_append(id, 0, n_hold)) break;
+    if (!s.store->can_start(first)) break;
     auto cached = s.store->append_tokens(id, 0, first);
     if (!cached) break;  // unreachable after can_append
     s.computed = *cached;

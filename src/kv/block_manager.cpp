@@ -210,9 +210,9 @@ const BlockManager::PendingMigration* BlockManager::find_pending(SeqId s, int64_
 
 // ---- prefix lookup and allocation ----------------------------------------------------------
 
-PrefixHit BlockManager::lookup_prefix(std::span<const int32_t> prompt) const {
-  PrefixHit hit;
-  if (!caching() || prompt.empty()) return hit;
+BlockManager::Probe BlockManager::probe_prefix(std::span<const int32_t> prompt) const {
+  Probe pr;
+  if (!caching() || prompt.empty()) return pr;
   const int64_t B = block_size();
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t max_blocks = (n - 1) / B;  // the last token's block is always computed
@@ -220,63 +220,113 @@ PrefixHit BlockManager::lookup_prefix(std::span<const int32_t> prompt) const {
   for (int64_t i = 0; i < max_blocks; ++i) {
     const auto toks = prompt.subspan(static_cast<size_t>(i * B), static_cast<size_t>(B));
     const uint64_t chain = prefix_chain_hash(parent, toks);
-    const bool want_fp16 = block_role(cfg_.layout, 0, i, n) == BlockRole::kFp16;
+    const BlockRole role = block_role(cfg_.layout, cfg_.local_window, i, n);
+    const bool want_fp16 = role == BlockRole::kFp16;
     auto found = find_cached(want_fp16 ? PoolKind::kFp16 : PoolKind::kBody, chain, parent, toks);
     // Body needed, only FP16 cached: hit, then quantise (no forward pass needed). The reverse
-    // (FP16 needed, only body cached) is a miss: dequantised data is not FP16 precision.
+    // (FP16 needed, only body cached) is a miss: dequantised data is not FP16 precision. A block
+    // a local window drops after the pass hits in either pool, as it is.
     bool quantise = false;
     if (!found && !want_fp16 && cfg_.layout.mixed()) {
       found = find_cached(PoolKind::kFp16, chain, parent, toks);
-      quantise = found.has_value();
+      quantise = found.has_value() && role == BlockRole::kBody;
     }
-    if (!found) break;
-    hit.blocks.push_back(*found);
-    hit.chains.push_back(chain);
-    hit.fp16_hits_needing_body += quantise ? 1 : 0;
+    if (!found && cfg_.local_window == 0) break;
+    pr.found.push_back(found);
+    pr.chains.push_back(chain);
+    pr.quantise.push_back(quantise);
     parent = chain;
   }
-  hit.cached_tokens = static_cast<int64_t>(hit.blocks.size()) * B;
+  return pr;
+}
+
+int64_t BlockManager::local_window_first_block(int64_t h) const {
+  if (cfg_.local_window == 0) return 0;
+  // The token at h*B attends to positions > h*B - window (kv::block_role keeps the same blocks).
+  const int64_t first_pos = h * block_size() - cfg_.local_window + 1;
+  return first_pos > 0 ? first_pos / block_size() : 0;
+}
+
+bool BlockManager::serves(const Probe& pr, int64_t h, int64_t first_block) {
+  if (h > static_cast<int64_t>(pr.found.size())) return false;
+  for (int64_t i = first_block; i < h; ++i) {
+    if (!pr.found[static_cast<size_t>(i)]) return false;
+  }
+  return true;
+}
+
+std::vector<bool> BlockManager::servable_prefixes(std::span<const int32_t> prompt) const {
+  const int64_t max_blocks =
+      prompt.empty() ? 0 : (static_cast<int64_t>(prompt.size()) - 1) / block_size();
+  std::vector<bool> out(static_cast<size_t>(max_blocks + 1), false);
+  out[0] = true;
+  const Probe pr = probe_prefix(prompt);
+  for (int64_t h = 1; h <= static_cast<int64_t>(pr.found.size()); ++h) {
+    out[static_cast<size_t>(h)] = serves(pr, h, local_window_first_block(h));
+  }
+  return out;
+}
+
+PrefixHit BlockManager::lookup_prefix(std::span<const int32_t> prompt, int64_t max_blocks) const {
+  PrefixHit hit;
+  const Probe pr = probe_prefix(prompt);
+  int64_t h = std::min(max_blocks, static_cast<int64_t>(pr.found.size()));
+  while (h > 0 && !serves(pr, h, local_window_first_block(h))) --h;
+  const int64_t first = local_window_first_block(h);
+  for (int64_t i = 0; i < h; ++i) {
+    const auto k = static_cast<size_t>(i);
+    // Blocks before the window of the first computed token: null entries, as if dropped.
+    hit.blocks.push_back(i < first ? BlockTableEntry{PoolKind::kBody, BlockRef{}} : *pr.found[k]);
+    hit.chains.push_back(pr.chains[k]);
+    hit.fp16_hits_needing_body += i >= first && pr.quantise[k] ? 1 : 0;
+  }
+  hit.cached_tokens = h * block_size();
   return hit;
 }
 
-namespace {
-
-struct Needs {
-  std::array<int64_t, kPoolKinds> need{};
-  std::array<int64_t, kPoolKinds> pinned{};  // hits on unreferenced cached blocks
-};
-
-}  // namespace
-
-bool BlockManager::can_allocate(std::span<const int32_t> prompt) const {
-  if (prompt.empty()) return false;
-  const PrefixHit hit = lookup_prefix(prompt);
+BlockNeeds BlockManager::allocation_needs(std::span<const int32_t> prompt,
+                                          int64_t max_hit_blocks) const {
+  BlockNeeds nd;
+  if (prompt.empty()) return nd;
+  const PrefixHit hit = lookup_prefix(prompt, max_hit_blocks);
   const int64_t n = static_cast<int64_t>(prompt.size());
-  Needs nd;
   for (const BlockTableEntry& e : hit.blocks) {
-    if (pool(e.pool).is_cached(e.block.index)) ++nd.pinned[idx(e.pool)];
+    if (e.block.index != kNullBlock && pool(e.pool).is_cached(e.block.index)) {
+      ++nd.pinned[idx(e.pool)];
+    }
   }
   for (int64_t i = static_cast<int64_t>(hit.blocks.size()); i < ceil_div(n, block_size()); ++i) {
     ++nd.need[idx(alloc_pool(i, n))];
   }
   // The quantised copies of FP16 hits are part of the request's admission.
   nd.need[idx(PoolKind::kBody)] += hit.fp16_hits_needing_body;
+  return nd;
+}
+
+bool BlockManager::can_allocate(std::span<const int32_t> prompt, int64_t max_hit_blocks) const {
+  if (prompt.empty()) return false;
+  const BlockNeeds nd = allocation_needs(prompt, max_hit_blocks);
   return fits(nd.need, nd.pinned);
 }
 
-Result<int64_t> BlockManager::allocate(SeqId s, std::span<const int32_t> prompt) {
+Result<int64_t> BlockManager::allocate(SeqId s, std::span<const int32_t> prompt,
+                                       int64_t max_hit_blocks) {
   if (has_sequence(s)) return Error{fmt::format("KV: sequence {} already exists", s)};
   if (prompt.empty()) return Error{"KV: cannot allocate a sequence with an empty prompt"};
-  if (!can_allocate(prompt)) {
+  if (!can_allocate(prompt, max_hit_blocks)) {
     return Error{fmt::format("KV: not enough free blocks for a {}-token prompt", prompt.size())};
   }
-  const PrefixHit hit = lookup_prefix(prompt);
+  const PrefixHit hit = lookup_prefix(prompt, max_hit_blocks);
   const int64_t n = static_cast<int64_t>(prompt.size());
   SeqState st;
   st.tokens.assign(prompt.begin(), prompt.end());
   // cached -> active / active -> active first, so the allocations below cannot evict a hit.
+  int64_t hit_blocks = 0;
   for (const BlockTableEntry& e : hit.blocks) {
-    pool(e.pool).retain(e.block.index);
+    if (e.block.index != kNullBlock) {
+      pool(e.pool).retain(e.block.index);
+      ++hit_blocks;
+    }
     st.table.push_back(e);
   }
   for (int64_t i = static_cast<int64_t>(hit.blocks.size()); i < ceil_div(n, block_size()); ++i) {
@@ -293,7 +343,7 @@ Result<int64_t> BlockManager::allocate(SeqId s, std::span<const int32_t> prompt)
   if (caching()) {
     ++stats_.lookups;
     stats_.queried_blocks += (n - 1) / block_size();
-    stats_.hit_blocks += static_cast<int64_t>(hit.blocks.size());
+    stats_.hit_blocks += hit_blocks;
   }
   seqs_.emplace(s, std::move(st));
   return hit.cached_tokens;
@@ -308,7 +358,7 @@ bool BlockManager::can_append(SeqId s, int64_t n_tokens) const {
   const int64_t B = block_size();
   const int64_t n0 = static_cast<int64_t>(st.tokens.size());
   const int64_t n1 = n0 + n_tokens;
-  Needs nd;
+  BlockNeeds nd;
   if (n_tokens > 0 && n0 % B != 0) {
     const BlockTableEntry& last = st.table.back();
     if (pool(last.pool).ref_count(last.block.index) > 1) ++nd.need[idx(last.pool)];

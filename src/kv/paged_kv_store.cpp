@@ -9,6 +9,7 @@
 #include "bie/kv/kv_format_rotate.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/model_geometry.h"
+#include "bie/quant/fp16.h"
 
 namespace bie {
 
@@ -121,8 +122,7 @@ Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreCon
     mc.layout = cfg.layout;
     mc.local_window = p.group.shape.window;
     mc.model_id = cfg.model_id;
-    // One group: the prefix cache as asked. Several: no hits (see the header).
-    mc.enable_prefix_caching = cfg.enable_prefix_caching && n_groups == 1;
+    mc.enable_prefix_caching = cfg.enable_prefix_caching;
     mc.fp16_blocks = n_groups == 1 && cfg.groups.empty() ? cfg.fp16_blocks
                      : gi < cfg.groups.size()            ? cfg.groups[gi].fp16_blocks
                                                          : 0;
@@ -292,29 +292,52 @@ std::optional<std::vector<int64_t>> PagedKvStore::plan_append(int g, kv::SeqId s
   return pieces;
 }
 
+int64_t PagedKvStore::prefix_hit_blocks(std::span<const int32_t> prompt) const {
+  if (groups_.size() == 1) return groups_[0].mgr->lookup_prefix(prompt).cached_tokens / cfg_.layout.block_size;
+  std::vector<bool> all;
+  for (const Group& gr : groups_) {
+    const std::vector<bool> g = gr.mgr->servable_prefixes(prompt);
+    if (all.empty()) {
+      all = g;
+    } else {
+      for (size_t h = 0; h < all.size(); ++h) all[h] = all[h] && g[h];
+    }
+  }
+  int64_t h = static_cast<int64_t>(all.size()) - 1;
+  while (h > 0 && !all[static_cast<size_t>(h)]) --h;
+  return std::max<int64_t>(h, 0);
+}
+
+int64_t PagedKvStore::prefix_hit_tokens(std::span<const int32_t> prompt) const {
+  return prefix_hit_blocks(prompt) * cfg_.layout.block_size;
+}
+
+bool PagedKvStore::can_start(std::span<const int32_t> tokens) const {
+  if (tokens.empty()) return false;
+  const int64_t h = prefix_hit_blocks(tokens);
+  // Each group places every block by its role at once; with a shared budget the groups' new
+  // blocks and pinned hits are charged together.
+  uint64_t cost = 0, left = 0;
+  bool budgeted = false;
+  for (const Group& gr : groups_) {
+    if (!gr.mgr->can_allocate(tokens, h)) return false;
+    const kv::PoolCapacity cap = gr.mgr->capacity();
+    if (!cap.budgeted) continue;
+    budgeted = true;
+    left = cap.bytes;
+    const kv::BlockNeeds nd = gr.mgr->allocation_needs(tokens, h);
+    for (int p = 0; p < kv::kPoolKinds; ++p) {
+      cost += static_cast<uint64_t>(nd.need[p] + nd.pinned[p]) * cap.cost[p];
+    }
+  }
+  return !budgeted || groups_.size() == 1 || cost <= left;
+}
+
 bool PagedKvStore::can_append(kv::SeqId s, int64_t written, int64_t n, bool migrate) const {
   if (n <= 0) return n == 0;
   if (!has_sequence(s)) {
-    // The first tokens: each manager places every block by its role at once. With a shared
-    // budget the groups' blocks are charged together.
-    std::vector<int32_t> placeholder(static_cast<size_t>(n), 0);
-    uint64_t cost = 0, left = 0;
-    bool budgeted = false;
-    for (const Group& gr : groups_) {
-      if (!gr.mgr->can_allocate(placeholder)) return false;
-      const kv::PoolCapacity cap = gr.mgr->capacity();
-      if (!cap.budgeted) continue;
-      budgeted = true;
-      left = cap.bytes;
-      // Prefix hits (one group only) are charged too: a bound, exact without a cache.
-      const int64_t B = cfg_.layout.block_size;
-      const int64_t nb = (n + B - 1) / B;
-      for (int64_t i = 0; i < nb; ++i) {
-        const bool f16 = kv::block_role(cfg_.layout, gr.window, i, n) == kv::BlockRole::kFp16;
-        cost += cap.cost[static_cast<int>(f16 ? kv::PoolKind::kFp16 : kv::PoolKind::kBody)];
-      }
-    }
-    return !budgeted || groups_.size() == 1 || cost <= left;
+    const std::vector<int32_t> placeholder(static_cast<size_t>(n), 0);
+    return can_start(placeholder);
   }
   uint64_t budget_bytes = UINT64_MAX;
   for (int g = 0; g < n_groups(); ++g) {
@@ -328,12 +351,14 @@ Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
   const auto n = static_cast<int64_t>(tokens.size());
   if (n == 0) return int64_t{0};
   if (!has_sequence(s)) {
-    if (groups_.size() > 1 && !can_append(s, written, n, migrate)) {
+    if (groups_.size() > 1 && !can_start(tokens)) {
       return Error{fmt::format("KV cache out of budget: a new sequence of {} tokens", n)};
     }
+    // Every group maps the same hit: the longest prefix all of them serve.
+    const int64_t h = prefix_hit_blocks(tokens);
     int64_t cached = 0;
     for (int g = 0; g < n_groups(); ++g) {
-      auto r = manager(g).allocate(s, tokens);
+      auto r = manager(g).allocate(s, tokens, h);
       if (!r) {
         (void)free(s);  // the groups allocated before this one
         return Error{r.error()};
@@ -403,6 +428,10 @@ void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const flo
     assert(e.block.index != kv::kNullBlock);
     const PoolFormat& f = format(e.pool);
     uint8_t* layer = block_data(slot.group, e) + static_cast<size_t>(slot.index) * f.layer_bytes;
+    // In a mixed layout a body block is quantised from FP16-rounded rows, as if it had passed
+    // through the FP16 window: its bytes do not depend on the path (written straight into the
+    // body, migrated from the window, or quantised from an FP16 prefix-cache hit).
+    const bool round_to_fp16 = cfg_.layout.mixed() && e.pool == kv::PoolKind::kBody;
     // note: per-channel tiles are only ever written whole (check_config).
     assert(!(f.tk->per_channel || f.tv->per_channel) || (t0 == 0 && cnt == B));
     for (int h = 0; h < H; ++h) {
@@ -412,6 +441,9 @@ void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const flo
           float* row = rows_.data() + static_cast<size_t>(r) * d;
           std::memcpy(row, src + r * kv_dim, static_cast<size_t>(d) * sizeof(float));
           if (pass == 0 && cfg_.layout.rotate) kv::hadamard_rotate(row, d);
+          if (round_to_fp16) {
+            for (int i = 0; i < d; ++i) row[i] = quant::fp16_to_fp32(quant::fp32_to_fp16(row[i]));
+          }
         }
         if (pass == 0) {
           f.tk->store(kv::kv_row_geom(f.k, d), rows_.data(), layer + h * f.k_tile, t0, cnt);

@@ -55,4 +55,11 @@ inline void run_to_end(Engine& e, RequestId id, EngineRequest req, Collected& c)
   c.wait();
 }
 
+// Blocks held by sequences (or migrations) in every pool of every regime.
+inline int64_t used_blocks(const Engine& e) {
+  int64_t used = 0;
+  for (const auto& p : e.metrics().pools) used += p.blocks_used;
+  return used;
+}
+
 }  // namespace bie::test

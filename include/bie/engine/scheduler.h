@@ -85,6 +85,8 @@ class Scheduler {
   // with sliding-window layer groups, which holds a prompt one chunk ahead only (the chunk's
   // blocks of a local group are dropped after its pass, so the whole prompt is never held).
   [[nodiscard]] int64_t tokens_to_hold(const Sequence& s) const;
+  // The same for a waiting sequence about to start: one chunk past its prefix-cache hit.
+  [[nodiscard]] int64_t tokens_to_hold_at_start(const Sequence& s) const;
   void preempt(kv::SeqId id, SchedulerOutput& out);
 
   SchedulerConfig cfg_;

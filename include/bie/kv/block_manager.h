@@ -59,6 +59,12 @@ struct PoolCapacity {
   void give(PoolKind p);
 };
 
+// Blocks an allocation takes per pool: fresh ones and cached blocks it pins (cached -> active).
+struct BlockNeeds {
+  std::array<int64_t, kPoolKinds> need{};
+  std::array<int64_t, kPoolKinds> pinned{};
+};
+
 // Copy the whole block src to dst in `pool` (same format) before writing into dst.
 struct KvCopy {
   PoolKind pool = PoolKind::kBody;
@@ -126,19 +132,35 @@ class BlockManager {
   // Tokens whose KV is written and verified (prefix hits count); full blocks below it are hashed.
   [[nodiscard]] int64_t num_computed(SeqId s) const;
 
-  // The longest run of leading full blocks of `prompt` the cache can serve, never the block
-  // holding the prompt's last token (its logits must be computed). Where the prompt needs a block
-  // in FP16 (sink or window at the prompt's length) only an FP16 entry hits; where it needs the
-  // body format a body entry hits, else an FP16 entry (to be quantised: see migrate). Tokens and
-  // the parent hash are re-checked on every hit. Changes nothing.
-  [[nodiscard]] PrefixHit lookup_prefix(std::span<const int32_t> prompt) const;
+  // The longest run of leading full blocks of `prompt` (at most max_blocks) the cache can serve,
+  // never the block holding the prompt's last token (its logits must be computed). Where the
+  // prompt needs a block in FP16 (sink or window at the prompt's length) only an FP16 entry hits;
+  // where it needs the body format a body entry hits, else an FP16 entry (to be quantised: see
+  // migrate). Tokens and the parent hash are re-checked on every hit. Changes nothing.
+  // A local (sliding-window) group serves h blocks when it holds the blocks the window of the
+  // first computed token reaches, [local_window_first_block(h), h); the blocks before them are
+  // null entries (dropped at once, never read). It returns the largest such h <= max_blocks.
+  [[nodiscard]] PrefixHit lookup_prefix(std::span<const int32_t> prompt,
+                                        int64_t max_blocks = INT64_MAX) const;
+  // servable[h] (h = 0 .. (prompt.size() - 1) / block_size): whether lookup_prefix could return
+  // exactly h blocks. Global groups: h up to the longest hit; local groups: any h whose window
+  // blocks are all cached. A store of several groups takes the largest h every group serves.
+  [[nodiscard]] std::vector<bool> servable_prefixes(std::span<const int32_t> prompt) const;
+  // The first block a pass starting at token h * block_size reads in a local group (0: global).
+  [[nodiscard]] int64_t local_window_first_block(int64_t h) const;
 
-  [[nodiscard]] bool can_allocate(std::span<const int32_t> prompt) const;
-  // Starts sequence s with its prompt: maps the cached prefix and allocates blocks for the rest
-  // of the prompt, each in the pool its role at the prompt's length asks for. Returns the number
-  // of prompt tokens served from cache (num_computed). FP16 hits that the prompt needs in the body
-  // format show up in blocks_leaving_window(s) at once.
-  [[nodiscard]] Result<int64_t> allocate(SeqId s, std::span<const int32_t> prompt);
+  [[nodiscard]] bool can_allocate(std::span<const int32_t> prompt,
+                                  int64_t max_hit_blocks = INT64_MAX) const;
+  // Blocks allocate(prompt, max_hit_blocks) would take from each pool: new ones, and cached
+  // (unreferenced) hits it would pin.
+  [[nodiscard]] BlockNeeds allocation_needs(std::span<const int32_t> prompt,
+                                            int64_t max_hit_blocks = INT64_MAX) const;
+  // Starts sequence s with its prompt: maps the cached prefix (at most max_hit_blocks blocks)
+  // and allocates blocks for the rest of the prompt, each in the pool its role at the prompt's
+  // length asks for. Returns the number of prompt tokens served from cache (num_computed). FP16
+  // hits that the prompt needs in the body format show up in blocks_leaving_window(s) at once.
+  [[nodiscard]] Result<int64_t> allocate(SeqId s, std::span<const int32_t> prompt,
+                                         int64_t max_hit_blocks = INT64_MAX);
 
   [[nodiscard]] bool can_append(SeqId s, int64_t n_tokens) const;
   // Appends tokens (decoded, or draft tokens to verify): allocates the new blocks (role at the new
@@ -209,9 +231,17 @@ class BlockManager {
   };
 
   explicit BlockManager(const BlockManagerConfig& cfg);
-  [[nodiscard]] bool caching() const {
-    return cfg_.enable_prefix_caching && cfg_.local_window == 0;
-  }
+  [[nodiscard]] bool caching() const { return cfg_.enable_prefix_caching; }
+  // Per leading full block of prompt (never the last token's): the cached entry lookup_prefix
+  // would take, its chain hash and whether it is an FP16 entry the prompt needs in the body
+  // format. A global group stops at its first miss; a local group probes every block.
+  struct Probe {
+    std::vector<std::optional<BlockTableEntry>> found;
+    std::vector<uint64_t> chains;
+    std::vector<bool> quantise;
+  };
+  [[nodiscard]] Probe probe_prefix(std::span<const int32_t> prompt) const;
+  [[nodiscard]] static bool serves(const Probe& pr, int64_t h, int64_t first_block);
   [[nodiscard]] uint64_t key_for(PoolKind p, uint64_t chain) const;
   [[nodiscard]] PoolKind alloc_pool(int64_t logical, int64_t n) const;
   [[nodiscard]] std::optional<BlockTableEntry> find_cached(PoolKind p, uint64_t chain,

@@ -17,9 +17,11 @@
 // bytes, so a block is exactly the planner's group block bytes. FP16-pool blocks are f16/f16;
 // body blocks use layout.k / layout.v.
 //
-// Prefix caching with local groups: a hit would have to be served by every group, and a local
-// group drops the blocks a long prefix starts with, so a store with local groups takes no hits
-// (enable_prefix_caching is ignored; lookups miss). docs/kv-cache.md §"Sliding-window layers".
+// Prefix caching with local groups: every group keeps its own prefix index; a hit of h blocks
+// is taken only when every group serves it — global groups hold blocks [0, h), local groups the
+// blocks the window of token h * block_size reaches (blocks a window dropped return to the pool's
+// cache and hit while their memory is not reused). The store takes the largest such h.
+// docs/kv-cache.md §"Sliding-window layers".
 #pragma once
 #include <array>
 #include <cstdint>
@@ -102,10 +104,16 @@ class PagedKvStore {
 
   // ---- block bookkeeping with the data work it implies --------------------------------------
   // Whether `n` more tokens fit for sequence s, which holds `written` tokens' K/V (a dry run of
-  // append_tokens, migrations included). A sequence not started yet: can_allocate.
+  // append_tokens, migrations included). A sequence not started yet: can_start with placeholder
+  // tokens (no prefix hits).
   // migrate = false (speculative draft tokens, which may be rolled back): no block leaves the
   // FP16 window for them; the window exits happen with the next append of verified tokens.
   [[nodiscard]] bool can_append(kv::SeqId s, int64_t written, int64_t n, bool migrate = true) const;
+  // Whether a new sequence starting with `tokens` fits, its prefix hits counted (append_tokens'
+  // dry run for a sequence not started yet).
+  [[nodiscard]] bool can_start(std::span<const int32_t> tokens) const;
+  // Prompt tokens the prefix cache serves in every group (a multiple of the block size).
+  [[nodiscard]] int64_t prefix_hit_tokens(std::span<const int32_t> prompt) const;
   // Appends tokens to s (starting it with allocate when new) in pieces up to block boundaries and,
   // between pieces, moves every block that has left the FP16 window to the body pool (written
   // blocks re-quantised), so pools planned for a sequence's peak hold any chunking. Copy-on-write
@@ -171,6 +179,7 @@ class PagedKvStore {
   [[nodiscard]] std::optional<std::vector<int64_t>> plan_append(int g, kv::SeqId s, int64_t written,
                                                                 int64_t n, bool migrate,
                                                                 uint64_t* budget_bytes) const;
+  [[nodiscard]] int64_t prefix_hit_blocks(std::span<const int32_t> prompt) const;
   // FP16 -> body moves of group g, and with drop also sliding-window drops.
   [[nodiscard]] Status move_exits(int g, kv::SeqId s, int64_t written, bool drop);
   // Whether a block with `written` of its rows stored may move to the body pool now.
