@@ -22,7 +22,7 @@ TEST(PagedAttentionInvariance, QueryBitsDoNotDependOnTheTile) {
     f.dtype = dtype;
     auto layout = planner::resolve_kv_layout(f);
     ASSERT_TRUE(layout.ok()) << layout.error();
-    auto cfg = PagedKvStore::planned_config(geo, *layout, 1400, 1);
+    auto cfg = PagedKvStore::planned_config(geo, *layout, 1400, 1, 0);
     ASSERT_TRUE(cfg.ok()) << cfg.error();
     auto store = PagedKvStore::create(*cfg);
     ASSERT_TRUE(store.ok()) << store.error();

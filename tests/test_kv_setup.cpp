@@ -125,19 +125,28 @@ TEST(KvSetup, GemmaHybridPoolsEqualThePlanner) {
     EXPECT_EQ(r->kv_pool_bytes(), opt.kv_bytes);
     EXPECT_EQ(r->max_concurrency, opt.max_seqs);
     EXPECT_EQ(r->tokens_fit, opt.max_context);
-    const planner::KvPoolPlan pools = planner::kv_pool_plan(g, r->layout, 32768, 1);
+    const planner::KvPoolPlan pools = planner::kv_pool_plan(g, r->layout, 32768, 1, 512);
+    const planner::KvPoolPlan steady = planner::kv_pool_plan(g, r->layout, 32768, 1);
     ASSERT_EQ(r->groups.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
       EXPECT_EQ(r->groups[i].group.shape.window, pools.groups[i].group.shape.window);
       EXPECT_EQ(r->groups[i].fp16_blocks, pools.groups[i].fp16_blocks);
       EXPECT_EQ(r->groups[i].body_blocks, pools.groups[i].body_blocks);
     }
-    // The local group keeps its window: 33 blocks (a window straddling 32 + 1 blocks).
+    // The local group keeps its window: 33 blocks (a window straddling 32 + 1 blocks); a 512-token
+    // pass adds 32 + 1 body blocks and, mixed, one FP16 window (8 + 1 blocks). Global: no headroom.
     EXPECT_EQ(pools.groups[0].group.shape.window, 512);
-    EXPECT_EQ(pools.groups[0].fp16_blocks + pools.groups[0].body_blocks, 33);
+    EXPECT_EQ(steady.groups[0].fp16_blocks + steady.groups[0].body_blocks, 33);
+    const bool mixed = r->layout.mixed();
+    EXPECT_EQ(pools.groups[0].body_blocks, steady.groups[0].body_blocks + 33);
+    EXPECT_EQ(pools.groups[0].fp16_blocks, steady.groups[0].fp16_blocks + (mixed ? 9 : 0));
+    EXPECT_EQ(pools.groups[1].body_blocks, steady.groups[1].body_blocks);
+    EXPECT_EQ(pools.groups[1].fp16_blocks, steady.groups[1].fp16_blocks);
     if (std::string(dtype) == "f16") {
-      // 3 global layers x 32768 tokens + 15 local layers x 528 tokens, 1 KiB per layer-token.
-      EXPECT_EQ(r->kv_pool_bytes(), (3ull * 32768 + 15ull * 528) * 1024);
+      // 3 global layers x 32768 tokens + 15 local layers x (528 + 528 pass headroom) tokens,
+      // 1 KiB per layer-token.
+      EXPECT_EQ(steady.total_bytes(), (3ull * 32768 + 15ull * 528) * 1024);
+      EXPECT_EQ(r->kv_pool_bytes(), (3ull * 32768 + 15ull * 1056) * 1024);
     }
     const std::string text = format_kv_report(*r);
     EXPECT_NE(

@@ -60,10 +60,10 @@ Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
   if (!g) return fail(g.error());
   // Unmixed FP16: drafts are rolled back anywhere, and the copy is a cache, not the answer.
   const planner::KvLayout layout;
-  auto sc = PagedKvStore::planned_config((*model)->hparams().kv_geometry(), layout, kv_tokens, 1);
-  if (!sc) return fail(sc.error());
   // A draft model with sliding-window layers holds a chunk beyond its local windows while it reads.
-  sc->groups = PagedKvStore::with_chunk_headroom(sc->groups, layout, chunk, 1);
+  auto sc =
+      PagedKvStore::planned_config((*model)->hparams().kv_geometry(), layout, kv_tokens, 1, chunk);
+  if (!sc) return fail(sc.error());
   sc->model_id = "draft:" + path;
   sc->enable_prefix_caching = false;
   auto store = PagedKvStore::create(*sc);

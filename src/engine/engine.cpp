@@ -319,10 +319,9 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
     }
     return sum;
   };
-  // The report's pools, within the KV budget: --kv-cache-memory is never exceeded.
-  // Local layer groups also hold the tokens of a step's passes until the pass has run.
-  const uint64_t planned = page_bytes(PagedKvStore::with_chunk_headroom(
-      report_.groups, report_.layout, report_.chunked_prefill_size, report_.max_num_seqs));
+  // The report's pools (local layer groups with their pass headroom), within the KV budget:
+  // --kv-cache-memory is never exceeded.
+  const uint64_t planned = page_bytes(report_.groups);
   budget_ = std::make_unique<kv::MemoryBudget>(std::min(planned, report_.kv_budget_bytes));
   const KvGeometry geo = model_->hparams().kv_geometry();
   std::string line;
@@ -352,7 +351,8 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
     if (!store) return Error{store.error()};
     // The longest single sequence the budget holds in this regime (page-rounded blocks).
     const auto bytes_for = [&](int64_t n) {
-      return page_bytes(planner::kv_pool_plan(g, *layout, n, 1).groups);
+      return page_bytes(
+          planner::kv_pool_plan(g, *layout, n, 1, report_.chunked_prefill_size).groups);
     };
     int64_t lo = 0, hi = planner::kMaxPlanContext;
     while (lo < hi) {

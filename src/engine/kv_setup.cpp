@@ -99,7 +99,9 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
   r.draft_bytes = o.draft_bytes;
   r.workspace_bytes = planner::activation_bytes(g, o.chunked_prefill_size, o.max_num_seqs);
   r.bytes_per_token = planner::kv_bytes_per_token(g, r.layout.k, r.layout.v);
-  r.seq_bytes = planner::kv_pool_plan(g, r.layout, r.max_model_len, 1).total_bytes();
+  // Pools include the local layer groups' prefill-pass headroom (planner::kv_pool_plan).
+  const int64_t chunk = o.chunked_prefill_size;
+  r.seq_bytes = planner::kv_pool_plan(g, r.layout, r.max_model_len, 1, chunk).total_bytes();
 
   if (o.kv_cache_memory) {
     r.explicit_kv_memory = true;
@@ -132,7 +134,7 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
   }
   r.max_concurrency = r.seq_bytes > 0 ? static_cast<int64_t>(r.kv_budget_bytes / r.seq_bytes) : 0;
   r.tokens_fit =
-      planner::kv_max_tokens(g, r.layout, r.kv_budget_bytes, 1, planner::kMaxPlanContext);
+      planner::kv_max_tokens(g, r.layout, r.kv_budget_bytes, 1, planner::kMaxPlanContext, chunk);
   if (r.max_concurrency < (o.require_all_seqs ? r.max_num_seqs : 1)) {
     return Error{fmt::format(
         "the KV budget {} holds {} of the {} sequence(s) of --max-model-len {} asked for at {} "
@@ -141,20 +143,20 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
         bytes(r.kv_budget_bytes), r.max_concurrency, r.max_num_seqs, r.max_model_len,
         r.layout_label, bytes(r.seq_bytes),
         r.max_num_seqs > 1 ? planner::kv_max_tokens(g, r.layout, r.kv_budget_bytes, r.max_num_seqs,
-                                                    planner::kMaxPlanContext)
+                                                    planner::kMaxPlanContext, chunk)
                            : r.tokens_fit,
         r.explicit_kv_memory ? "--kv-cache-memory" : "--gpu-memory-utilization / --device-memory")};
   }
 
   const planner::KvPoolPlan want =
-      planner::kv_pool_plan(g, r.layout, r.max_model_len, r.max_num_seqs);
+      planner::kv_pool_plan(g, r.layout, r.max_model_len, r.max_num_seqs, chunk);
   r.groups = want.groups;
   if (want.groups.size() != 1) {
     // Layer groups (sliding-window layers): pools for as many sequences of max_model_len as the
     // budget holds, up to max_num_seqs; bytes left over are not spread over the groups.
     if (want.total_bytes() > r.kv_budget_bytes) {
       r.groups = planner::kv_pool_plan(g, r.layout, r.max_model_len,
-                                       std::max<int64_t>(1, r.max_concurrency))
+                                       std::max<int64_t>(1, r.max_concurrency), chunk)
                      .groups;
     }
     for (const planner::KvGroupPool& gp : r.groups) {
@@ -269,9 +271,10 @@ std::string format_kv_report(const KvSetupReport& r) {
                      bytes(static_cast<uint64_t>(r.body_blocks) * r.body_block_bytes));
   }
   s += fmt::format(
-      "kv: {} per token; max-model-len {} needs {} per sequence; the KV budget fits {} tokens "
+      "kv: {} per token; max-model-len {} needs {} per sequence; the KV budget fits {}{} tokens "
       "(one sequence), {} sequences of {} (max-num-seqs {})\n",
-      bytes(r.bytes_per_token), r.max_model_len, bytes(r.seq_bytes), r.tokens_fit,
+      bytes(r.bytes_per_token), r.max_model_len, bytes(r.seq_bytes),
+      r.tokens_fit >= planner::kMaxPlanContext ? ">= " : "", r.tokens_fit,
       r.max_concurrency, r.max_model_len, r.max_num_seqs);
   if (!r.regimes.empty()) s += r.regimes + "\n";
   return s;

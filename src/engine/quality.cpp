@@ -99,8 +99,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A cache for one sequence of max_tokens, with pools planned for exactly that (chunked prefill
-// fits them: PagedKvCache::append migrates window exits between blocks).
+// A cache for one sequence of max_tokens, with pools planned for exactly that, appended in passes
+// of up to `batch` tokens (chunked prefill fits them: PagedKvCache::append migrates window exits
+// between blocks; local layer groups get the pass headroom).
 Result<std::unique_ptr<PagedKvCache>> make_cache(const Model& model,
                                                  const planner::ModelGeometry& g,
                                                  const planner::KvLayout& layout,
@@ -110,7 +111,7 @@ Result<std::unique_ptr<PagedKvCache>> make_cache(const Model& model,
   c.layout = layout;
   c.max_tokens = max_tokens;
   c.max_append = batch;
-  return PagedKvCache::create(c, planner::kv_pool_plan(g, layout, max_tokens, 1).groups);
+  return PagedKvCache::create(c, planner::kv_pool_plan(g, layout, max_tokens, 1, batch).groups);
 }
 
 // The first token of every scored sequence is BOS when the model asks for one (llama-perplexity

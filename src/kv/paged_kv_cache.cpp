@@ -7,7 +7,9 @@
 namespace bie {
 
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const PagedKvCacheConfig& cfg) {
-  auto sc = PagedKvStore::planned_config(cfg.geometry, cfg.layout, cfg.max_tokens, 1);
+  const int64_t chunk =
+      cfg.max_append > 0 ? std::min(cfg.max_append, cfg.max_tokens) : cfg.max_tokens;
+  auto sc = PagedKvStore::planned_config(cfg.geometry, cfg.layout, cfg.max_tokens, 1, chunk);
   if (!sc) return Error{sc.error()};
   return create(cfg, sc->groups);
 }
@@ -18,9 +20,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(
   PagedKvStoreConfig sc;
   sc.geometry = cfg.geometry;
   sc.layout = cfg.layout;
-  const int64_t chunk =
-      cfg.max_append > 0 ? std::min(cfg.max_append, cfg.max_tokens) : cfg.max_tokens;
-  sc.groups = PagedKvStore::with_chunk_headroom(groups, cfg.layout, chunk, 1);
+  sc.groups = groups;
   if (groups.size() == 1) {
     sc.fp16_blocks = groups[0].fp16_blocks;
     sc.body_blocks = groups[0].body_blocks;

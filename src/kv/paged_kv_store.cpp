@@ -68,10 +68,11 @@ Status check_config(const PagedKvStoreConfig& cfg) {
 
 Result<PagedKvStoreConfig> PagedKvStore::planned_config(const KvGeometry& geometry,
                                                         const planner::KvLayout& layout,
-                                                        int64_t max_tokens, int64_t max_num_seqs) {
+                                                        int64_t max_tokens, int64_t max_num_seqs,
+                                                        int64_t chunk_tokens) {
   if (max_tokens < 1 || max_num_seqs < 1) return Error{"paged KV cache: max_tokens < 1"};
-  const planner::KvPoolPlan plan =
-      planner::kv_pool_plan(planner_geometry(geometry), layout, max_tokens, max_num_seqs);
+  const planner::KvPoolPlan plan = planner::kv_pool_plan(planner_geometry(geometry), layout,
+                                                         max_tokens, max_num_seqs, chunk_tokens);
   PagedKvStoreConfig c;
   c.geometry = geometry;
   c.layout = layout;
@@ -81,18 +82,6 @@ Result<PagedKvStoreConfig> PagedKvStore::planned_config(const KvGeometry& geomet
     c.body_blocks = plan.groups[0].body_blocks;
   }
   return c;
-}
-
-std::vector<planner::KvGroupPool> PagedKvStore::with_chunk_headroom(
-    std::vector<planner::KvGroupPool> groups, const planner::KvLayout& layout, int64_t chunk_tokens,
-    int64_t n_seqs) {
-  const int64_t B = layout.block_size;
-  for (planner::KvGroupPool& p : groups) {
-    if (p.group.shape.window == 0) continue;
-    p.body_blocks += (chunk_tokens + B - 1) / B + n_seqs;
-    if (layout.mixed()) p.fp16_blocks += n_seqs * ((layout.window_tokens + B - 1) / B + 1);
-  }
-  return groups;
 }
 
 Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreConfig& cfg) {

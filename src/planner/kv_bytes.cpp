@@ -147,13 +147,13 @@ uint64_t kv_fp16_overhead_bytes(const ModelGeometry& g, const KvLayout& layout) 
 }
 
 int64_t kv_max_tokens(const ModelGeometry& g, const KvLayout& layout, uint64_t budget_bytes,
-                      int64_t n_seqs, int64_t limit) {
+                      int64_t n_seqs, int64_t limit, int64_t chunk_tokens) {
   assert(n_seqs >= 1);
   // The pools a sequence of n tokens needs (what the engine reserves): each pool sized for its
   // own peak over every shorter length. The FP16 pool peaks where the window straddles one more
   // block than at n, so this can be one FP16 block more than the peak of kv_sequence_bytes.
   const auto fits = [&](int64_t n) {
-    return kv_pool_plan(g, layout, n, 1).total_bytes() <=
+    return kv_pool_plan(g, layout, n, 1, chunk_tokens).total_bytes() <=
            budget_bytes / static_cast<uint64_t>(n_seqs);
   };
   if (limit < 1 || !fits(1)) return 0;
@@ -174,7 +174,7 @@ uint64_t KvPoolPlan::total_bytes() const {
 }
 
 KvPoolPlan kv_pool_plan(const ModelGeometry& g, const KvLayout& layout, int64_t max_model_len,
-                        int64_t max_num_seqs) {
+                        int64_t max_num_seqs, int64_t chunk_tokens) {
   KvPoolPlan plan;
   const KvFormat body_k = layout.k;
   const KvFormat body_v = layout.v;
@@ -190,6 +190,11 @@ KvPoolPlan kv_pool_plan(const ModelGeometry& g, const KvLayout& layout, int64_t 
                                            [&](int64_t m) { return count(m).body; });
     p.fp16_blocks = fp16 * max_num_seqs;
     p.body_blocks = body * max_num_seqs;
+    if (grp.shape.window > 0 && chunk_tokens > 0) {
+      const int64_t B = layout.block_size;
+      p.body_blocks += (chunk_tokens + B - 1) / B + max_num_seqs;
+      if (layout.mixed()) p.fp16_blocks += max_num_seqs * ((layout.window_tokens + B - 1) / B + 1);
+    }
     plan.groups.push_back(p);
   }
   return plan;

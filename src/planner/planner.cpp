@@ -206,14 +206,15 @@ Result<Plan> make_plan(const PlanRequest& req) {
     o.layout = layout;
     o.bytes_per_token = kv_bytes_per_token(g, layout.k, layout.v);
     o.fp16_overhead_bytes = kv_fp16_overhead_bytes(g, layout);
-    o.kv_bytes = kv_pool_plan(g, layout, L, S).total_bytes();
+    const int64_t chunk = req.chunked_prefill_size;
+    o.kv_bytes = kv_pool_plan(g, layout, L, S, chunk).total_bytes();
     o.total_bytes = b.fixed_bytes() + o.kv_bytes;
     o.headroom_bytes = static_cast<int64_t>(b.usable_bytes) - static_cast<int64_t>(o.total_bytes);
     o.fits = o.headroom_bytes >= 0;
     if (b.kv_budget_bytes > 0) {
       const auto kv_budget = static_cast<uint64_t>(b.kv_budget_bytes);
-      o.max_context = kv_max_tokens(g, layout, kv_budget, S, kMaxPlanContext);
-      const uint64_t per_seq = kv_pool_plan(g, layout, L, 1).total_bytes();
+      o.max_context = kv_max_tokens(g, layout, kv_budget, S, kMaxPlanContext, chunk);
+      const uint64_t per_seq = kv_pool_plan(g, layout, L, 1, chunk).total_bytes();
       o.max_seqs = per_seq > 0 ? static_cast<int64_t>(kv_budget / per_seq) : 0;
     }
     for (int64_t depth : speed_depths(L)) {
@@ -242,8 +243,10 @@ Result<Plan> make_plan(const PlanRequest& req) {
   if (g.n_swa_layers() > 0) {
     plan.notes.push_back(
         fmt::format("{} of {} layers use a {}-token sliding window and keep only "
-                    "the blocks that hold their last {} tokens",
-                    g.n_swa_layers(), g.n_layer, g.max_window(), g.max_window()));
+                    "the blocks that hold their last {} tokens, plus, while a prefill pass runs, "
+                    "the blocks of its {} tokens (counted in the KV bytes)",
+                    g.n_swa_layers(), g.n_layer, g.max_window(), g.max_window(),
+                    req.chunked_prefill_size));
   }
   if (g.mla) {
     plan.notes.push_back(

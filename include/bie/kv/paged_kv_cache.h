@@ -24,8 +24,8 @@ struct PagedKvCacheConfig {
   KvGeometry geometry;
   planner::KvLayout layout;  // body formats, block size, sink and window tokens
   int64_t max_tokens = 0;    // longest sequence; the pools are planned for exactly this
-  // Most tokens one append() adds (a prefill chunk; 0: max_tokens). Sizes the headroom of
-  // sliding-window layer groups (PagedKvStore::with_chunk_headroom); no effect without them.
+  // Most tokens one append() adds (a prefill chunk; 0: max_tokens). Sizes the pass headroom of
+  // sliding-window layer groups (planner::kv_pool_plan's chunk_tokens); no effect without them.
   // With local groups, can_append(n > max_append) answers for appends in chunks of max_append.
   int64_t max_append = 0;
 };
@@ -39,9 +39,8 @@ class PagedKvCache final : public KvCache {
   [[nodiscard]] static Result<std::unique_ptr<PagedKvCache>> create(const PagedKvCacheConfig& cfg,
                                                                     int64_t fp16_blocks,
                                                                     int64_t body_blocks);
-  // Same, with pools per layer group (planner::kv_pool_plan's order; a model with sliding-window
-  // layers has several), local groups with headroom for appends of cfg.max_append tokens
-  // (PagedKvStore::with_chunk_headroom).
+  // Same, with pools per layer group as given (planner::kv_pool_plan's order; a model with
+  // sliding-window layers has several; plan them with chunk_tokens = cfg.max_append).
   [[nodiscard]] static Result<std::unique_ptr<PagedKvCache>> create(
       const PagedKvCacheConfig& cfg, const std::vector<planner::KvGroupPool>& groups);
 

@@ -58,20 +58,13 @@ class PagedKvStore {
   // Checks the layout (formats with kernels, int4_channel tiles equal to the block size, a window
   // of at least one token when keys are per-channel) and reserves the pools.
   [[nodiscard]] static Result<std::unique_ptr<PagedKvStore>> create(const PagedKvStoreConfig& cfg);
-  // Pools that hold max_num_seqs sequences of max_tokens each (planner::kv_pool_plan).
+  // Pools that hold max_num_seqs sequences of max_tokens each, appended in passes of up to
+  // chunk_tokens tokens (planner::kv_pool_plan, with the local groups' pass headroom).
   [[nodiscard]] static Result<PagedKvStoreConfig> planned_config(const KvGeometry& geometry,
                                                                  const planner::KvLayout& layout,
                                                                  int64_t max_tokens,
-                                                                 int64_t max_num_seqs);
-  // Pools planned by kv_pool_plan hold a local group's window; while a pass of new tokens runs
-  // its group also holds the blocks of those tokens and the blocks they push out of the window
-  // (dropped after the pass). The pools plus that headroom for appends of up to chunk_tokens
-  // tokens in all (n_seqs sequences): local groups get ceil(chunk/B) + n_seqs more body blocks
-  // and, in a mixed layout, n_seqs * (ceil(window_tokens/B) + 1) more FP16 blocks. Global groups
-  // are unchanged (every group when the geometry has no local layers).
-  [[nodiscard]] static std::vector<planner::KvGroupPool> with_chunk_headroom(
-      std::vector<planner::KvGroupPool> groups, const planner::KvLayout& layout,
-      int64_t chunk_tokens, int64_t n_seqs);
+                                                                 int64_t max_num_seqs,
+                                                                 int64_t chunk_tokens);
 
   [[nodiscard]] const KvGeometry& geometry() const { return cfg_.geometry; }
   [[nodiscard]] const planner::KvLayout& layout() const { return cfg_.layout; }

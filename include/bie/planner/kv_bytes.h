@@ -92,10 +92,11 @@ struct KvBlockCount {
 // that sinks and window are disjoint (0 for an unmixed layout).
 [[nodiscard]] uint64_t kv_fp16_overhead_bytes(const ModelGeometry& g, const KvLayout& layout);
 
-// Largest n <= limit whose pools for n_seqs sequences (kv_pool_plan(n, n_seqs), what the engine
-// reserves) fit budget_bytes; 0 if not even one token.
+// Largest n <= limit whose pools for n_seqs sequences (kv_pool_plan(n, n_seqs, chunk_tokens),
+// what the engine reserves) fit budget_bytes; 0 if not even one token.
 [[nodiscard]] int64_t kv_max_tokens(const ModelGeometry& g, const KvLayout& layout,
-                                    uint64_t budget_bytes, int64_t n_seqs, int64_t limit);
+                                    uint64_t budget_bytes, int64_t n_seqs, int64_t limit,
+                                    int64_t chunk_tokens = 0);
 
 // Pool sizes for one group.
 struct KvGroupPool {
@@ -118,7 +119,14 @@ struct KvPoolPlan {
 // per group, max_num_seqs times the most FP16 blocks and the most body blocks one sequence
 // holds at any length up to max_model_len. This is the engine's allocation; a test asserts that
 // what the KV cache allocates for a configuration equals total_bytes().
+// chunk_tokens > 0: the prefill-pass headroom of sliding-window groups. A local group's pools
+// above hold its window; while a pass of new tokens runs, the group also holds those tokens'
+// blocks and the blocks they push out of the window (dropped after the pass). For passes of up
+// to chunk_tokens tokens in all (over max_num_seqs sequences) a local group gets
+// ceil(chunk_tokens / B) + max_num_seqs more body blocks and, in a mixed layout,
+// max_num_seqs * (ceil(window_tokens / B) + 1) more FP16 blocks. Global groups are unchanged.
 [[nodiscard]] KvPoolPlan kv_pool_plan(const ModelGeometry& g, const KvLayout& layout,
-                                      int64_t max_model_len, int64_t max_num_seqs);
+                                      int64_t max_model_len, int64_t max_num_seqs,
+                                      int64_t chunk_tokens = 0);
 
 }  // namespace bie::planner
