@@ -541,12 +541,12 @@ TEST(KvBlockManager, SlidingWindowGroupHitsNeedOnlyTheWindowsBlocks) {
   cfg.local_window = 8;
   BlockManager m = make_manager(cfg);
   (void)must(m.allocate(1, iota_tokens(12)));
-  must(m.mark_computed(1, 12));          // blocks 1, 2, 3 keyed
+  must(m.mark_computed(1, 12));  // blocks 1, 2, 3 keyed
   auto dropped = m.drop(1, 0);
   ASSERT_TRUE(dropped.ok());
   EXPECT_EQ(dropped.value(), (BlockRef{1, 1}));
   EXPECT_TRUE(m.pool(Bd).is_cached(1));  // dropped, but its content stays findable
-  must(m.free(1));                        // LRU: 1 (dropped first), then 3, 2 (tail first)
+  must(m.free(1));                       // LRU: 1 (dropped first), then 3, 2 (tail first)
   const Tok p = concat(iota_tokens(12), Tok{7});
   EXPECT_EQ(m.local_window_first_block(3), 1);
   EXPECT_EQ(m.local_window_first_block(2), 0);

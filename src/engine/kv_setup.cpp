@@ -274,8 +274,8 @@ std::string format_kv_report(const KvSetupReport& r) {
       "kv: {} per token; max-model-len {} needs {} per sequence; the KV budget fits {}{} tokens "
       "(one sequence), {} sequences of {} (max-num-seqs {})\n",
       bytes(r.bytes_per_token), r.max_model_len, bytes(r.seq_bytes),
-      r.tokens_fit >= planner::kMaxPlanContext ? ">= " : "", r.tokens_fit,
-      r.max_concurrency, r.max_model_len, r.max_num_seqs);
+      r.tokens_fit >= planner::kMaxPlanContext ? ">= " : "", r.tokens_fit, r.max_concurrency,
+      r.max_model_len, r.max_num_seqs);
   if (!r.regimes.empty()) s += r.regimes + "\n";
   return s;
 }

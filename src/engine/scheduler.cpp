@@ -162,7 +162,7 @@ SchedulerOutput Scheduler::schedule() {
     const auto first = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(n_hold));
     if (!s.store->can_start(first)) break;
     auto cached = s.store->append_tokens(id, 0, first);
-    if (!cached) break;  // unreachable after can_append
+    if (!cached) break;  // unreachable after can_start
     s.computed = *cached;
     if (s.cached_tokens < 0) s.cached_tokens = *cached;
     s.status = SeqStatus::kRunning;

@@ -53,8 +53,8 @@ Result<BlockManager> BlockManager::create(const BlockManagerConfig& cfg) {
       if (p == idx(PoolKind::kFp16) && !l.mixed()) continue;
       if (bytes[p] > 0) {
         const uint64_t stride = MemoryBudget::block_cost(bytes[p]);
-        counts[p] = std::min<int64_t>(static_cast<int64_t>(cfg.budget->limit() / stride),
-                                      int64_t{1} << 30);
+        counts[p] =
+            std::min<int64_t>(static_cast<int64_t>(cfg.budget->limit() / stride), int64_t{1} << 30);
       }
     }
   }
@@ -737,8 +737,8 @@ Status BlockManager::check_integrity() const {
     }
   }
   if (keyed != index_->map.size()) {
-    return Error{
-        fmt::format("prefix index has {} entries but {} blocks are keyed", index_->map.size(), keyed)};
+    return Error{fmt::format("prefix index has {} entries but {} blocks are keyed",
+                             index_->map.size(), keyed)};
   }
   if (!caching() && !index_->map.empty()) return Error{"prefix index in use with caching off"};
   return {};

@@ -282,7 +282,9 @@ std::optional<std::vector<int64_t>> PagedKvStore::plan_append(int g, kv::SeqId s
 }
 
 int64_t PagedKvStore::prefix_hit_blocks(std::span<const int32_t> prompt) const {
-  if (groups_.size() == 1) return groups_[0].mgr->lookup_prefix(prompt).cached_tokens / cfg_.layout.block_size;
+  if (groups_.size() == 1) {
+    return groups_[0].mgr->lookup_prefix(prompt).cached_tokens / cfg_.layout.block_size;
+  }
   std::vector<bool> all;
   for (const Group& gr : groups_) {
     const std::vector<bool> g = gr.mgr->servable_prefixes(prompt);
@@ -584,7 +586,9 @@ void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const fl
   pool.parallel_for(tile_tasks, [&](int64_t begin, int64_t end, int) {
     std::vector<attention::PagedAttnPartial> parts(static_cast<size_t>(splits));
     for (int64_t th = begin; th < end; ++th) {
-      for (int sp = 0; sp < splits; ++sp) parts[static_cast<size_t>(sp)] = partial(th * splits + sp);
+      for (int sp = 0; sp < splits; ++sp) {
+        parts[static_cast<size_t>(sp)] = partial(th * splits + sp);
+      }
       merge(th, parts.data());
     }
   });

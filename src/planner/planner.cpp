@@ -241,12 +241,11 @@ Result<Plan> make_plan(const PlanRequest& req) {
         "often keep the embedding and output matrices in FP16, which adds to this");
   }
   if (g.n_swa_layers() > 0) {
-    plan.notes.push_back(
-        fmt::format("{} of {} layers use a {}-token sliding window and keep only "
-                    "the blocks that hold their last {} tokens, plus, while a prefill pass runs, "
-                    "the blocks of its {} tokens (counted in the KV bytes)",
-                    g.n_swa_layers(), g.n_layer, g.max_window(), g.max_window(),
-                    req.chunked_prefill_size));
+    plan.notes.push_back(fmt::format(
+        "{} of {} layers use a {}-token sliding window and keep only "
+        "the blocks that hold their last {} tokens, plus, while a prefill pass runs, "
+        "the blocks of its {} tokens (counted in the KV bytes)",
+        g.n_swa_layers(), g.n_layer, g.max_window(), g.max_window(), req.chunked_prefill_size));
   }
   if (g.mla) {
     plan.notes.push_back(
