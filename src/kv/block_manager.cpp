@@ -235,6 +235,7 @@ BlockManager::Probe BlockManager::probe_prefix(std::span<const int32_t> prompt) 
     pr.found.push_back(found);
     pr.chains.push_back(chain);
     pr.quantise.push_back(quantise);
+    pr.after_miss.push_back(found ? pr.after_miss.back() : i + 1);
     parent = chain;
   }
   return pr;
@@ -247,14 +248,6 @@ int64_t BlockManager::local_window_first_block(int64_t h) const {
   return first_pos > 0 ? first_pos / block_size() : 0;
 }
 
-bool BlockManager::serves(const Probe& pr, int64_t h, int64_t first_block) {
-  if (h > static_cast<int64_t>(pr.found.size())) return false;
-  for (int64_t i = first_block; i < h; ++i) {
-    if (!pr.found[static_cast<size_t>(i)]) return false;
-  }
-  return true;
-}
-
 std::vector<bool> BlockManager::servable_prefixes(std::span<const int32_t> prompt) const {
   const int64_t max_blocks =
       prompt.empty() ? 0 : (static_cast<int64_t>(prompt.size()) - 1) / block_size();
@@ -262,7 +255,7 @@ std::vector<bool> BlockManager::servable_prefixes(std::span<const int32_t> promp
   out[0] = true;
   const Probe pr = probe_prefix(prompt);
   for (int64_t h = 1; h <= static_cast<int64_t>(pr.found.size()); ++h) {
-    out[static_cast<size_t>(h)] = serves(pr, h, local_window_first_block(h));
+    out[static_cast<size_t>(h)] = pr.serves(h, local_window_first_block(h));
   }
   return out;
 }
@@ -271,7 +264,7 @@ PrefixHit BlockManager::lookup_prefix(std::span<const int32_t> prompt, int64_t m
   PrefixHit hit;
   const Probe pr = probe_prefix(prompt);
   int64_t h = std::min(max_blocks, static_cast<int64_t>(pr.found.size()));
-  while (h > 0 && !serves(pr, h, local_window_first_block(h))) --h;
+  while (h > 0 && !pr.serves(h, local_window_first_block(h))) --h;
   const int64_t first = local_window_first_block(h);
   for (int64_t i = 0; i < h; ++i) {
     const auto k = static_cast<size_t>(i);

@@ -239,9 +239,15 @@ class BlockManager {
     std::vector<std::optional<BlockTableEntry>> found;
     std::vector<uint64_t> chains;
     std::vector<bool> quantise;
+    // after_miss[h] (h = 0 .. found.size()): one past the last block in [0, h) that missed, or 0.
+    std::vector<int64_t> after_miss{0};
+    // Whether blocks [first_block, h) are all cached (O(1)).
+    [[nodiscard]] bool serves(int64_t h, int64_t first_block) const {
+      return h < static_cast<int64_t>(after_miss.size()) &&
+             after_miss[static_cast<size_t>(h)] <= first_block;
+    }
   };
   [[nodiscard]] Probe probe_prefix(std::span<const int32_t> prompt) const;
-  [[nodiscard]] static bool serves(const Probe& pr, int64_t h, int64_t first_block);
   [[nodiscard]] uint64_t key_for(PoolKind p, uint64_t chain) const;
   [[nodiscard]] PoolKind alloc_pool(int64_t logical, int64_t n) const;
   [[nodiscard]] std::optional<BlockTableEntry> find_cached(PoolKind p, uint64_t chain,
