@@ -33,6 +33,25 @@ planner::ModelGeometry smollm2() {
   return g.ok() ? *g : planner::ModelGeometry{};
 }
 
+// The `bie plan` request for the same inputs as o (its device bytes, utilisation, context,
+// sequences and chunk; no workspace beyond the activations), for the engine's resolved layout.
+planner::PlanRequest plan_request_for(const planner::ModelGeometry& g, const KvEngineOptions& o,
+                                      const planner::KvLayout& layout) {
+  planner::PlanRequest req;
+  req.model = g;
+  req.device.name = "test";
+  req.device.memory_gib = static_cast<double>(*o.device_memory) / (1ull << 30);
+  req.device.bandwidth_gbs = 10;
+  req.utilization = o.gpu_memory_utilization;
+  req.workspace_gib = 0.0;
+  req.max_model_len = o.max_model_len;
+  req.max_num_seqs = o.max_num_seqs;
+  req.chunked_prefill_size = o.chunked_prefill_size;
+  req.layout = layout;
+  req.compare_formats = false;
+  return req;
+}
+
 TEST(KvSetup, BudgetAndPoolsEqualThePlanner) {
   const planner::ModelGeometry g = smollm2();
   ASSERT_TRUE(g.weight_bytes.has_value());
@@ -49,19 +68,7 @@ TEST(KvSetup, BudgetAndPoolsEqualThePlanner) {
       auto r = plan_kv_setup(g, *g.weight_bytes, 8192, o);
       ASSERT_TRUE(r.ok()) << r.error();
 
-      planner::PlanRequest req;
-      req.model = g;
-      req.device.name = "test";
-      req.device.memory_gib = 1.0;
-      req.device.bandwidth_gbs = 10;
-      req.utilization = 0.8;
-      req.workspace_gib = 0.0;
-      req.max_model_len = 4096;
-      req.max_num_seqs = seqs;
-      req.chunked_prefill_size = 256;
-      req.layout = r->layout;
-      req.compare_formats = false;
-      auto plan = planner::make_plan(req);
+      auto plan = planner::make_plan(plan_request_for(g, o, r->layout));
       ASSERT_TRUE(plan.ok()) << plan.error();
       const planner::KvOption& opt = plan->options[0];
       EXPECT_EQ(r->weights_bytes, plan->budget.weights_bytes);
@@ -107,19 +114,7 @@ TEST(KvSetup, GemmaHybridPoolsEqualThePlanner) {
     auto r = plan_kv_setup(g, *g.weight_bytes, 32768, o);
     ASSERT_TRUE(r.ok()) << r.error();
 
-    planner::PlanRequest req;
-    req.model = g;
-    req.device.name = "test";
-    req.device.memory_gib = 2.0;
-    req.device.bandwidth_gbs = 10;
-    req.utilization = 0.9;
-    req.workspace_gib = 0.0;
-    req.max_model_len = 32768;
-    req.max_num_seqs = 1;
-    req.chunked_prefill_size = 512;
-    req.layout = r->layout;
-    req.compare_formats = false;
-    auto plan = planner::make_plan(req);
+    auto plan = planner::make_plan(plan_request_for(g, o, r->layout));
     ASSERT_TRUE(plan.ok()) << plan.error();
     const planner::KvOption& opt = plan->options[0];
     EXPECT_EQ(r->kv_pool_bytes(), opt.kv_bytes);
