@@ -165,19 +165,25 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOption
   out.reserve(text.size() / 3 + 2);
   if (add_bos) out.push_back(bos());
   const std::vector<Fragment> fragments = partition(text, opts.parse_special);
+  std::string buf;
   if (vocab_->kind() == VocabKind::kBpe) {
     for (const Fragment& f : fragments) {
       if (f.token != kNoToken) {
         out.push_back(f.token);
       } else {
-        models_->bpe->encode(text.substr(f.begin, f.end - f.begin), out);
+        std::string_view raw = text.substr(f.begin, f.end - f.begin);
+        if (opts.strip_plain_marks && raw.find(kPlainMark) != std::string_view::npos) {
+          buf = raw;
+          replace_all(buf, kPlainMark, "");
+          raw = buf;
+        }
+        models_->bpe->encode(raw, out);
       }
     }
   } else {
     // A raw fragment at the start or right after a special token gets a leading space when the
     // model asks for one (the BOS does not count: "is_prev_special" starts true either way).
     bool prev_special = true;
-    std::string buf;
     for (const Fragment& f : fragments) {
       if (f.token != kNoToken) {
         out.push_back(f.token);
@@ -187,12 +193,34 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOption
       buf.clear();
       if (d.add_space_prefix && prev_special) buf.push_back(' ');
       buf.append(text.substr(f.begin, f.end - f.begin));
+      if (opts.strip_plain_marks) replace_all(buf, kPlainMark, "");
       replace_all(buf, " ", kSpmSpace);
       models_->spm->encode(buf, out);
       prev_special = false;
     }
   }
   if (add_eos) out.push_back(eos());
+  return out;
+}
+
+std::string Tokenizer::mark_plain(std::string_view text) const {
+  std::string out;
+  out.reserve(text.size());
+  for (const Fragment& f : partition(text, /*parse_special=*/true)) {
+    const std::string_view piece = text.substr(f.begin, f.end - f.begin);
+    if (f.token == kNoToken || (vocab_->attr(f.token) & kAttrControl) == 0 || piece.empty()) {
+      out += piece;
+      continue;
+    }
+    // After the first character, so the text stays valid UTF-8.
+    size_t first = 1;
+    while (first < piece.size() && (static_cast<unsigned char>(piece[first]) & 0xC0) == 0x80) {
+      ++first;
+    }
+    out += piece.substr(0, first);
+    out += kPlainMark;
+    out += piece.substr(first);
+  }
   return out;
 }
 

@@ -29,7 +29,13 @@ struct EncodeOptions {
   // Override the metadata's add_bos / add_eos (still only when add_special is true).
   std::optional<bool> add_bos;
   std::optional<bool> add_eos;
+  // Remove kPlainMark from raw text before encoding it (text prepared by mark_plain()).
+  bool strip_plain_marks = false;
 };
+
+// U+FDD0, a Unicode noncharacter: mark_plain() puts it inside control-token texts so they no
+// longer match as control tokens; encode() with strip_plain_marks deletes it again.
+inline constexpr std::string_view kPlainMark = "\xEF\xB7\x90";
 
 struct DecodeOptions {
   // Drop a leading BOS and trailing EOS when the model adds them (llama.cpp's remove_special).
@@ -52,6 +58,11 @@ class Tokenizer {
 
   // The bytes a token stands for (not necessarily valid UTF-8 on its own). Control and unknown
   // tokens are empty unless render_special; an invalid id is empty.
+  // `text` with every control-token text in it (e.g. "<|im_start|>") broken by kPlainMark, so
+  // that encode(..., parse_special, strip_plain_marks) reads it as the plain characters: chat
+  // message content goes through this, so a user cannot forge turns or system prompts.
+  [[nodiscard]] std::string mark_plain(std::string_view text) const;
+
   [[nodiscard]] std::string_view token_to_piece(TokenId id, bool render_special = false) const;
 
   // Concatenated pieces, as llama_detokenize (including SPM leading-space removal and, for
