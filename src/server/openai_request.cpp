@@ -151,42 +151,91 @@ std::optional<ApiError> read_messages(const json& body, ParsedRequest& r) {
   return std::nullopt;
 }
 
+// The shapes OpenAI defines, read without recursion: a string, an array of one string, an array
+// of token ids, or an array of one array of token ids.
 std::optional<ApiError> read_prompt(const json& body, ParsedRequest& r) {
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) {
     return bad_request("'prompt' is required", "prompt", "missing_field");
   }
-  const json& p = *it;
-  if (p.is_string()) {
-    r.prompt_text = p.get<std::string>();
+  const json* p = &*it;
+  if (p->is_string()) {
+    r.prompt_text = p->get<std::string>();
     return std::nullopt;
   }
-  if (p.is_array()) {
-    if (p.size() == 1 && p[0].is_string()) {
-      r.prompt_text = p[0].get<std::string>();
-      return std::nullopt;
-    }
-    if (!p.empty() && p[0].is_string()) {
-      return bad_request("only one prompt per request is supported", "prompt", "invalid_value");
-    }
-    if (!p.empty() && p[0].is_array()) {
-      if (p.size() != 1) {
-        return bad_request("only one prompt per request is supported", "prompt", "invalid_value");
-      }
-      return read_prompt(json{{"prompt", p[0]}}, r);
-    }
-    r.prompt_is_tokens = true;
-    for (const json& t : p) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
-        return bad_request("'prompt' must be a string or an array of token ids", "prompt",
-                           "invalid_type");
-      }
-      r.prompt_tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
-    }
+  if (!p->is_array()) return wrong_type("prompt", "a string or an array of token ids", *p);
+  if (!p->empty() && ((*p)[0].is_string() || (*p)[0].is_array()) && p->size() != 1) {
+    return bad_request("only one prompt per request is supported", "prompt", "invalid_value");
+  }
+  if (p->size() == 1 && (*p)[0].is_string()) {
+    r.prompt_text = (*p)[0].get<std::string>();
     return std::nullopt;
   }
-  return wrong_type("prompt", "a string or an array of token ids", p);
+  if (p->size() == 1 && (*p)[0].is_array()) p = &(*p)[0];  // [[ids...]]
+  r.prompt_is_tokens = true;
+  r.prompt_tokens.reserve(p->size());
+  for (const json& t : *p) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+      return bad_request(
+          "'prompt' must be a string, an array of strings, an array of token ids or an array "
+          "of token-id arrays",
+          "prompt", "invalid_type");
+    }
+    r.prompt_tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return std::nullopt;
 }
+
+// Counts depth and values while nlohmann's lexer scans the text; builds nothing.
+class ShapeCheck : public json::json_sax_t {
+ public:
+  explicit ShapeCheck(const ParseLimits& l) : limits_(l) {}
+  std::optional<ApiError> error;
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t&) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override { return open(); }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    // Also number overflow (nlohmann's out_of_range 406, e.g. 1e400): the client's error.
+    error = bad_request(std::string("malformed JSON body: ") + e.what(), {}, "invalid_json");
+    return false;
+  }
+
+ private:
+  bool value() {
+    if (++values_ <= limits_.max_json_values) return true;
+    error =
+        bad_request(fmt::format("the JSON body holds more than {} values", limits_.max_json_values),
+                    {}, "json_too_large");
+    return false;
+  }
+  bool open() {
+    if (++depth_ > limits_.max_json_depth) {
+      error = bad_request(
+          fmt::format("the JSON body nests deeper than {} levels", limits_.max_json_depth), {},
+          "json_too_deep");
+      return false;
+    }
+    return value();
+  }
+  bool close() {
+    --depth_;
+    return true;
+  }
+
+  const ParseLimits& limits_;
+  int32_t depth_ = 0;
+  int64_t values_ = 0;
+};
 
 std::optional<ApiError> read_stop(const json& body, int32_t max_stop,
                                   std::vector<std::string>& out) {
@@ -211,15 +260,29 @@ std::optional<ApiError> read_stop(const json& body, int32_t max_stop,
 
 }  // namespace
 
+std::optional<ApiError> check_json_shape(std::string_view body, const ParseLimits& limits) {
+  // Never valid JSON, and nlohmann's lexer would stop at it and ignore the rest.
+  if (const size_t nul = body.find('\0'); nul != std::string_view::npos) {
+    return bad_request(fmt::format("malformed JSON body: a NUL byte at offset {}", nul), {},
+                       "invalid_json");
+  }
+  ShapeCheck check(limits);
+  const bool ok = json::sax_parse(body, &check);
+  if (check.error) return check.error;
+  if (!ok) return bad_request("malformed JSON body", {}, "invalid_json");
+  return std::nullopt;
+}
+
 std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, Endpoint endpoint,
                                                     const ParseLimits& limits) {
   if (!valid_utf8(body)) {
     return bad_request("the request body is not valid UTF-8", {}, "invalid_utf8");
   }
+  if (auto e = check_json_shape(body, limits)) return *e;
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     return bad_request(std::string("malformed JSON body: ") + e.what(), {}, "invalid_json");
   }
   if (!j.is_object()) return bad_request("the JSON body must be an object", {}, "invalid_json");

@@ -39,7 +39,16 @@ struct ParseLimits {
   int64_t max_model_len = 0;  // max_tokens above it is refused
   int32_t max_stop = 16;      // stop strings
   int32_t max_top_logprobs = 20;
+  // Checked while the JSON text is scanned, before any value is built: OpenAI's shapes nest a
+  // few levels (tool schemas a few dozen), and a prompt of token ids is one value per token.
+  int32_t max_json_depth = 64;
+  int64_t max_json_values = int64_t{1} << 21;
 };
+
+// Scans JSON text without building it; a 400 if it is malformed, nests deeper than
+// max_json_depth, holds more than max_json_values values, or has a number that overflows.
+[[nodiscard]] std::optional<ApiError> check_json_shape(std::string_view body,
+                                                       const ParseLimits& limits);
 
 // The body text to a ParsedRequest, or the 400 describing the first problem.
 [[nodiscard]] std::variant<ParsedRequest, ApiError> parse_request(std::string_view body,

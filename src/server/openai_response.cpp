@@ -1,6 +1,9 @@
 #include "server/openai_response.h"
 
+#include <fmt/format.h>
+
 #include "bie/tokenizer/tokenizer.h"
+#include "server/openai_request.h"
 
 namespace bie::server {
 
@@ -55,15 +58,36 @@ json chat_logprobs(const ResponseContext& ctx, std::span<const TokenEvent> event
   return {{"content", content}};
 }
 
-// Legacy completions shape: parallel arrays; text_offset counts bytes from `offset`.
+}  // namespace
+
+std::string logprob_key(std::string_view piece, int32_t id, const nlohmann::json& taken) {
+  std::string key;
+  if (valid_utf8(piece)) {
+    key = piece;
+  } else {
+    // Part of a multi-byte character: its bytes, so two such tokens never share "\ufffd".
+    key = "bytes:";
+    for (unsigned char c : piece) key += fmt::format("\\x{:02x}", c);
+  }
+  if (key.empty() || taken.contains(key)) key = fmt::format("token_id:{}", id);
+  return key;
+}
+
+namespace {
+
+// Legacy completions shape: parallel arrays; text_offset counts bytes from `offset`. A
+// top_logprobs object needs distinct keys: logprob_key gives each alternative its own.
 json completion_logprobs(const ResponseContext& ctx, std::span<const TokenEvent> events,
                          int64_t offset) {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  const json none = json::object();
   for (const TokenEvent& e : events) {
-    tokens.push_back(token_text(ctx, e.token));
+    tokens.push_back(logprob_key(token_text(ctx, e.token), e.token, none));
     lps.push_back(e.logprob);
     json top = json::object();
-    for (const TopLogprob& alt : e.top) top[token_text(ctx, alt.token)] = alt.logprob;
+    for (const TopLogprob& alt : e.top) {
+      top[logprob_key(token_text(ctx, alt.token), alt.token, top)] = alt.logprob;
+    }
     tops.push_back(top);
     offs.push_back(offset);
     offset += static_cast<int64_t>(e.text.size());

@@ -33,6 +33,12 @@ struct Usage {
   int64_t cached_tokens = 0;
 };
 
+// The key of one alternative in a legacy completions top_logprobs object: the token's text when
+// it is valid UTF-8, else "bytes:\\xNN..." of its bytes; "token_id:N" when that key is empty or
+// already in `taken`. Keys never collide, so a client sees every alternative.
+[[nodiscard]] std::string logprob_key(std::string_view piece, int32_t id,
+                                      const nlohmann::json& taken);
+
 // The SSE frame for one JSON payload: "data: <json>\n\n".
 [[nodiscard]] std::string sse_frame(const nlohmann::json& payload);
 inline constexpr const char* kSseDone = "data: [DONE]\n\n";

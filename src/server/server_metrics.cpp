@@ -48,17 +48,45 @@ void gauge(std::string& out, const std::string& name, const std::string& help,
 
 }  // namespace
 
+std::string escape_label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\' || c == '"') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::string_view route_label(std::string_view path) {
+  static constexpr std::string_view kRoutes[] = {"/v1/completions", "/v1/chat/completions",
+                                                 "/v1/models",      "/health",
+                                                 "/metrics",        "/admin/kv-policy"};
+  for (std::string_view r : kRoutes) {
+    if (path == r) return r;
+  }
+  return "other";
+}
+
 ServerMetrics::ServerMetrics()
     : ttft_(latency_bounds()), itl_(latency_bounds()), e2e_(latency_bounds()) {}
 
-void ServerMetrics::count_response(const std::string& route, int status) {
+void ServerMetrics::count_response(std::string_view path, int status) {
+  // A fixed label set: a client choosing paths can neither inject text nor grow the page.
+  const std::string_view route = route_label(path);
   std::lock_guard lk(mu_);
-  ++responses_[{route, status}];
+  ++responses_[{std::string(route), status}];
 }
 
 std::string ServerMetrics::render(const EngineMetrics* m, const std::string& model) const {
   std::string out;
-  const std::string lbl = fmt::format("model=\"{}\"", model);
+  const std::string lbl = fmt::format("model=\"{}\"", escape_label_value(model));
   gauge(out, "bie_model_loaded", "1 once the model is loaded and requests are served", "gauge");
   out += fmt::format("bie_model_loaded{{{}}} {}\n", lbl, m != nullptr ? 1 : 0);
   if (m != nullptr) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bie/engine/engine.h"
@@ -31,6 +32,11 @@ class Histogram {
   uint64_t n_ = 0;
 };
 
+// Prometheus label-value escaping (backslash, double quote, newline).
+[[nodiscard]] std::string escape_label_value(std::string_view v);
+// The metrics label of a request path: one of the served routes, else "other".
+[[nodiscard]] std::string_view route_label(std::string_view path);
+
 class ServerMetrics {
  public:
   ServerMetrics();
@@ -38,7 +44,8 @@ class ServerMetrics {
   void observe_ttft(double seconds) { ttft_.observe(seconds); }
   void observe_inter_token(double seconds) { itl_.observe(seconds); }
   void observe_e2e(double seconds) { e2e_.observe(seconds); }
-  void count_response(const std::string& route, int status);
+  // Counts one response under route_label(path).
+  void count_response(std::string_view path, int status);
 
   // The whole /metrics page. `engine` is null while the model loads.
   [[nodiscard]] std::string render(const EngineMetrics* engine, const std::string& model) const;
