@@ -2,6 +2,7 @@
 // model loads), loads the Engine on a helper thread, prints the start-up report, then serves
 // until SIGTERM/SIGINT: stop accepting, let running requests finish, exit 0.
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
@@ -35,6 +36,7 @@ struct ServeArgs {
   std::string kv_policy;
   std::vector<std::string> kv_regimes;
   bool spec_always = false;
+  double drain_seconds = 30;
 };
 
 }  // namespace
@@ -65,10 +67,30 @@ int main(int argc, char** argv) {
                "reuse KV blocks of identical prompt prefixes (default: on)");
   app.add_option("-t,--threads", a.threads, "compute threads (0: all cores)")
       ->check(CLI::Range(0, 1024));
-  app.add_option("--http-threads", a.server.http_threads,
-                 "connections served at once (0: max-num-seqs + max-queue + 64, at most 1024)")
-      ->check(CLI::Range(0, 4096));
-  a.server.http_threads = 0;
+  app.add_option("--max-connections", a.server.max_connections,
+                 "open HTTP connections at once (one thread each); the next gets 503")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--max-body-bytes", a.server.max_body_bytes,
+                 "largest request body, any transfer encoding (larger: 413)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 32));
+  app.add_option("--header-timeout", a.server.header_timeout_seconds,
+                 "seconds a client has to send its request headers (then 408)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--body-timeout", a.server.body_timeout_seconds,
+                 "seconds a client has to send its request body after the headers (then 408)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--drain-timeout", a.drain_seconds,
+                 "on SIGTERM/SIGINT: seconds running requests get to finish before they are "
+                 "cancelled")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
+  app.add_flag("--special-tokens-in-content", a.server.special_tokens_in_content,
+               "parse special-token text in chat message content as control tokens (unsafe: "
+               "lets a user forge turns; default: content is plain text)");
   app.add_option("--speculative-draft-tokens", a.spec_tokens,
                  "draft tokens per step for speculative decoding with the prompt-lookup n-gram "
                  "drafter (0: off; 1..15)")
@@ -125,10 +147,6 @@ int main(int argc, char** argv) {
                  a.spec_ngram.c_str());
     return kExitBadInput;
   }
-  if (a.server.http_threads == 0) {
-    a.server.http_threads =
-        static_cast<int>(std::min<int64_t>(1024, kv->max_num_seqs + a.max_queue + 64));
-  }
 
   // Signals are taken synchronously by main (sigwait); every thread started below inherits the
   // mask. SIGUSR1 is the loader thread saying the model failed to load.
@@ -140,6 +158,19 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
+  // One descriptor per connection: raise the soft limit to the hard one, and keep the
+  // connection limit below it so accept() never fails for lack of descriptors.
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    const auto room = static_cast<int64_t>(rl.rlim_cur) - 64;
+    if (room < a.server.max_connections) {
+      a.server.max_connections = static_cast<int>(std::max<int64_t>(1, room));
+      std::fprintf(stderr, "bie-serve: --max-connections lowered to %d (open-file limit %llu)\n",
+                   a.server.max_connections, static_cast<unsigned long long>(rl.rlim_cur));
+    }
+  }
   bie::server::Server server(a.server);
   if (bie::Status st = server.start(); !st) {
     std::fprintf(stderr, "bie-serve: %s\n", st.error().c_str());
@@ -179,7 +210,23 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "bie-serve: %s: finishing running requests, then exiting\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM");
-  if (engine) engine->shutdown(/*finish_running=*/true);
+  if (engine) {
+    // Running requests get --drain-timeout to finish (the server answers 503 to new ones, and
+    // /health says shutting_down); whatever still runs then is cancelled.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(a.drain_seconds * 1000));
+    for (;;) {
+      const bie::EngineMetrics m = engine->metrics();
+      if (m.requests_running == 0 && m.requests_waiting == 0) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::fprintf(stderr, "bie-serve: drain timeout: cancelling %lld running request(s)\n",
+                     static_cast<long long>(m.requests_running + m.requests_waiting));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    engine->shutdown(/*finish_running=*/false);
+  }
   server.stop();
   std::fprintf(stderr, "bie-serve: stopped\n");
   return kExitOk;

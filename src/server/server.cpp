@@ -1,6 +1,5 @@
 #include "bie/server/server.h"
 
-#include <httplib.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -15,6 +14,7 @@
 #include "bie/tokenizer/tokenizer.h"
 #include "server/api_error.h"
 #include "server/auth.h"
+#include "server/http_server.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/request_stream.h"
@@ -34,14 +34,12 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(e.body(), "application/json");
+void send_error(HttpExchange& ex, const ApiError& e) {
+  ex.send(e.status, "application/json", e.body());
 }
 
-void send_json(httplib::Response& res, int status, const json& j) {
-  res.status = status;
-  res.set_content(dump(j), "application/json");
+void send_json(HttpExchange& ex, int status, const json& j) {
+  ex.send(status, "application/json", dump(j));
 }
 
 ApiError submit_error(const SubmitFailure& f) {
@@ -73,9 +71,7 @@ struct Flight {
 
 struct Server::Impl {
   ServerConfig cfg;
-  httplib::Server http;
-  std::thread listener;
-  int port = 0;
+  std::unique_ptr<HttpServer> http;
   std::atomic<Engine*> engine{nullptr};
   std::atomic<bool> shutting_down{false};
   std::atomic<RequestId> next_id{1};
@@ -85,13 +81,14 @@ struct Server::Impl {
 
   explicit Impl(ServerConfig c) : cfg(std::move(c)) {}
 
-  void routes();
-  void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
+  [[nodiscard]] bool check_access(const HttpRequest& req, HttpExchange& ex) const;
+  void dispatch(const HttpRequest& req, HttpExchange& ex);
+  void kv_policy(const HttpRequest& req, HttpExchange& ex);
+  void handle_generate(const HttpRequest& req, HttpExchange& ex, Endpoint ep);
   [[nodiscard]] std::optional<ApiError> tokenize(Engine& eng, ParsedRequest& p,
                                                  std::vector<int32_t>& out) const;
-  void stream_response(httplib::Response& res, Engine& eng, std::shared_ptr<Flight> fl,
-                       std::shared_ptr<RequestStream> rs);
-  void whole_response(httplib::Response& res, Flight& fl, RequestStream& rs);
+  void stream_response(HttpExchange& ex, Engine& eng, Flight& fl, RequestStream& rs);
+  void whole_response(HttpExchange& ex, Engine& eng, Flight& fl, RequestStream& rs);
   void log_finish(const Flight& fl, const FinishEvent& f) const;
   [[nodiscard]] bool model_known(const std::string& name) const;
 };
@@ -110,6 +107,11 @@ std::optional<ApiError> Server::Impl::tokenize(Engine& eng, ParsedRequest& p,
   if (p.endpoint == Endpoint::kChat) {
     const Result<tokenizer::ChatTemplate>& tmpl = *chat_template;
     if (!tmpl.ok()) return bad_request(tmpl.error(), "messages", "no_chat_template");
+    // Message content is plain text: control tokens come from the template alone.
+    if (!cfg.special_tokens_in_content) {
+      for (tokenizer::ChatMessage& m : p.messages) m.content = tok.mark_plain(m.content);
+      eo.strip_plain_marks = true;
+    }
     auto text = tmpl->render(p.messages);
     if (!text.ok()) return bad_request(text.error(), "messages", "invalid_value");
     // The template already wrote BOS as text where the model wants one.
@@ -149,95 +151,98 @@ void Server::Impl::log_finish(const Flight& fl, const FinishEvent& f) const {
       f.error.empty() ? "" : " error=" + f.error);
 }
 
-void Server::Impl::whole_response(httplib::Response& res, Flight& fl, RequestStream& rs) {
+void Server::Impl::whole_response(HttpExchange& ex, Engine& eng, Flight& fl, RequestStream& rs) {
   std::string text;
   std::vector<TokenEvent> all, batch;
   std::optional<FinishEvent> fin;
+  bool gone = false;
   while (!fin) {
     fin = rs.take(batch, kPollInterval);
     for (TokenEvent& e : batch) {
       text += e.text;
       all.push_back(std::move(e));
     }
+    // A client that went away frees its slot now, not after max_tokens more tokens.
+    if (!fin && !gone && ex.client_gone()) {
+      gone = true;
+      rs.mark_client_gone();
+      eng.cancel(fl.id);
+    }
+  }
+  if (gone) {
+    ex.force_close();
+    return send_error(ex, bad_request("the client closed the connection", {}, "client_gone"));
   }
   if (fin->finish_reason == "error") {
-    send_error(res, internal_error("generation failed: " + fin->error));
+    send_error(ex, internal_error("generation failed: " + fin->error));
     return;
   }
   if (fin->finish_reason == "cancelled" && shutting_down.load()) {
-    send_error(res, unavailable("the server is shutting down"));
+    send_error(ex, unavailable("the server is shutting down"));
     return;
   }
   text += fin->tail_text;
   if (!fin->metrics.kv_regime.empty()) fl.ctx.kv_regime = fin->metrics.kv_regime;
   Usage u{fl.prompt_tokens, static_cast<int64_t>(all.size()), fin->metrics.cached_tokens};
-  send_json(res, 200, full_response(fl.ctx, text, fin->finish_reason, u, all));
+  send_json(ex, 200, full_response(fl.ctx, text, fin->finish_reason, u, all));
 }
 
-void Server::Impl::stream_response(httplib::Response& res, Engine& eng, std::shared_ptr<Flight> fl,
-                                   std::shared_ptr<RequestStream> rs) {
-  res.status = 200;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  auto provider = [this, &eng, fl, rs](size_t, httplib::DataSink& sink) {
-    const auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
-    const auto gone = [&] {
-      rs->mark_client_gone();
-      eng.cancel(fl->id);
-      return false;  // tells httplib the response is over
-    };
-    bool first = true;
-    std::vector<TokenEvent> batch;
-    auto last_write = Clock::now();
-    for (;;) {
-      std::optional<FinishEvent> fin = rs->take(batch, kPollInterval);
-      std::string text;
-      for (const TokenEvent& e : batch) text += e.text;
-      if (!batch.empty()) {
-        if (!write(sse_frame(stream_chunk(fl->ctx, text, batch, "", first, fl->include_usage)))) {
-          return gone();
-        }
-        first = false;
-        last_write = Clock::now();
-      }
-      if (fin) {
-        if (!fin->metrics.kv_regime.empty()) fl->ctx.kv_regime = fin->metrics.kv_regime;
-        std::string out;
-        if (fin->finish_reason == "error") {
-          out += sse_frame(json::parse(internal_error("generation failed: " + fin->error).body()));
-        } else {
-          out += sse_frame(stream_chunk(fl->ctx, fin->tail_text, {}, fin->finish_reason, first,
-                                        fl->include_usage));
-        }
-        if (fl->include_usage) {
-          Usage u{fl->prompt_tokens, fin->metrics.generated_tokens, fin->metrics.cached_tokens};
-          out += sse_frame(usage_chunk(fl->ctx, u));
-        }
-        out += kSseDone;
-        if (!write(out)) return false;
-        sink.done();
-        return true;
-      }
-      // Nothing new for a while: an SSE comment, so a client that went away is noticed while
-      // the request still waits in the queue.
-      if (Clock::now() - last_write >= kKeepAliveComment) {
-        if (!write(": keep-alive\n\n")) return gone();
-        last_write = Clock::now();
-      }
+void Server::Impl::stream_response(HttpExchange& ex, Engine& eng, Flight& fl, RequestStream& rs) {
+  const auto gone = [&] {
+    rs.mark_client_gone();
+    eng.cancel(fl.id);
+    // The engine still sends its finish event; wait for it so no callback outlives us.
+    std::vector<TokenEvent> drop;
+    while (!rs.take(drop, kPollInterval)) {
     }
   };
-  // Runs when the response ends for any reason: a request still in flight is cancelled.
-  auto releaser = [&eng, fl, rs](bool) {
-    if (!rs->finished()) {
-      rs->mark_client_gone();
-      eng.cancel(fl->id);
+  if (!ex.begin_chunked(200, "text/event-stream",
+                        {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}})) {
+    return gone();
+  }
+  bool first = true;
+  std::vector<TokenEvent> batch;
+  auto last_write = Clock::now();
+  for (;;) {
+    std::optional<FinishEvent> fin = rs.take(batch, kPollInterval);
+    std::string text;
+    for (const TokenEvent& e : batch) text += e.text;
+    if (!batch.empty()) {
+      if (!ex.write_chunk(
+              sse_frame(stream_chunk(fl.ctx, text, batch, "", first, fl.include_usage)))) {
+        if (!fin) gone();
+        return;
+      }
+      first = false;
+      last_write = Clock::now();
     }
-  };
-  res.set_chunked_content_provider("text/event-stream", provider, releaser);
+    if (fin) {
+      if (!fin->metrics.kv_regime.empty()) fl.ctx.kv_regime = fin->metrics.kv_regime;
+      std::string out;
+      if (fin->finish_reason == "error") {
+        out += sse_frame(json::parse(internal_error("generation failed: " + fin->error).body()));
+      } else {
+        out += sse_frame(
+            stream_chunk(fl.ctx, fin->tail_text, {}, fin->finish_reason, first, fl.include_usage));
+      }
+      if (fl.include_usage) {
+        Usage u{fl.prompt_tokens, fin->metrics.generated_tokens, fin->metrics.cached_tokens};
+        out += sse_frame(usage_chunk(fl.ctx, u));
+      }
+      out += kSseDone;
+      if (ex.write_chunk(out)) ex.end_chunked();
+      return;
+    }
+    // Nothing new for a while: an SSE comment, so a client that went away is noticed while
+    // the request still waits in the queue.
+    if (Clock::now() - last_write >= kKeepAliveComment || ex.client_gone()) {
+      if (ex.client_gone() || !ex.write_chunk(": keep-alive\n\n")) return gone();
+      last_write = Clock::now();
+    }
+  }
 }
 
-void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res,
-                                   Endpoint ep) {
+void Server::Impl::handle_generate(const HttpRequest& req, HttpExchange& res, Endpoint ep) {
   const Clock::time_point arrived = Clock::now();
   Engine* eng = engine.load();
   if (eng == nullptr) return send_error(res, unavailable("the model is still loading"));
@@ -315,143 +320,119 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   if (auto failure = eng->submit(fl->id, std::move(er), std::move(cb))) {
     return send_error(res, submit_error(*failure));
   }
-  if (p.stream) return stream_response(res, *eng, fl, rs);
-  whole_response(res, *fl, *rs);
+  if (p.stream) return stream_response(res, *eng, *fl, *rs);
+  whole_response(res, *eng, *fl, *rs);
 }
 
-void Server::Impl::routes() {
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if ((req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0) &&
-        !authorized(req.get_header_value("Authorization"), cfg.api_key)) {
-      send_error(res, unauthorized("missing or incorrect API key (send 'Authorization: Bearer "
-                                   "<key>')"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    // Without an API key the admin endpoints answer only on loopback.
-    if (req.path.rfind("/admin/", 0) == 0 && cfg.api_key.empty() &&
-        req.remote_addr != "127.0.0.1" && req.remote_addr != "::1") {
-      send_error(res, forbidden("/admin/ needs --api-key when reached from another host"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  // A client that announces a large body with "Expect: 100-continue" (curl does) is refused
-  // before it sends it. Without that header httplib reads and discards an oversized body (never
-  // buffering more than the limit) and then answers 413.
-  http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
-    const std::string len = req.get_header_value("Content-Length");
-    if (!len.empty() && std::strtoull(len.c_str(), nullptr, 10) > cfg.max_body_bytes) {
-      send_error(res, too_large("the request body is larger than the server accepts", {},
-                                "body_too_large"));
-      return 413;
-    }
-    return 100;
-  });
-  http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    metrics.count_response(req.path, res.status);
-  });
-  // Statuses httplib sets itself (unknown route, body too large, bad request line) get the
-  // OpenAI error shape; responses that already carry a body are left alone.
-  http.set_error_handler(
-      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        ApiError e;
-        if (res.status == 404) {
-          e = not_found("no route " + req.method + " " + req.path, {}, "unknown_route");
-        } else if (res.status == 413) {
-          e = too_large("the request body is larger than the server accepts", {}, "body_too_large");
-        } else if (res.status == 405) {
-          e = bad_request("method not allowed", {}, "method_not_allowed");
-          e.status = 405;
-        } else {
-          e = bad_request("bad request", {}, "bad_request");
-          e.status = res.status;
-        }
-        send_error(res, e);
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-  http.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown error";
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& ex) {
-          what = ex.what();
-        } catch (...) {
-        }
-        send_error(res, internal_error(what));
-      });
+bool Server::Impl::check_access(const HttpRequest& req, HttpExchange& ex) const {
+  const bool api = req.path.rfind("/v1/", 0) == 0;
+  const bool admin = req.path.rfind("/admin/", 0) == 0;
+  if ((api || admin) && !authorized(req.header("Authorization"), cfg.api_key)) {
+    send_error(ex, unauthorized("missing or incorrect API key (send 'Authorization: Bearer "
+                                "<key>')"));
+    return false;
+  }
+  // Without an API key the admin endpoints answer only on loopback.
+  if (admin && cfg.api_key.empty() && req.remote_addr != "127.0.0.1" && req.remote_addr != "::1") {
+    send_error(ex, forbidden("/admin/ needs --api-key when reached from another host"));
+    return false;
+  }
+  return true;
+}
 
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (shutting_down.load()) return send_json(res, 503, {{"status", "shutting_down"}});
-    if (engine.load() == nullptr) return send_json(res, 503, {{"status", "loading"}});
-    send_json(res, 200, {{"status", "ok"}});
-  });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    Engine* eng = engine.load();
-    std::optional<EngineMetrics> m;
-    if (eng != nullptr) m = eng->metrics();
-    res.set_content(metrics.render(m ? &*m : nullptr, eng ? model_name : cfg.served_model_name),
-                    "text/plain; version=0.0.4; charset=utf-8");
-  });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    Engine* eng = engine.load();
-    if (eng == nullptr) return send_error(res, unavailable("the model is still loading"));
-    const ModelInfo& mi = eng->model_info();
-    json model = {{"id", model_name},
-                  {"object", "model"},
-                  {"created", 0},
-                  {"owned_by", "bie"},
-                  {"max_model_len", mi.max_model_len},
-                  {"bie", {{"kv", eng->kv_regime()}, {"model_sha256", mi.sha256}}}};
-    send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
-  });
-  // Operations (BRIEF §3): the KV kill switch. GET shows the regimes and the policy; POST
-  // {"force_f16": true} sends every new request to f16 KV at once (false: back to the policy).
-  // Always behind the API key when one is set.
-  const auto kv_policy_json = [](const KvPolicyInfo& p) {
-    json regimes = json::array();
-    for (const KvRegimeInfo& r : p.regimes) {
-      regimes.push_back({{"name", r.name}, {"kv", r.label}, {"max_tokens", r.tokens_fit}});
+namespace {
+
+json kv_policy_json(const KvPolicyInfo& p) {
+  json regimes = json::array();
+  for (const KvRegimeInfo& r : p.regimes) {
+    regimes.push_back({{"name", r.name}, {"kv", r.label}, {"max_tokens", r.tokens_fit}});
+  }
+  return json{{"force_f16", p.force_f16},
+              {"policy", p.policy},
+              {"default", p.regimes.empty() ? json() : json(p.regimes[0].label)},
+              {"budget_bytes", p.budget_bytes},
+              {"regimes", regimes}};
+}
+
+}  // namespace
+
+// Operations (BRIEF §3): the KV kill switch. GET shows the regimes and the policy; POST
+// {"force_f16": true} sends every new request to f16 KV at once (false: back to the policy).
+// Always behind the API key when one is set.
+void Server::Impl::kv_policy(const HttpRequest& req, HttpExchange& ex) {
+  Engine* eng = engine.load();
+  if (eng == nullptr) return send_error(ex, unavailable("the model is still loading"));
+  if (req.method == "GET") return send_json(ex, 200, kv_policy_json(eng->kv_policy()));
+  if (auto e = check_json_shape(req.body, ParseLimits{})) return send_error(ex, *e);
+  json body;
+  try {
+    body = json::parse(req.body);
+  } catch (const json::exception& e) {
+    return send_error(ex, bad_request(std::string("the body is not valid JSON: ") + e.what(), {},
+                                      "invalid_json"));
+  }
+  if (!body.is_object() || !body.contains("force_f16") || !body["force_f16"].is_boolean()) {
+    return send_error(
+        ex, bad_request("expected {\"force_f16\": true|false}", "force_f16", "invalid_type"));
+  }
+  const bool on = body["force_f16"].get<bool>();
+  eng->set_force_f16(on);
+  spdlog::warn("kv-policy: force_f16 {} (new requests: {})", on ? "on" : "off", eng->kv_regime());
+  send_json(ex, 200, kv_policy_json(eng->kv_policy()));
+}
+
+// Access was checked from the headers (HttpHandlers::on_headers) before the body was read.
+void Server::Impl::dispatch(const HttpRequest& req, HttpExchange& ex) {
+  const std::string& path = req.path;
+  const std::string& m = req.method;
+  // One row per route: its methods and its handler.
+  const auto route = [&](std::initializer_list<const char*> methods, auto&& handler) {
+    for (const char* allowed : methods) {
+      if (m == allowed) return handler();
     }
-    return json{{"force_f16", p.force_f16},
-                {"policy", p.policy},
-                {"default", p.regimes.empty() ? json() : json(p.regimes[0].label)},
-                {"budget_bytes", p.budget_bytes},
-                {"regimes", regimes}};
+    ApiError e =
+        bad_request("method " + m + " is not allowed on " + path, {}, "method_not_allowed");
+    e.status = 405;
+    send_error(ex, e);
   };
-  http.Get("/admin/kv-policy",
-           [this, kv_policy_json](const httplib::Request&, httplib::Response& res) {
-             Engine* eng = engine.load();
-             if (eng == nullptr) return send_error(res, unavailable("the model is still loading"));
-             send_json(res, 200, kv_policy_json(eng->kv_policy()));
-           });
-  http.Post("/admin/kv-policy", [this, kv_policy_json](const httplib::Request& req,
-                                                       httplib::Response& res) {
-    Engine* eng = engine.load();
-    if (eng == nullptr) return send_error(res, unavailable("the model is still loading"));
-    json body;
-    try {
-      body = json::parse(req.body);
-    } catch (const json::parse_error& e) {
-      return send_error(res, bad_request(std::string("the body is not valid JSON: ") + e.what(), {},
-                                         "invalid_json"));
-    }
-    if (!body.is_object() || !body.contains("force_f16") || !body["force_f16"].is_boolean()) {
-      return send_error(
-          res, bad_request("expected {\"force_f16\": true|false}", "force_f16", "invalid_type"));
-    }
-    const bool on = body["force_f16"].get<bool>();
-    eng->set_force_f16(on);
-    spdlog::warn("kv-policy: force_f16 {} (new requests: {})", on ? "on" : "off", eng->kv_regime());
-    send_json(res, 200, kv_policy_json(eng->kv_policy()));
-  });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req, res, Endpoint::kCompletions);
-  });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req, res, Endpoint::kChat);
-  });
+  if (path == "/health") {
+    return route({"GET", "HEAD"}, [&] {
+      if (shutting_down.load()) return send_json(ex, 503, {{"status", "shutting_down"}});
+      if (engine.load() == nullptr) return send_json(ex, 503, {{"status", "loading"}});
+      send_json(ex, 200, {{"status", "ok"}});
+    });
+  }
+  if (path == "/metrics") {
+    return route({"GET"}, [&] {
+      Engine* eng = engine.load();
+      std::optional<EngineMetrics> mt;
+      if (eng != nullptr) mt = eng->metrics();
+      ex.send(200, "text/plain; version=0.0.4; charset=utf-8",
+              metrics.render(mt ? &*mt : nullptr, eng ? model_name : cfg.served_model_name));
+    });
+  }
+  if (path == "/v1/models") {
+    return route({"GET"}, [&] {
+      Engine* eng = engine.load();
+      if (eng == nullptr) return send_error(ex, unavailable("the model is still loading"));
+      const ModelInfo& mi = eng->model_info();
+      json model = {{"id", model_name},
+                    {"object", "model"},
+                    {"created", 0},
+                    {"owned_by", "bie"},
+                    {"max_model_len", mi.max_model_len},
+                    {"bie", {{"kv", eng->kv_regime()}, {"model_sha256", mi.sha256}}}};
+      send_json(ex, 200, {{"object", "list"}, {"data", json::array({model})}});
+    });
+  }
+  if (path == "/admin/kv-policy") return route({"GET", "POST"}, [&] { kv_policy(req, ex); });
+  if (path == "/v1/completions") {
+    return route({"POST"}, [&] { handle_generate(req, ex, Endpoint::kCompletions); });
+  }
+  if (path == "/v1/chat/completions") {
+    return route({"POST"}, [&] { handle_generate(req, ex, Endpoint::kChat); });
+  }
+  send_error(ex, not_found("no route " + m + " " + path, {}, "unknown_route"));
 }
 
 Server::Server(ServerConfig cfg) : impl_(std::make_unique<Impl>(std::move(cfg))) {}
@@ -466,28 +447,39 @@ Status Server::start() {
   std::signal(SIGPIPE, SIG_IGN);
   Impl& s = *impl_;
   s.model_name = s.cfg.served_model_name;
-  const int threads = std::max(4, s.cfg.http_threads);
-  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  s.http.set_payload_max_length(s.cfg.max_body_bytes);
-  s.http.set_keep_alive_timeout(s.cfg.keep_alive_seconds);
-  s.http.set_read_timeout(30, 0);
-  s.http.set_write_timeout(30, 0);
-  s.routes();
-  if (s.cfg.port == 0) {
-    s.port = s.http.bind_to_any_port(s.cfg.host);
-  } else {
-    s.port = s.http.bind_to_port(s.cfg.host, s.cfg.port) ? s.cfg.port : -1;
-  }
-  if (s.port <= 0) {
-    return Error{"cannot listen on " + s.cfg.host + ":" + std::to_string(s.cfg.port) +
-                 " (address in use or not available?)"};
-  }
-  s.listener = std::thread([&s] { s.http.listen_after_bind(); });
-  return {};
+  const auto ms = [](double seconds) {
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+  };
+  HttpLimits limits;
+  limits.max_body_bytes = s.cfg.max_body_bytes;
+  limits.max_header_bytes = s.cfg.max_header_bytes;
+  limits.max_connections = std::max(1, s.cfg.max_connections);
+  limits.keep_alive_timeout = ms(s.cfg.keep_alive_seconds);
+  limits.header_timeout = ms(s.cfg.header_timeout_seconds);
+  limits.body_timeout = ms(s.cfg.body_timeout_seconds);
+  limits.write_timeout = ms(s.cfg.write_timeout_seconds);
+  HttpHandlers h;
+  // Access is decided from the headers alone: a refused client never gets its body read.
+  h.on_headers = [&s](const HttpRequest& req, HttpExchange& ex) {
+    if (s.check_access(req, ex)) return false;
+    s.metrics.count_response(req.path, ex.status());
+    return true;
+  };
+  h.on_request = [&s](const HttpRequest& req, HttpExchange& ex) {
+    try {
+      s.dispatch(req, ex);
+    } catch (const std::exception& e) {
+      if (!ex.responded()) send_error(ex, internal_error(e.what()));
+    }
+    s.metrics.count_response(req.path, ex.status());
+  };
+  h.on_transport_error = [&s](int status) { s.metrics.count_response({}, status); };
+  s.http = std::make_unique<HttpServer>(limits, std::move(h));
+  return s.http->start(s.cfg.host, s.cfg.port);
 }
 
 int Server::port() const {
-  return impl_->port;
+  return impl_->http ? impl_->http->port() : -1;
 }
 
 void Server::set_engine(Engine* engine) {
@@ -499,15 +491,14 @@ void Server::set_engine(Engine* engine) {
 }
 
 void Server::begin_shutdown() {
+  // Keeps listening: /health answers 503 while running requests drain, new requests get 503.
   impl_->shutting_down.store(true);
-  impl_->http.stop();
 }
 
 void Server::stop() {
   Impl& s = *impl_;
   s.shutting_down.store(true);
-  s.http.stop();
-  if (s.listener.joinable()) s.listener.join();
+  if (s.http) s.http->stop();
 }
 
 }  // namespace bie::server

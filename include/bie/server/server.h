@@ -1,7 +1,8 @@
-// Server: BIE's OpenAI-compatible HTTP server (cpp-httplib) in front of an Engine. It listens
-// before the model is loaded (/health answers 503 until set_engine), maps /v1/completions and
-// /v1/chat/completions onto Engine::submit (SSE when "stream": true), and serves /v1/models,
-// /health and /metrics. Owns the listening socket and its thread pool; does not own the Engine.
+// Server: BIE's OpenAI-compatible HTTP server (HTTP/1.1 over Boost.Beast) in front of an Engine. It
+// listens before the model is loaded (/health answers 503 until set_engine), maps /v1/completions
+// and /v1/chat/completions onto Engine::submit (SSE when "stream": true), and serves /v1/models,
+// /health and /metrics. Owns the listening socket and one thread per open connection (at most
+// max_connections; the next gets 503); does not own the Engine.
 // Methods are thread-safe; the Engine must outlive stop().
 #pragma once
 
@@ -20,12 +21,19 @@ namespace bie::server {
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
-  int port = 8080;                    // 0: any free port (see port())
-  std::string api_key;                // non-empty: /v1/* need "Authorization: Bearer <key>"
-  std::string served_model_name;      // empty: the model file's stem
-  size_t max_body_bytes = 16u << 20;  // larger bodies get 413 before they are read
-  int http_threads = 64;              // connections served at once (each stream holds one)
-  int keep_alive_seconds = 5;
+  int port = 8080;                      // 0: any free port (see port())
+  std::string api_key;                  // non-empty: /v1/* need "Authorization: Bearer <key>"
+  std::string served_model_name;        // empty: the model file's stem
+  size_t max_body_bytes = 16u << 20;    // any transfer encoding; larger bodies get 413
+  size_t max_header_bytes = 64u << 10;  // request line + headers; larger get 431
+  int max_connections = 1024;           // open connections at once; the next one gets 503
+  int keep_alive_seconds = 5;           // idle time between two requests on one connection
+  double header_timeout_seconds = 10;   // first byte to the end of the headers, else 408
+  double body_timeout_seconds = 60;     // end of the headers to the end of the body, else 408
+  double write_timeout_seconds = 30;    // a client that stops reading is dropped after this
+  // Parse special-token text (e.g. "<|im_start|>") inside chat message content as control
+  // tokens. Off: content is always plain text, so a user cannot forge turns.
+  bool special_tokens_in_content = false;
 };
 
 class Server {
