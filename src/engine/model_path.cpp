@@ -23,6 +23,8 @@ Result<std::string> resolve_model_path(const std::string& arg) {
       {"default", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"},
       {"smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"},
       {"gemma3", "gemma-3-270m-q4_k_m.gguf", "gemma3"},
+      {"qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b"},
+      {"qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b"},
   };
   for (const auto& n : kNamed) {
     if (arg != n.name) continue;
