@@ -4,9 +4,9 @@
 # Usage: scripts/setup_pyenv.sh [VENV_DIR]   (default: build/.venv-test)
 set -euo pipefail
 VENV="${1:-build/.venv-test}"
-PKGS=(openai pytest requests)
+PKGS=(openai pytest requests prometheus_client)
 STAMP="$VENV/.bie-pyenv-ok"
-if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import openai, pytest, requests" 2>/dev/null; then
+if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import openai, pytest, requests, prometheus_client" 2>/dev/null; then
   exit 0
 fi
 mkdir -p "$(dirname "$VENV")"

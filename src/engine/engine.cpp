@@ -865,6 +865,18 @@ void EngineImpl::publish_metrics() {
     e.blocks_free = e.blocks_total - e.blocks_used;
     m.pools.push_back(e);
   }
+  if (!regimes_.empty()) {
+    const kv::BlockManager& lead = regimes_.front().store->manager();
+    m.kv_block_size = lead.block_size();
+    const kv::BlockPool& body = lead.pool(kv::PoolKind::kBody);
+    const kv::BlockPool& any = body.n_blocks() > 0 ? body : lead.pool(kv::PoolKind::kFp16);
+    if (any.stride() > 0) {
+      m.kv_blocks_default = static_cast<int64_t>(budget_->limit() / any.stride());
+    }
+  }
+  m.kv_usage = budget_->limit() > 0 ? static_cast<double>(budget_->active_cost()) /
+                                          static_cast<double>(budget_->limit())
+                                    : 0.0;
   m.prefix_queried_blocks = queried;
   m.prefix_hit_blocks = hits;
   m.requests_running = sched_->num_running();

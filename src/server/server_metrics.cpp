@@ -161,6 +161,24 @@ std::string ServerMetrics::render(const EngineMetrics* m, const std::string& mod
                 steps > 0 ? static_cast<double>(m->batched_tokens) / steps : 0.0);
     plain_gauge("bie_batch_size_mean", "mean sequences per engine step",
                 steps > 0 ? static_cast<double>(m->batched_seqs) / steps : 0.0);
+    plain_gauge("bie_kv_usage_ratio", "KV budget held by running sequences, 0..1", m->kv_usage);
+
+    // The same values under the Model Server Protocol's (vLLM's) names, which the Gateway API
+    // Inference Extension / llm-d endpoint pickers and vLLM-aware dashboards read.
+    const std::string mn = fmt::format("model_name=\"{}\"", escape_label_value(model));
+    const auto msp = [&](const char* name, const char* help, double v) {
+      gauge(out, name, help, "gauge");
+      out += fmt::format("{}{{{}}} {}\n", name, mn, v);
+    };
+    msp("vllm:num_requests_running", "requests running (same as bie_requests_running)",
+        static_cast<double>(m->requests_running));
+    msp("vllm:num_requests_waiting", "requests waiting (same as bie_requests_waiting)",
+        static_cast<double>(m->requests_waiting));
+    msp("vllm:kv_cache_usage_perc", "KV cache usage, 0..1 (same as bie_kv_usage_ratio)",
+        m->kv_usage);
+    gauge(out, "vllm:cache_config_info", "KV cache configuration (value always 1)", "gauge");
+    out += fmt::format("vllm:cache_config_info{{{},block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1\n",
+                       mn, m->kv_block_size, m->kv_blocks_default);
   }
   ttft_.render(out, "bie_time_to_first_token_seconds",
                "request arrival to first generated token, measured in the server");

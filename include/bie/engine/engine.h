@@ -157,6 +157,10 @@ struct EngineMetrics {
   int64_t accepted_tokens = 0;  // accepted (mean accepted per spec step = / spec_steps)
   double drafter_seconds = 0;   // time spent proposing
   bool force_f16 = false;       // the KV kill switch is on
+  // KV budget held by running sequences (active blocks' pages, every pool) / the budget: 0..1.
+  double kv_usage = 0;
+  int32_t kv_block_size = 0;       // tokens per block
+  int64_t kv_blocks_default = 0;   // blocks the budget holds in the default regime's body format
 };
 
 struct ModelInfo {
