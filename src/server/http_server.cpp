@@ -308,6 +308,7 @@ void HttpServer::serve(int fd, std::string remote) {
         static_cast<std::uint32_t>(std::min<size_t>(limits_.max_header_bytes, UINT32_MAX)));
     parser.body_limit(limits_.max_body_bytes);
     Clock::time_point deadline = Clock::now() + limits_.header_timeout;
+    HttpRequest head;  // filled once the headers are in; the body joins it at the end
     bool header_seen = false, answered = false, closed = false;
     boost::beast::error_code ec;
     while (!parser.is_done()) {
@@ -322,7 +323,6 @@ void HttpServer::serve(int fd, std::string remote) {
         if (!header_seen && parser.is_header_done()) {
           header_seen = true;
           deadline = Clock::now() + limits_.body_timeout;
-          HttpRequest head;
           const auto& msg = parser.get();
           head.method = std::string(msg.method_string());
           head.target = std::string(msg.target());
@@ -385,15 +385,8 @@ void HttpServer::serve(int fd, std::string remote) {
       linger_close(fd);
       break;
     }
-    HttpRequest req;
+    HttpRequest req = std::move(head);
     auto msg = parser.release();
-    req.method = std::string(msg.method_string());
-    req.target = std::string(msg.target());
-    req.path = req.target.substr(0, req.target.find('?'));
-    req.remote_addr = remote;
-    for (const auto& f : msg) {
-      req.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
-    }
     req.body = std::move(msg.body());
     HttpExchange ex(fd, limits_, msg.keep_alive() && !stopping_.load());
     set_busy(fd, true);
