@@ -7,22 +7,6 @@
 
 namespace bie {
 
-namespace {
-
-struct ArchEntry {
-  const char* name;
-  std::unique_ptr<Model> (*make)(std::unique_ptr<gguf::GgufFile>, const LoadOptions&);
-};
-
-constexpr ArchEntry kArchitectures[] = {
-    {"llama", make_llama_model},
-    {"mistral", make_llama_model},
-    {"qwen2", make_llama_model},
-    {"gemma3", make_gemma3_model},
-};
-
-}  // namespace
-
 Status Model::forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
                       std::vector<float>& logits, ForwardOptions opts) {
   const BatchSequence one{
@@ -32,7 +16,7 @@ Status Model::forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& 
 
 std::vector<std::string> supported_architectures() {
   std::vector<std::string> out;
-  for (const auto& a : kArchitectures) out.emplace_back(a.name);
+  for (const ArchSpec& a : architecture_table()) out.emplace_back(a.name);
   return out;
 }
 
@@ -42,10 +26,10 @@ Result<std::unique_ptr<Model>> load_model(const std::string& path, LoadOptions o
   if (!file.ok()) return Error{file.error()};
   const std::string arch = (*file)->architecture();
   if (arch.empty()) return Error{fmt::format("'{}': no general.architecture in the file", path)};
-  for (const auto& a : kArchitectures) {
+  for (const ArchSpec& a : architecture_table()) {
     if (arch != a.name) continue;
     try {
-      return a.make(std::move(file).value(), opts);
+      return make_decoder_model(a, std::move(file).value(), opts);
     } catch (const model_loader::LoadError& e) {
       return Error{fmt::format("'{}' ({}): {}", path, arch, e.message)};
     } catch (const std::bad_alloc&) {
