@@ -1,0 +1,264 @@
+#include "server/tool_calls.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+namespace bie::server {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+
+std::string_view trim(std::string_view s) {
+  const auto ws = [](char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; };
+  while (!s.empty() && ws(s.front())) s.remove_prefix(1);
+  while (!s.empty() && ws(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// One {"name", "arguments"|"parameters"} object to a call; nullopt with `why` otherwise.
+std::optional<ToolCall> call_from(const json& j, std::string& why) {
+  if (!j.is_object()) {
+    why = "a tool call must be a JSON object";
+    return std::nullopt;
+  }
+  auto name = j.find("name");
+  if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) {
+    why = "a tool call has no \"name\" string";
+    return std::nullopt;
+  }
+  ToolCall c;
+  c.name = name->get<std::string>();
+  const json* args = nullptr;
+  if (auto a = j.find("arguments"); a != j.end()) args = &*a;
+  if (auto p = j.find("parameters"); args == nullptr && p != j.end()) args = &*p;
+  if (args == nullptr || args->is_null()) {
+    c.arguments = "{}";
+  } else if (args->is_string()) {
+    // Some models write the arguments already as a JSON string: keep it if it parses.
+    const json inner = json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (inner.is_discarded() || !inner.is_object()) {
+      why = "a tool call's \"arguments\" string is not a JSON object";
+      return std::nullopt;
+    }
+    c.arguments = inner.dump();
+  } else if (args->is_object()) {
+    c.arguments = args->dump();
+  } else {
+    why = "a tool call's \"arguments\" must be an object";
+    return std::nullopt;
+  }
+  return c;
+}
+
+json parse_json(std::string_view text) {
+  return json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+}
+
+void number(ToolCallParse& out, std::string_view id_prefix) {
+  for (size_t i = 0; i < out.calls.size(); ++i) {
+    out.calls[i].id = fmt::format("call_{}_{}", id_prefix, i);
+  }
+}
+
+ToolCallParse parse_hermes(std::string_view text) {
+  ToolCallParse out;
+  std::string content;
+  size_t pos = 0;
+  while (true) {
+    const size_t open = text.find(kHermesOpen, pos);
+    if (open == std::string_view::npos) {
+      content += text.substr(pos);
+      break;
+    }
+    content += text.substr(pos, open - pos);
+    const size_t body = open + kHermesOpen.size();
+    size_t close = text.find(kHermesClose, body);
+    // A call cut off by max_tokens or EOS has no closing tag: parse what is there.
+    const std::string_view inner =
+        text.substr(body, close == std::string_view::npos ? std::string_view::npos : close - body);
+    std::string why;
+    const json j = parse_json(trim(inner));
+    std::optional<ToolCall> c;
+    if (j.is_discarded()) {
+      why = "a <tool_call> does not hold valid JSON";
+    } else {
+      c = call_from(j, why);
+    }
+    if (!c) {
+      out.error = why;
+      out.calls.clear();
+      out.content = std::string(trim(text));
+      return out;
+    }
+    out.calls.push_back(std::move(*c));
+    if (close == std::string_view::npos) break;
+    pos = close + kHermesClose.size();
+  }
+  out.content = std::string(trim(content));
+  return out;
+}
+
+// A JSON value (object or array of objects) of calls.
+bool calls_from_value(const json& j, ToolCallParse& out, std::string& why) {
+  if (j.is_array()) {
+    for (const json& e : j) {
+      auto c = call_from(e, why);
+      if (!c) return false;
+      out.calls.push_back(std::move(*c));
+    }
+    return !out.calls.empty() || (why = "an empty tool-call list", false);
+  }
+  auto c = call_from(j, why);
+  if (!c) return false;
+  out.calls.push_back(std::move(*c));
+  return true;
+}
+
+ToolCallParse parse_marked_json(std::string_view text, std::string_view marker, bool bare_json) {
+  ToolCallParse out;
+  std::string_view t = trim(text);
+  std::string_view prefix;
+  if (const size_t m = t.find(marker); m != std::string_view::npos) {
+    prefix = trim(t.substr(0, m));
+    t = trim(t.substr(m + marker.size()));
+  } else if (!bare_json || t.empty() || t.front() != '{') {
+    out.content = std::string(t);  // plain text answer
+    return out;
+  }
+  std::string why;
+  const json j = parse_json(t);
+  if (j.is_discarded()) {
+    why = "the tool call is not valid JSON";
+  } else if (calls_from_value(j, out, why)) {
+    out.content = std::string(prefix);
+    return out;
+  }
+  out.calls.clear();
+  out.error = why;
+  out.content = std::string(trim(text));
+  return out;
+}
+
+// The longest suffix of `s` that is a proper prefix of `marker`.
+size_t partial_marker(std::string_view s, std::string_view marker) {
+  for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n) {
+    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
+  }
+  return 0;
+}
+
+std::string_view marker_of(ToolCallSyntax s) {
+  switch (s) {
+    case ToolCallSyntax::kHermes:
+      return kHermesOpen;
+    case ToolCallSyntax::kMistral:
+      return kMistralMarker;
+    case ToolCallSyntax::kLlama3:
+      return kPythonTag;
+    case ToolCallSyntax::kNone:
+      break;
+  }
+  return {};
+}
+
+}  // namespace
+
+ToolCallSyntax tool_call_syntax_of(std::string_view t) {
+  if (t.find(kHermesOpen) != std::string_view::npos) return ToolCallSyntax::kHermes;
+  if (t.find(kMistralMarker) != std::string_view::npos) return ToolCallSyntax::kMistral;
+  if (t.find("<|start_header_id|>") != std::string_view::npos &&
+      (t.find("tools") != std::string_view::npos || t.find(kPythonTag) != std::string_view::npos)) {
+    return ToolCallSyntax::kLlama3;
+  }
+  return ToolCallSyntax::kNone;
+}
+
+const char* tool_call_syntax_name(ToolCallSyntax s) {
+  switch (s) {
+    case ToolCallSyntax::kHermes:
+      return "hermes";
+    case ToolCallSyntax::kLlama3:
+      return "llama3_json";
+    case ToolCallSyntax::kMistral:
+      return "mistral";
+    case ToolCallSyntax::kNone:
+      break;
+  }
+  return "none";
+}
+
+ToolCallParse parse_tool_calls(ToolCallSyntax syntax, std::string_view text,
+                               std::string_view id_prefix) {
+  ToolCallParse out;
+  switch (syntax) {
+    case ToolCallSyntax::kHermes:
+      out = parse_hermes(text);
+      break;
+    case ToolCallSyntax::kMistral:
+      out = parse_marked_json(text, kMistralMarker, /*bare_json=*/false);
+      break;
+    case ToolCallSyntax::kLlama3:
+      out = parse_marked_json(text, kPythonTag, /*bare_json=*/true);
+      break;
+    case ToolCallSyntax::kNone:
+      out.content = std::string(text);
+      break;
+  }
+  number(out, id_prefix);
+  return out;
+}
+
+std::string ToolCallStream::feed(std::string_view piece) {
+  held_ += piece;
+  if (in_call_ || syntax_ == ToolCallSyntax::kNone) {
+    if (syntax_ == ToolCallSyntax::kNone) {
+      std::string out;
+      out.swap(held_);
+      return out;
+    }
+    return {};
+  }
+  // Llama 3 writes a call as a bare JSON object: the first non-space character decides.
+  if (syntax_ == ToolCallSyntax::kLlama3 && !any_sent_) {
+    const std::string_view t = trim(held_);
+    if (t.empty()) return {};
+    if (t.front() == '{') {
+      in_call_ = true;
+      return {};
+    }
+  }
+  const std::string_view marker = marker_of(syntax_);
+  if (const size_t m = held_.find(marker); m != std::string::npos) {
+    std::string out = held_.substr(0, m);
+    held_.erase(0, m);
+    in_call_ = true;
+    any_sent_ = any_sent_ || !out.empty();
+    return out;
+  }
+  const size_t keep = partial_marker(held_, marker);
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  any_sent_ = any_sent_ || !out.empty();
+  return out;
+}
+
+ToolCallParse ToolCallStream::finish() {
+  ToolCallParse out;
+  if (!in_call_) {
+    out.content = std::move(held_);
+    held_.clear();
+    return out;
+  }
+  out = parse_tool_calls(syntax_, held_, id_prefix_);
+  held_.clear();
+  return out;
+}
+
+}  // namespace bie::server
