@@ -396,7 +396,7 @@ void Server::Impl::dispatch(const HttpRequest& req, HttpExchange& ex) {
     send_error(ex, e);
   };
   if (path == "/health") {
-    return route({"GET", "HEAD"}, [&] {
+    return route({"GET"}, [&] {
       if (shutting_down.load()) return send_json(ex, 503, {{"status", "shutting_down"}});
       if (engine.load() == nullptr) return send_json(ex, 503, {{"status", "loading"}});
       send_json(ex, 200, {{"status", "ok"}});
