@@ -20,7 +20,9 @@ $(BUILD)/CMakeCache.txt:
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
-run: build models
+# The default model only (98 MB); `make models` fetches every shipped model (~2 GB).
+run: build
+	scripts/fetch_models.sh smollm2
 	$(BUILD)/bie run -m default -p "$(PROMPT)" -n 64
 
 test: deps models
