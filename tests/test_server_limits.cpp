@@ -95,3 +95,69 @@ TEST(MetricLabels, RoutesFromAFixedSetAndValuesEscaped) {
 
 }  // namespace
 }  // namespace bie::server
+
+namespace bie::server {
+namespace {
+
+std::variant<ParsedRequest, ApiError> chat(const std::string& extra) {
+  return parse_request(R"({"messages": [{"role": "user", "content": "hi"}])" + extra + "}",
+                       Endpoint::kChat, ParseLimits{});
+}
+
+std::string param_of(const std::variant<ParsedRequest, ApiError>& r) {
+  if (const auto* e = std::get_if<ApiError>(&r)) return e->param.empty() ? "?" : e->param;
+  return "";
+}
+
+TEST(ToolsRequest, ValidToolsAndChoices) {
+  const std::string tools =
+      R"(, "tools": [{"type": "function", "function": {"name": "get_weather",
+          "description": "d", "parameters": {"type": "object", "properties": {}}}}])";
+  auto r =
+      chat(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                "parallel_tool_calls": false)");
+  ASSERT_TRUE(std::holds_alternative<ParsedRequest>(r)) << param_of(r);
+  const ParsedRequest& p = std::get<ParsedRequest>(r);
+  EXPECT_EQ(p.tools.size(), 1u);
+  EXPECT_EQ(p.tool_choice, ParsedRequest::ToolChoice::kFunction);
+  EXPECT_EQ(p.tool_choice_name, "get_weather");
+  EXPECT_FALSE(p.parallel_tool_calls);
+  EXPECT_EQ(param_of(chat(tools + R"(, "tool_choice": "required")")), "");
+  EXPECT_EQ(param_of(chat(tools + R"(, "tool_choice": "none")")), "");
+}
+
+TEST(ToolsRequest, BadToolsNameTheField) {
+  EXPECT_EQ(param_of(chat(R"(, "tools": {})")), "tools");
+  EXPECT_EQ(param_of(chat(R"(, "tools": [{"type": "retrieval"}])")), "tools[0].type");
+  EXPECT_EQ(param_of(chat(R"(, "tools": [{"type": "function", "function": {"name": "a b"}}])")),
+            "tools[0].function.name");
+  EXPECT_EQ(
+      param_of(chat(
+          R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}])")),
+      "tools[0].function.parameters");
+  EXPECT_EQ(param_of(chat(R"(, "tools": [{"type": "function", "function": {"name": "f",
+                "parameters": {"type": "string"}}}])")),
+            "tools[0].function.parameters");
+  EXPECT_EQ(param_of(chat(R"(, "tool_choice": "required")")), "tool_choice");
+  EXPECT_EQ(param_of(chat(R"(, "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}})")),
+            "tool_choice");
+  EXPECT_EQ(param_of(chat(R"(, "tool_choice": "sometimes")")), "tool_choice");
+  EXPECT_EQ(param_of(chat(R"(, "parallel_tool_calls": 1)")), "parallel_tool_calls");
+}
+
+TEST(ResponseFormat, Shapes) {
+  auto r = chat(R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                "schema": {"type": "object"}, "strict": true}})");
+  ASSERT_TRUE(std::holds_alternative<ParsedRequest>(r));
+  EXPECT_EQ(std::get<ParsedRequest>(r).response_format, "json_schema");
+  EXPECT_EQ(std::get<ParsedRequest>(r).response_schema, nlohmann::json({{"type", "object"}}));
+  EXPECT_EQ(param_of(chat(R"(, "response_format": {"type": "json_object"})")), "");
+  EXPECT_EQ(param_of(chat(R"(, "response_format": {"type": "yaml"})")), "response_format.type");
+  EXPECT_EQ(param_of(chat(R"(, "response_format": {"type": "json_schema"})")),
+            "response_format.json_schema");
+  EXPECT_EQ(param_of(chat(R"(, "response_format": "json")")), "response_format");
+}
+
+}  // namespace
+}  // namespace bie::server

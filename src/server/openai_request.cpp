@@ -151,6 +151,123 @@ std::optional<ApiError> read_messages(const json& body, ParsedRequest& r) {
   return std::nullopt;
 }
 
+// tools: [{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}].
+std::optional<ApiError> read_tools(const json& body, ParsedRequest& r) {
+  const json* t = field(body, "tools");
+  if (t != nullptr) {
+    if (!t->is_array()) return wrong_type("tools", "an array", *t);
+    for (size_t i = 0; i < t->size(); ++i) {
+      const json& tool = (*t)[i];
+      const std::string at = fmt::format("tools[{}]", i);
+      if (!tool.is_object()) return wrong_type(at, "an object", tool);
+      if (tool.value("type", "") != "function") {
+        return bad_request(at + ".type must be \"function\"", at + ".type", "invalid_value");
+      }
+      auto fn = tool.find("function");
+      if (fn == tool.end() || !fn->is_object()) {
+        return bad_request(at + ".function must be an object", at + ".function", "invalid_type");
+      }
+      auto name = fn->find("name");
+      const bool name_ok =
+          name != fn->end() && name->is_string() && !name->get<std::string>().empty() &&
+          name->get<std::string>().size() <= 64 &&
+          name->get<std::string>().find_first_not_of(
+              "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
+              std::string::npos;
+      if (!name_ok) {
+        return bad_request(at + ".function.name must be 1-64 characters of a-z, A-Z, 0-9, _ and -",
+                           at + ".function.name", "invalid_value");
+      }
+      if (auto d = fn->find("description"); d != fn->end() && !d->is_null() && !d->is_string()) {
+        return wrong_type(at + ".function.description", "a string", *d);
+      }
+      if (auto ps = fn->find("parameters"); ps != fn->end() && !ps->is_null()) {
+        if (!ps->is_object())
+          return wrong_type(at + ".function.parameters", "a JSON schema object", *ps);
+        if (auto ty = ps->find("type"); ty != ps->end() && *ty != "object") {
+          return bad_request(
+              at + ".function.parameters must describe an object (\"type\": \"object\")",
+              at + ".function.parameters", "invalid_value");
+        }
+      }
+    }
+    if (!t->empty()) r.tools = *t;
+  }
+  const auto has_tool = [&](const std::string& n) {
+    if (r.tools.is_null()) return false;
+    for (const json& tool : r.tools) {
+      if (tool["function"]["name"] == n) return true;
+    }
+    return false;
+  };
+  if (const json* c = field(body, "tool_choice")) {
+    if (c->is_string()) {
+      const std::string v = c->get<std::string>();
+      if (v == "auto") {
+        r.tool_choice = ParsedRequest::ToolChoice::kAuto;
+      } else if (v == "none") {
+        r.tool_choice = ParsedRequest::ToolChoice::kNone;
+      } else if (v == "required") {
+        r.tool_choice = ParsedRequest::ToolChoice::kRequired;
+      } else {
+        return bad_request(
+            "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+            "{\"type\": \"function\", \"function\": {\"name\": ...}}",
+            "tool_choice", "invalid_value");
+      }
+    } else if (c->is_object() && c->value("type", "") == "function" && c->contains("function") &&
+               (*c)["function"].is_object() && (*c)["function"].contains("name") &&
+               (*c)["function"]["name"].is_string()) {
+      r.tool_choice = ParsedRequest::ToolChoice::kFunction;
+      r.tool_choice_name = (*c)["function"]["name"].get<std::string>();
+      if (!has_tool(r.tool_choice_name)) {
+        return bad_request("'tool_choice' names the function '" + r.tool_choice_name +
+                               "', which is not in 'tools'",
+                           "tool_choice", "invalid_value");
+      }
+    } else {
+      return wrong_type("tool_choice", "a string or a function object", *c);
+    }
+    if (r.tool_choice == ParsedRequest::ToolChoice::kRequired && r.tools.is_null()) {
+      return bad_request("'tool_choice' is \"required\" but no 'tools' are given", "tool_choice",
+                         "invalid_value");
+    }
+  }
+  if (const json* p = field(body, "parallel_tool_calls")) {
+    if (!p->is_boolean()) return wrong_type("parallel_tool_calls", "a boolean", *p);
+    r.parallel_tool_calls = p->get<bool>();
+  }
+  return std::nullopt;
+}
+
+// response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema"}}.
+std::optional<ApiError> read_response_format(const json& body, ParsedRequest& r) {
+  const json* f = field(body, "response_format");
+  if (f == nullptr) return std::nullopt;
+  if (!f->is_object() || !f->contains("type") || !(*f)["type"].is_string()) {
+    return bad_request("'response_format' must be an object with a \"type\"", "response_format",
+                       "invalid_type");
+  }
+  const std::string type = (*f)["type"].get<std::string>();
+  if (type == "text") return std::nullopt;
+  if (type == "json_schema") {
+    auto js = f->find("json_schema");
+    if (js == f->end() || !js->is_object() || !js->contains("schema") ||
+        !(*js)["schema"].is_object()) {
+      return bad_request("'response_format.json_schema.schema' must be a JSON schema object",
+                         "response_format.json_schema", "invalid_value");
+    }
+    r.response_schema = (*js)["schema"];
+  } else if (type != "json_object") {
+    return bad_request(
+        "'response_format.type' must be \"text\", \"json_object\" or "
+        "\"json_schema\"",
+        "response_format.type", "invalid_value");
+  }
+  r.response_format = type;
+  return std::nullopt;
+}
+
 // The shapes OpenAI defines, read without recursion: a string, an array of one string, an array
 // of token ids, or an array of one array of token ids.
 std::optional<ApiError> read_prompt(const json& body, ParsedRequest& r) {
@@ -295,6 +412,7 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, Endpo
   }
   if (endpoint == Endpoint::kChat) {
     if (auto e = read_messages(j, r)) return *e;
+    if (auto e = read_tools(j, r)) return *e;
   } else {
     if (auto e = read_prompt(j, r)) return *e;
   }
@@ -351,6 +469,7 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, Endpo
     }
   }
   if (rd.err) return *rd.err;
+  if (auto e = read_response_format(j, r)) return *e;
   if (auto e = read_stop(j, limits.max_stop, r.engine.stop)) return *e;
   r.engine.logprobs = r.logprobs ? r.top_logprobs : -1;
   if (Status st = s.validate(); !st) return bad_request(st.error(), {}, "invalid_value");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,6 +34,15 @@ struct ParsedRequest {
   int32_t top_logprobs = 0;           // alternatives per token
   std::optional<int32_t> max_tokens;  // absent: the endpoint's default
   EngineRequest engine;               // sampling, stop, logprobs (prompt filled in later)
+  // Chat tools (OpenAI "tools", validated: each {"type": "function", "function": {"name", ...}}).
+  nlohmann::json tools;  // null when absent or empty
+  enum class ToolChoice { kAuto, kNone, kRequired, kFunction };
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;  // kFunction: the function's name (one of tools)
+  bool parallel_tool_calls = true;
+  // response_format: "text" (default), "json_object" or "json_schema" (schema below).
+  std::string response_format = "text";
+  nlohmann::json response_schema;  // json_schema's "schema" object
 };
 
 struct ParseLimits {

@@ -260,6 +260,12 @@ void Server::Impl::handle_generate(const HttpRequest& req, HttpExchange& res, En
                                          model_name + "')",
                                      "model", "model_not_found"));
   }
+  // Never an unconstrained generation for a request that asked for a format.
+  if (p.response_format != "text") {
+    return send_error(res, bad_request("response_format '" + p.response_format +
+                                           "' is not enforced by this server yet",
+                                       "response_format", "unsupported_response_format"));
+  }
   std::vector<int32_t> prompt;
   if (auto e = tokenize(*eng, p, prompt)) return send_error(res, *e);
   if (prompt.empty()) return send_error(res, bad_request("the prompt is empty", "prompt"));
