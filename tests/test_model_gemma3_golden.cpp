@@ -99,8 +99,8 @@ class Gemma3Golden : public ::testing::Test {
     load_error_ = nullptr;
   }
   void SetUp() override {
-    ASSERT_NE(model_, nullptr) << (load_error_ ? *load_error_ : "")
-                               << " (run scripts/fetch_models.sh)";
+    BIE_REQUIRE_FILE(test::gemma3_path());
+    ASSERT_NE(model_, nullptr) << (load_error_ ? *load_error_ : "") << " (run `make models`)";
     ASSERT_TRUE(golden_->contains("prompts")) << "tests/golden/gemma3/logits.json missing";
   }
   static std::unique_ptr<PagedKvCache> paged_f16() {

@@ -48,8 +48,8 @@ class SmolLM2Golden : public ::testing::Test {
     model_ = nullptr;
   }
   void SetUp() override {
-    ASSERT_NE(model_, nullptr) << (load_error_ ? *load_error_ : "")
-                               << " (run scripts/fetch_models.sh)";
+    BIE_REQUIRE_FILE(test::smollm2_path());
+    ASSERT_NE(model_, nullptr) << (load_error_ ? *load_error_ : "") << " (run `make models`)";
     ASSERT_TRUE(golden_->contains("prompts")) << "tests/golden/smollm2/logits.json missing";
   }
   static Model* model_;

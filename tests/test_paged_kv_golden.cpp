@@ -31,7 +31,8 @@ class PagedSmolLM2 : public ::testing::Test {
     golden_ = nullptr;
   }
   void SetUp() override {
-    ASSERT_NE(model_, nullptr) << "SmolLM2 missing (run scripts/fetch_models.sh)";
+    BIE_REQUIRE_FILE(test::smollm2_path());
+    ASSERT_NE(model_, nullptr) << "SmolLM2 missing (run `make models`)";
     ASSERT_NE(golden_, nullptr) << "tests/golden/smollm2/logits.json missing";
   }
   static std::unique_ptr<PagedKvCache> paged(const char* k, const char* v, int window,
