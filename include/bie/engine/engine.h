@@ -157,6 +157,10 @@ struct EngineMetrics {
   int64_t accepted_tokens = 0;  // accepted (mean accepted per spec step = / spec_steps)
   double drafter_seconds = 0;   // time spent proposing
   bool force_f16 = false;       // the KV kill switch is on
+  // The KV memory budget every regime's pools draw on, and the pages they have committed from it
+  // (kv::MemoryBudget's counter: pages of freed blocks stay committed until reclaimed).
+  uint64_t kv_budget_bytes = 0;
+  uint64_t kv_committed_bytes = 0;
 };
 
 struct ModelInfo {
