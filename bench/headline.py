@@ -9,6 +9,14 @@ says fits, and asks `bie plan` for its prediction of every cell. Writes docs/hea
     python3 bench/headline.py                 # ~11 min on a 2-core AVX2 box (+20 s to synth)
     python3 bench/headline.py --quick         # fewer decode tokens, no int4 max-context run
     python3 bench/headline.py --render        # re-render docs/headline.md from docs/headline.json
+    python3 bench/headline.py --boundary-only --model ~/.cache/bie/models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --device-memory-gib 0.25 --out /tmp/h.md --raw /tmp/h.json   # the boundary check alone, ~1 min
+
+The boundary is checked, not restated: at each regime's largest context per `bie plan`, the engine
+must serve the cell, and one token more must be refused with exit code 2 and the engine's own
+message naming that same largest context. Anything else (a crash, a refusal at the planner's
+number, an acceptance one token above it, another message) fails the script (exit 1) after the
+files are written.
 
 The model is SYNTHETIC (random weights): the numbers are memory and speed, never quality.
 """
@@ -23,7 +31,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1 << 30
-DEVICE_MEMORY = "8GiB"
+DEVICE_GIB = 8.0  # --device-memory-gib
 UTIL = "0.90"
 REGIMES = [  # (row label, --kv-cache-dtype)
     ("paged f16", "f16"),
@@ -55,8 +63,12 @@ def gib(b):
     return f"{b / GIB:.2f} GiB"
 
 
+def device_memory():
+    return f"{int(DEVICE_GIB * 1024)}MiB"
+
+
 def plan(bie, model, dtype, max_len, bandwidth, extra=()):
-    cmd = [bie, "plan", "--model", model, "--device", "cpu", "--vram", "8",
+    cmd = [bie, "plan", "--model", model, "--device", "cpu", "--vram", f"{DEVICE_GIB:g}",
            "--gpu-memory-utilization", UTIL, "--workspace", "0", "--max-model-len", str(max_len),
            "--kv-cache-dtype", dtype, "--no-compare", "--json"]
     if bandwidth:
@@ -71,7 +83,7 @@ def bench(bie, model, dtype, ctx, n_gen, reps):
     """One cell in its own process: fill to ctx - n_gen synthetically, decode n_gen tokens."""
     cmd = [bie, "bench", "-m", model, "--fill", "synthetic", "-p", "0", "-n", str(n_gen),
            "-r", str(reps), "-d", str(ctx - n_gen), "--max-model-len", str(ctx),
-           "--kv-cache-dtype", dtype, "--device-memory", DEVICE_MEMORY,
+           "--kv-cache-dtype", dtype, "--device-memory", device_memory(),
            "--gpu-memory-utilization", UTIL, "--json"]
     rc, out, err, sec = run(cmd)
     if rc != 0:
@@ -110,6 +122,7 @@ def speed_at(p, depth):
 
 
 def main():
+    global DEVICE_GIB
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--bie", default=os.path.join(ROOT, "build", "bie"))
     ap.add_argument("--model", default=os.path.expanduser(
@@ -121,7 +134,12 @@ def main():
     ap.add_argument("--raw", default=os.path.join(ROOT, "docs", "headline.json"))
     ap.add_argument("--render", action="store_true",
                     help="only rewrite --out from the measurements in --raw (asks bie plan again)")
+    ap.add_argument("--device-memory-gib", type=float, default=8.0,
+                    help="device memory of every cell and of bie plan (default 8)")
+    ap.add_argument("--boundary-only", action="store_true",
+                    help="only the largest-context cells (served) and one token more (refused)")
     a = ap.parse_args()
+    DEVICE_GIB = a.device_memory_gib
     if a.render:
         with open(a.raw) as f:
             render(a, json.load(f))
@@ -152,23 +170,67 @@ def main():
     for label, dtype in REGIMES:
         maxc = plan(a.bie, a.model, dtype, 65536, bw)["options"][0]["max_context"]
         cells[label] = {"dtype": dtype, "max_context_plan": maxc}
-        for ctx in (32768, 65536):
+        for ctx in () if a.boundary_only else (32768, 65536):
             cells[label][str(ctx)] = bench(a.bie, a.model, dtype, ctx, a.n_gen, a.reps)
-        if maxc < 65536 or not a.quick:
+        if maxc < 65536 or not a.quick or a.boundary_only:
             top = min(maxc, 1 << 17)
             at_max = bench(a.bie, a.model, dtype, top, a.n_gen, a.reps)
-            over = bench(a.bie, a.model, dtype, top + 16, a.n_gen, a.reps) if at_max["ok"] else None
-            cells[label]["max"] = {"ctx": top, "at": at_max, "over": over}
+            over = bench(a.bie, a.model, dtype, top + 1, a.n_gen, a.reps)
+            cells[label]["max"] = {"ctx": top, "at": at_max, "over": over,
+                                   "capped": maxc >= 1 << 17}
 
     raw = {"date": datetime.datetime.utcnow().isoformat() + "Z", "machine": machine(),
            "load_average_end": os.getloadavg(), "bandwidth_gbs": bw,
            "bandwidth_samples": samples, "model": a.model,
            "n_gen": a.n_gen, "reps": a.reps, "synth_seconds": synth_seconds,
            "total_seconds": time.time() - t_start, "cells": cells}
+    raw["boundary_failures"] = boundary_failures(cells)
+    raw["boundary_only"] = a.boundary_only
     with open(a.raw, "w") as f:
         json.dump(raw, f, indent=1, default=str)
-    render(a, raw)
-    log(f"done in {(time.time() - t_start) / 60:.1f} min; wrote {a.out} and {a.raw}")
+    if not a.boundary_only:
+        render(a, raw)
+    log(f"done in {(time.time() - t_start) / 60:.1f} min; wrote {a.raw}"
+        + ("" if a.boundary_only else f" and {a.out}"))
+    for label, dtype in REGIMES:
+        mx = cells[label].get("max")
+        if mx:
+            log(f"boundary {label}: {mx['ctx']} " + ("served" if mx["at"]["ok"] else "NOT served")
+                + f", {mx['ctx'] + 1} " + ("refused (exit 2)" if refused(mx["over"], mx["ctx"])
+                                           else f"NOT refused as expected: {mx['over']}"))
+    if raw["boundary_failures"]:
+        for f in raw["boundary_failures"]:
+            print(f"headline: FAILED: {f}", file=sys.stderr)
+        raise SystemExit(1)
+
+
+def refused(cell, top):
+    """True if the cell is the engine's refusal of one token over `top`: exit code 2 and the
+    engine's message naming `top` as the largest context that fits."""
+    return (cell is not None and not cell["ok"] and cell["rc"] == 2
+            and f"the largest context that fits is {top} tokens" in cell["message"])
+
+
+def boundary_failures(cells):
+    """Where the engine and bie plan disagree about the largest context (empty: they agree to
+    the token in every regime probed)."""
+    out = []
+    for label, c in cells.items():
+        mx = c.get("max")
+        if not mx:
+            continue
+        top = mx["ctx"]
+        if not mx["at"]["ok"]:
+            out.append(f"{label}: bie plan's largest context {top} was not served "
+                       f"(exit {mx['at']['rc']}: {mx['at']['message']})")
+        if mx.get("capped"):
+            continue  # the planner's number is its cap, not a boundary of the budget
+        if not refused(mx["over"], top):
+            o = mx["over"]
+            out.append(f"{label}: {top + 1} tokens (one over bie plan's largest context) were not "
+                       "refused with exit 2 naming " + str(top) + ": "
+                       + ("ACCEPTED" if o["ok"] else f"exit {o['rc']}: {o['message']}"))
+    return out
 
 
 def fmt_cell_mem(c):
@@ -237,7 +299,7 @@ def render(a, raw):
       "box. The planner's decode bound is bandwidth / (weights read per token + KV bytes of the "
       "sequence), so it is an upper bound: a copy counts written bytes too, and decode only "
       "reads.")
-    w(f"- Budget, the same for every regime: `--device-memory {DEVICE_MEMORY} "
+    w(f"- Budget, the same for every regime: `--device-memory {device_memory()} "
       f"--gpu-memory-utilization {UTIL}` = {gib(usable)} usable = weights {gib(weights)} (exact, "
       f"from the GGUF) + prefill workspace {gib(act)} (chunk 512) + **KV {gib(kv_budget)}**. "
       "The engine sizes its pools with the same planner functions (`engine/kv_setup.h`); the "
@@ -245,7 +307,7 @@ def render(a, raw):
       "--gpu-memory-utilization 0.90 --workspace 0 --max-model-len N --kv-cache-dtype X`.")
     w(f"- Each measured cell is its own `bie bench` process: `bie bench -m FILE --fill synthetic "
       f"-p 0 -n {raw['n_gen']} -r {raw['reps']} -d CTX-{raw['n_gen']} --max-model-len CTX "
-      f"--kv-cache-dtype X --device-memory {DEVICE_MEMORY} --gpu-memory-utilization {UTIL}`: "
+      f"--kv-cache-dtype X --device-memory {device_memory()} --gpu-memory-utilization {UTIL}`: "
       "the cache is filled with synthetic K/V of realistic statistics (Gaussian; keys with "
       "persistent 10-50x outlier channels) through the real append/store/re-quantisation path, "
       f"then {raw['n_gen']} tokens are decoded (a full 8B forward each), {raw['reps']} times; "
@@ -272,7 +334,8 @@ def render(a, raw):
             eng = (f"{mx['ctx']:,} served" if mx["at"]["ok"]
                    else f"{mx['ctx']:,} {fmt_cell_mem(mx['at'])}")
             if mx.get("over") is not None:
-                eng += f", {mx['ctx'] + 16:,} " + ("refused" if not mx["over"]["ok"] else "ACCEPTED")
+                eng += f", {mx['ctx'] + 1:,} " + ("refused" if refused(mx["over"], mx["ctx"])
+                                                  else "NOT REFUSED AS EXPECTED")
         else:
             eng = "65,536 served"
         b32, b64 = speed_at(p64, 32768), speed_at(p64, 65536)
@@ -300,7 +363,8 @@ def render(a, raw):
     w("### At the largest context each regime fits")
     w("")
     w("The engine run at `--max-model-len` = the planner's largest context (filled, then "
-      "decoded), and one block more (refused):")
+      "decoded), and one token more (refused: exit code 2 and the engine's message naming the "
+      "same largest context; `bench/headline.py` fails otherwise):")
     w("")
     w("| regime | context | synthetic fill | peak RSS | KV held | decode tok/s | planner bound | "
       "ratio to bound |")
@@ -334,10 +398,13 @@ def render(a, raw):
     agree = []
     for label, dtype in REGIMES:
         mx = cells[label].get("max")
-        if mx and mx["at"]["ok"] and mx.get("over") is not None and not mx["over"]["ok"]:
+        if mx and mx["at"]["ok"] and refused(mx.get("over"), mx["ctx"]):
             agree.append(f"{label} {mx['ctx']:,}")
-    w("- Measured maximum contexts (served at the planner's number, refused one block above): "
-      + "; ".join(agree) + ". The engine and `bie plan` agree to the token.")
+    fails = boundary_failures(cells)
+    w("- Measured maximum contexts (served at the planner's number, refused one token above with "
+      "exit code 2): " + "; ".join(agree) + "."
+      + (" The engine and `bie plan` agree to the token (checked by the script)." if not fails
+         else " DISAGREEMENT: " + "; ".join(fails)))
     if i4["ok"] and f16max and f16max["at"]["ok"]:
         f = f16max["at"]
         w(f"- Decode: int4 KV at 65,536 tokens {i4['tps']:.3f} tok/s vs f16 KV at its largest "
@@ -371,7 +438,7 @@ def render(a, raw):
         items = [(k, c[k]) for k in ("32768", "65536")]
         mx = c.get("max")
         if mx and mx.get("over") is not None:
-            items.append((str(mx["ctx"] + 16), mx["over"]))
+            items.append((str(mx["ctx"] + 1), mx["over"]))
         for k, cc in items:
             if not cc["ok"] and cc["message"] not in seen:
                 seen.add(cc["message"])

@@ -14,8 +14,11 @@ Measures, each as the median of --runs runs after one warm-up run:
   --type-k/-v   KV cache types (f16, q8_0, q4_0); quantised V needs --flash-attn on
 Times come from llama.cpp's own counters (llama_perf_context: t_p_eval_ms / t_eval_ms), which
 exclude Python overhead; wall-clock tok/s around the same calls is reported next to them.
-Peak RSS is resource.getrusage(RUSAGE_SELF).ru_maxrss of this process (model is mmapped, so it
-counts the pages touched).
+Peak RSS: peak_rss_mib is llama.cpp's own share, this process's peak (ru_maxrss = VmHWM; the
+model is mmapped, so it counts the pages touched) minus the peak of an idle interpreter of the
+same Python with numpy imported, measured in a child process (baseline_rss_mib): what a
+llama.cpp program without Python would hold, to within the llama_cpp module's own Python objects.
+peak_rss_process_mib is the whole process, Python included.
 """
 
 from __future__ import annotations
@@ -111,6 +114,16 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def idle_interpreter_hwm_kib() -> int:
+    """Peak RSS (VmHWM, KiB) of this Python with numpy imported and nothing else, in a child."""
+    code = ("import numpy\n"
+            "for line in open('/proc/self/status'):\n"
+            "    if line.startswith('VmHWM:'):\n"
+            "        print(int(line.split()[1]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -162,6 +175,7 @@ def main() -> int:
                          "runs_tok_s": [round(r[0], 2) for r in runs]})
 
     maxrss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    baseline_kib = idle_interpreter_hwm_kib()
     ver = getattr(llama_cpp, "__version__", "unknown")
     report = {
         "model": os.path.basename(path),
@@ -173,7 +187,11 @@ def main() -> int:
         "cpu": cpu_model(), "nproc": os.cpu_count(),
         "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
         "load_s": round(load_s, 3),
-        "peak_rss_mib": round(maxrss_kib / 1024.0, 1),
+        "peak_rss_mib": round((maxrss_kib - baseline_kib) / 1024.0, 1),
+        "peak_rss_process_mib": round(maxrss_kib / 1024.0, 1),
+        "baseline_rss_mib": round(baseline_kib / 1024.0, 1),
+        "peak_rss_method": "VmHWM of this process minus VmHWM of an idle child interpreter "
+                           "(same python, numpy imported)",
         "results": [{**r, "tok_s": round(r["tok_s"], 2), "tok_s_wall": round(r["tok_s_wall"], 2)}
                     for r in results],
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -187,7 +205,8 @@ def main() -> int:
     print(f"{'test':<12} {'tok/s':>10} {'tok/s wall':>11}   runs (tok/s, llama.cpp timers)")
     for r in report["results"]:
         print(f"{r['test']:<12} {r['tok_s']:>10.2f} {r['tok_s_wall']:>11.2f}   {r['runs_tok_s']}")
-    print(f"peak RSS: {report['peak_rss_mib']} MiB   load: {report['load_s']} s")
+    print(f"peak RSS: {report['peak_rss_mib']} MiB llama.cpp (process {report['peak_rss_process_mib']} "
+          f"MiB minus idle python+numpy {report['baseline_rss_mib']} MiB)   load: {report['load_s']} s")
     return 0
 
 

@@ -7,7 +7,7 @@
 Writes into --out:
   tokenizer.json  token ids for a fixed corpus (special on/off, add_bos on/off) + detokenized bytes
   logits.json     per prompt: prompt ids, top-k next-token logits, greedy continuation with
-                  per-step top-1/top-2 margins
+                  per-step top-1/top-2 margins and per-step top-k logits (teacher forcing)
 
 See tests/golden/README.md for the schemas. Needs the reference venv (scripts/setup_reference.sh).
 """
@@ -360,12 +360,15 @@ def make_logits(llm: Llama, vocab, header: dict, prompts, n_gen: int, k: int, se
         llm.eval(ids)
         logits = last_logits(llm)
         top = topk(logits, k)
-        gen, steps = [], []
+        gen, steps, step_top = [], [], []
         stop = "length"
         for _ in range(n_gen):
             t2 = topk(logits, 2)
             tok = int(np.argmax(logits))  # first max on ties == llama.cpp greedy sampler
             steps.append([t2[0][0], t2[0][1], t2[1][0], t2[1][1], round(t2[0][1] - t2[1][1], 5)])
+            # Teacher forcing: gen_ids are llama.cpp's own choices, so the distribution after
+            # prompt + gen_ids[:i] (what a test feeding those ids must reproduce) is this one.
+            step_top.append(topk(logits, k))
             gen.append(tok)
             if llama_cpp.llama_vocab_is_eog(vocab, tok):
                 stop = "eog"
@@ -384,6 +387,7 @@ def make_logits(llm: Llama, vocab, header: dict, prompts, n_gen: int, k: int, se
             "gen_text_hex": text_bytes.hex(),
             "stop_reason": stop,
             "gen_steps": steps,
+            "step_top_logits": step_top,
             "min_margin": min(margins) if margins else None,
             "near_tie_steps": [i for i, m in enumerate(margins) if m < settings["near_tie_threshold"]],
         })
@@ -397,7 +401,9 @@ def make_logits(llm: Llama, vocab, header: dict, prompts, n_gen: int, k: int, se
         "sorted by logit desc. Generation: greedy argmax over raw logits (no temperature, no "
         "penalties, no sampler), one token per llama_decode, stop after max_new_tokens or at the "
         "first end-of-generation token (included in gen_ids). gen_steps[i] = [top1_id, top1_logit, "
-        "top2_id, top2_logit, margin] for the distribution that produced gen_ids[i]; steps with "
+        "top2_id, top2_logit, margin] for the distribution that produced gen_ids[i]; "
+        "step_top_logits[i]: its top_k [token_id, raw logit] (teacher forcing: the logits after "
+        "prompt_ids + gen_ids[:i], each token fed by one llama_decode); steps with "
         "margin < near_tie_threshold are listed in near_tie_steps and may legitimately differ "
         "between implementations (and everything after them)."
     )

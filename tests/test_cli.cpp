@@ -33,6 +33,7 @@ TEST(Cli, MissingModelFile) {
 }
 
 TEST(Cli, TruncatedModelFile) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   const std::string full = test::read_file(test::smollm2_path());
   ASSERT_FALSE(full.empty());
   const std::string path = tmp("bie_truncated.gguf");
@@ -70,6 +71,7 @@ TEST(Cli, BadFlagValueIsExitCode2) {
 }
 
 TEST(Cli, InfoDescribesDefaultModel) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto r = run_cmd(test::bie_bin() + " info default");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("architecture    llama"), std::string::npos) << r.out;
@@ -79,6 +81,7 @@ TEST(Cli, InfoDescribesDefaultModel) {
 }
 
 TEST(Cli, RunDefaultModelGreedy) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto r = run_cmd(test::bie_bin() + " run -m default -p 'The capital of France is' -n 8 --temp 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("The capital of France is Paris"), std::string::npos) << r.out;

@@ -26,6 +26,7 @@ void expect_bad_input(const std::string& args, const std::string& needle) {
 }
 
 TEST(CliEngine, KvBudgetTooSmall) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   expect_bad_input("run -m default -p hi --kv-cache-memory 1MiB",
                    "holds 0 of the 1 sequence(s) of --max-model-len 8192");
   expect_bad_input("run -m default -p hi --kv-cache-memory 1MiB", "raise --kv-cache-memory");
@@ -33,12 +34,14 @@ TEST(CliEngine, KvBudgetTooSmall) {
 }
 
 TEST(CliEngine, WeightsOverBudget) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   expect_bad_input("run -m default -p hi --device-memory 50MiB", "do not fit the memory budget");
   expect_bad_input("run -m default -p hi --gpu-memory-utilization 1.5",
                    "--gpu-memory-utilization must be in (0, 1]");
 }
 
 TEST(CliEngine, BadDtype) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   expect_bad_input("run -m default -p hi --kv-cache-dtype int5", "--kv-cache-dtype");
   expect_bad_input("run -m default -p hi --kv-cache-dtype-v int4_channel", "key format");
   expect_bad_input("bench -m default -p 8 -n 0 -r 1 --kv-cache-dtype f16,int5", "regime int5");
@@ -62,11 +65,13 @@ TEST(CliEngine, RotateNeedsPowerOfTwoHeadDim) {
 }
 
 TEST(CliEngine, PromptLongerThanMaxModelLen) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   expect_bad_input("run -m default -p 'one two three four five six seven eight' -c 4",
                    "more than --max-model-len 4");
 }
 
 TEST(CliEngine, RunPrintsOneReportAndPeakRss) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   const auto r = run_cmd(test::bie_bin() +
                          " run -m default -p 'The capital of France is' -n 4 --temp 0 -t 2 "
                          "--kv-cache-dtype int4_channel --max-model-len 256");
@@ -78,6 +83,7 @@ TEST(CliEngine, RunPrintsOneReportAndPeakRss) {
 }
 
 TEST(CliEngine, BenchAtDepthsEmitsJson) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   const auto r = run_cmd(test::bie_bin() +
                          " bench -m default -p 16 -n 4 -d 0,40 -r 1 -t 2 "
                          "--kv-cache-dtype f16,int4_asym,int4_channel --kv-window 16 --json");
@@ -104,6 +110,7 @@ TEST(CliEngine, BenchAtDepthsEmitsJson) {
 // bie bench --speculative: both drafters, greedy outputs identical, the drafter's statistics
 // reported (the draft model is the default model itself, forced to draft every step).
 TEST(CliEngine, BenchSpeculativeReportsAcceptance) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   for (const std::string drafter : {"ngram", "default"}) {
     const auto r = run_cmd(test::bie_bin() + " bench -m default --speculative " + drafter +
                            " --speculative-always -n 12 -r 1 -t 2 --max-model-len 1024 --json");
@@ -127,6 +134,7 @@ TEST(CliEngine, BenchSpeculativeReportsAcceptance) {
 // --fill synthetic reaches the depth without forward passes and holds exactly the blocks a
 // prefill to that depth would (the planner's bytes); -p 0 runs decode only.
 TEST(CliEngine, BenchSyntheticFillHoldsThePlannersBytes) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   const auto r = run_cmd(test::bie_bin() +
                          " bench -m default --fill synthetic -p 0 -n 2 -d 300 -r 1 -t 2 "
                          "--kv-cache-dtype f16,int4_asym --json");
@@ -153,6 +161,7 @@ TEST(CliEngine, BenchSyntheticFillHoldsThePlannersBytes) {
 }
 
 TEST(CliEngine, SynthRefusesWhatItCannotWrite) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto r = run_cmd(test::bie_bin() + " synth --preset no-such-model");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("unknown preset"), std::string::npos) << r.err;

@@ -93,6 +93,7 @@ TEST(CliPlan, SvgChart) {
 }
 
 TEST(CliPlan, RealSmolLM2) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   if (!fs::exists(test::smollm2_path())) GTEST_FAIL() << "model missing: " << test::smollm2_path();
   const CliResult r = run_bie("plan --model " + test::smollm2_path() +
                               " --vram 1 --bandwidth 50 --json --no-compare");

@@ -15,6 +15,7 @@
 #include "bie/engine/model_path.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "support/engine_collect.h"
+#include "support/paths.h"
 
 namespace bie {
 namespace {
@@ -57,6 +58,7 @@ const char* kPrompts[] = {
 using test::used_blocks;
 
 TEST(Engine, GreedyMatchesSingleSequenceGenerate) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto e = Engine::create(base_config());
   ASSERT_TRUE(e.ok()) << e.error();
   Engine& eng = **e;
@@ -119,6 +121,7 @@ std::pair<std::vector<std::vector<int32_t>>, std::vector<std::vector<int32_t>>> 
 }
 
 TEST(Engine, ConcurrentBatchEqualsRequestsAlone) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto e = Engine::create(base_config());
   ASSERT_TRUE(e.ok()) << e.error();
   auto [alone, together] = alone_and_together(**e, 16);
@@ -130,6 +133,7 @@ TEST(Engine, ConcurrentBatchEqualsRequestsAlone) {
 }
 
 TEST(Engine, PrefixCacheHitGivesSameOutputAndSkipsWork) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   EngineConfig cfg = base_config();
   auto e = Engine::create(cfg);
   ASSERT_TRUE(e.ok()) << e.error();
@@ -163,6 +167,7 @@ TEST(Engine, PrefixCacheHitGivesSameOutputAndSkipsWork) {
 // body format quantises the cached FP16 copy (docs/serving.md "Prefix caching and quantised KV")
 // and still matches a cold run.
 TEST(Engine, PrefixCacheWithQuantisedBody) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   EngineConfig cfg = base_config();
   cfg.kv.kv.dtype = "int8";
   auto e = Engine::create(cfg);
@@ -206,6 +211,7 @@ TEST(Engine, PrefixCacheWithQuantisedBody) {
 // boundaries (per-channel keys need whole tiles): all requests finish, invariants hold after
 // every step, nothing leaks.
 TEST(Engine, QuantisedRegimesUnderBatchingWithOddChunks) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   for (const char* dtype : {"int4_asym", "int4_channel", "fp8_e4m3"}) {
     EngineConfig cfg = base_config();
     cfg.kv.kv.dtype = dtype;
@@ -231,6 +237,7 @@ TEST(Engine, QuantisedRegimesUnderBatchingWithOddChunks) {
 }
 
 TEST(Engine, PreemptionUnderATightBudgetLosesNothing) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   EngineConfig cfg = base_config();
   cfg.kv.max_model_len = 128;
   cfg.kv.max_num_seqs = 8;
@@ -247,6 +254,7 @@ TEST(Engine, PreemptionUnderATightBudgetLosesNothing) {
 }
 
 TEST(Engine, CancelFreesBlocksAndRefusalsAreClear) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   EngineConfig cfg = base_config();
   cfg.kv.max_num_seqs = 1;
   cfg.max_queue = 1;
@@ -297,6 +305,7 @@ TEST(Engine, CancelFreesBlocksAndRefusalsAreClear) {
 }
 
 TEST(Engine, CreateSaysWhatKindOfFailure) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   EngineConfig bad = base_config();
   bad.kv.kv.dtype = "int3";
   CreateError kind = CreateError::kModel;
@@ -314,6 +323,7 @@ TEST(Engine, CreateSaysWhatKindOfFailure) {
 }
 
 TEST(Engine, StopStringsEndGenerationBeforeTheMatch) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto e = Engine::create(base_config());
   ASSERT_TRUE(e.ok()) << e.error();
   Engine& eng = **e;
@@ -333,6 +343,7 @@ TEST(Engine, StopStringsEndGenerationBeforeTheMatch) {
 }
 
 TEST(Engine, ShutdownFinishesRunningRequests) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto e = Engine::create(base_config());
   ASSERT_TRUE(e.ok()) << e.error();
   Engine& eng = **e;

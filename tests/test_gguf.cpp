@@ -248,9 +248,7 @@ class GgufRealFile : public ::testing::Test {
  protected:
   void SetUp() override {
     path_ = test::smollm2_path();
-    if (!std::filesystem::exists(path_)) {
-      GTEST_FAIL() << "default model missing at " << path_ << " (run scripts/fetch_models.sh)";
-    }
+    BIE_REQUIRE_FILE(path_);
     bytes_ = test::read_file(path_);
   }
   std::string path_;

@@ -12,6 +12,7 @@ namespace bie {
 namespace {
 
 TEST(KvAccounting, ContiguousCacheEqualsPlannerOnSmolLM2) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto model = load_model(test::smollm2_path());
   ASSERT_TRUE(model.ok()) << model.error();
   auto geo = planner::geometry_from_gguf((*model)->file());

@@ -59,7 +59,7 @@ void expect_pools_match_plan(const planner::ModelGeometry& g, const planner::KvL
 }
 
 TEST(KvBlockPlanner, PoolsReserveWhatThePlannerPredictsForSmolLM2) {
-  if (!std::filesystem::exists(bie::test::smollm2_path())) GTEST_SKIP() << "model not fetched";
+  BIE_REQUIRE_FILE(bie::test::smollm2_path());
   auto g = planner::geometry_from_gguf_path(bie::test::smollm2_path());
   ASSERT_TRUE(g.ok()) << g.error();
   // f16 at 8192 tokens: 23,040 B/token x 8192, the contiguous cache's figure (block-aligned).
@@ -86,7 +86,7 @@ TEST(KvBlockPlanner, PoolsReserveWhatThePlannerPredictsForLlama3_8B) {
 }
 
 TEST(KvBlockPlanner, SlidingWindowModelGetsOneManagerPerLayerGroup) {
-  if (!std::filesystem::exists(bie::test::gemma3_path())) GTEST_SKIP() << "model not fetched";
+  BIE_REQUIRE_FILE(bie::test::gemma3_path());
   auto g = planner::geometry_from_gguf_path(bie::test::gemma3_path());
   ASSERT_TRUE(g.ok()) << g.error();
   expect_pools_match_plan(*g, layout("f16", "f16"), 32768, 2);

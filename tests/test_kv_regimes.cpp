@@ -12,6 +12,7 @@
 #include "bie/kv/memory_budget.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "support/engine_collect.h"
+#include "support/paths.h"
 
 namespace bie {
 namespace {
@@ -171,6 +172,7 @@ EngineRequest greedy(const Engine& e, const std::string& text, int n) {
 }
 
 TEST(KvRegimes, KillSwitchOverrideAndPolicy) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   EngineConfig c = regime_config("int4_asym");
   c.kv_regimes = {"int8"};
   c.kv_policy = "fp8_e4m3:1000-";
@@ -221,6 +223,7 @@ TEST(KvRegimes, KillSwitchOverrideAndPolicy) {
 // The kill switch's f16 regime gives exactly what an f16 engine gives, and a prompt the budget
 // cannot hold in f16 is refused at submit while the 4-bit default still takes it.
 TEST(KvRegimes, F16RegimeMatchesAnF16EngineAndRefusesWhatDoesNotFit) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto plain = Engine::create(regime_config("f16", 1024, 32));
   auto mixed = Engine::create(regime_config("int4_asym", 1024, 12));
   ASSERT_TRUE(plain.ok()) << plain.error();
@@ -262,6 +265,7 @@ TEST(KvRegimes, F16RegimeMatchesAnF16EngineAndRefusesWhatDoesNotFit) {
 }
 
 TEST(KvRegimes, BadRegimeConfigIsRefused) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   EngineConfig c = regime_config("int4_asym");
   c.kv_regimes = {"int5"};
   auto e = Engine::create(c);

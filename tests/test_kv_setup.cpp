@@ -53,6 +53,7 @@ planner::PlanRequest plan_request_for(const planner::ModelGeometry& g, const KvE
 }
 
 TEST(KvSetup, BudgetAndPoolsEqualThePlanner) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   const planner::ModelGeometry g = smollm2();
   ASSERT_TRUE(g.weight_bytes.has_value());
   for (const char* dtype : {"f16", "int8", "int4_asym", "int4_channel"}) {
@@ -97,8 +98,9 @@ TEST(KvSetup, BudgetAndPoolsEqualThePlanner) {
 // Gemma 3 270M (15 local layers, window 512): the pools are the SWA-hybrid plan, group by group,
 // and the start-up report shows the bytes `bie plan` reports for the same context.
 TEST(KvSetup, GemmaHybridPoolsEqualThePlanner) {
+  BIE_REQUIRE_FILE(test::gemma3_path());
   auto gg = planner::geometry_from_gguf_path(test::gemma3_path());
-  ASSERT_TRUE(gg.ok()) << gg.error() << " (run scripts/fetch_models.sh)";
+  ASSERT_TRUE(gg.ok()) << gg.error() << " (run `make models`)";
   const planner::ModelGeometry& g = *gg;
   ASSERT_EQ(g.n_swa_layers(), 15);
   ASSERT_TRUE(g.weight_bytes.has_value());
@@ -153,6 +155,7 @@ TEST(KvSetup, GemmaHybridPoolsEqualThePlanner) {
 }
 
 TEST(KvSetup, ExplicitKvMemoryIsFilledWithBlocks) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   const planner::ModelGeometry g = smollm2();
   KvEngineOptions o;
   o.kv.dtype = "int8";
@@ -169,6 +172,7 @@ TEST(KvSetup, ExplicitKvMemoryIsFilledWithBlocks) {
 }
 
 TEST(KvSetup, DefaultMaxModelLenIsTrainedContextCappedAt8192) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   const planner::ModelGeometry g = smollm2();
   KvEngineOptions o;
   o.kv_cache_memory = 1ull << 30;
@@ -178,6 +182,7 @@ TEST(KvSetup, DefaultMaxModelLenIsTrainedContextCappedAt8192) {
 }
 
 TEST(KvSetup, ErrorsSayWhatDoesNotFit) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   const planner::ModelGeometry g = smollm2();
   KvEngineOptions o;
   o.max_model_len = 8192;

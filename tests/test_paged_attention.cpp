@@ -612,8 +612,9 @@ class TeeKvCache final : public KvCache {
 // int4_asym_g64 keys (V kept f16 to isolate K) on real SmolLM2 keys: the Hadamard rotation
 // spreads the outlier channels, so the attention output is closer to f16's.
 TEST(PagedCacheRotate, RotationReducesInt4KeyErrorOnSmolLM2) {
+  BIE_REQUIRE_FILE(test::smollm2_path());
   auto m = load_model(test::smollm2_path());
-  ASSERT_TRUE(m.ok()) << m.error() << " (run scripts/fetch_models.sh)";
+  ASSERT_TRUE(m.ok()) << m.error() << " (run `make models`)";
   Model& model = **m;
   auto tok = tokenizer::Tokenizer::from_gguf(model.file());
   ASSERT_TRUE(tok.ok());

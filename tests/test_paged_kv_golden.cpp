@@ -1,6 +1,6 @@
 // PagedKvCache on SmolLM2-135M: the all-f16 paged cache against the contiguous cache and
-// llama.cpp on the golden prompts, and the quantised regimes' logit deltas against f16 (measured
-// and printed; bounds are sanity bars, the numbers are in the report).
+// llama.cpp on the golden prompts, and the quantised regimes' logit deltas against f16, held at
+// their measured values plus a stated margin.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -31,7 +31,8 @@ class PagedSmolLM2 : public ::testing::Test {
     golden_ = nullptr;
   }
   void SetUp() override {
-    ASSERT_NE(model_, nullptr) << "SmolLM2 missing (run scripts/fetch_models.sh)";
+    BIE_REQUIRE_FILE(test::smollm2_path());
+    ASSERT_NE(model_, nullptr) << "SmolLM2 missing (run `make models`)";
     ASSERT_NE(golden_, nullptr) << "tests/golden/smollm2/logits.json missing";
   }
   static std::unique_ptr<PagedKvCache> paged(const char* k, const char* v, int window,
@@ -105,13 +106,17 @@ TEST_F(PagedSmolLM2, QuantisedBodiesVsF16) {
   for (auto t : tok->encode(text)) shakespeare.push_back(static_cast<int32_t>(t));
   ASSERT_GE(shakespeare.size(), 512u);
   shakespeare.resize(512);
+  // Bars on the worst top-10 delta (golden prompts and the 512 tokens): the larger of the two
+  // measured values (2026-12-01: int8 0.121 / 0.124, int4_channel K 0.254 / 0.196, int4_asym
+  // 0.741 / 0.326) plus 25%, so a regression of the quantisers or of the window routing fails.
+  // BIE is deterministic for a given ISA, so the margin covers only the scalar/AVX2 paths.
   struct Case {
     const char* k;
     const char* v;
-    double bound;  // sanity bar on the worst top-10 delta
+    double bound;
   };
-  for (const Case& c : {Case{"int8", "int8", 1.0}, Case{"int4_channel_t16", "int4_asym_g64", 3.0},
-                        Case{"int4_asym_g64", "int4_asym_g64", 5.0}}) {
+  for (const Case& c : {Case{"int8", "int8", 0.16}, Case{"int4_channel_t16", "int4_asym_g64", 0.32},
+                        Case{"int4_asym_g64", "int4_asym_g64", 0.93}}) {
     double worst_golden = 0.0;
     int agree = 0, n = 0;
     for (const auto& p : (*golden_)["prompts"]) {
@@ -137,8 +142,10 @@ TEST_F(PagedSmolLM2, QuantisedBodiesVsF16) {
         "  K %s / V %s: golden prompts (window 16) worst top-10 delta %.4f, top-1 %d/%d; "
         "512 Shakespeare tokens (window 128) top-10 delta %.4f\n",
         c.k, c.v, worst_golden, agree, n, d512);
-    EXPECT_LT(worst_golden, c.bound);
-    EXPECT_LT(d512, c.bound);
+    EXPECT_LT(worst_golden, c.bound) << c.k;
+    EXPECT_LT(d512, c.bound) << c.k;
+    // Measured: the same top-1 token as f16 on all 10 golden prompts in every regime.
+    EXPECT_EQ(agree, n) << c.k << " / " << c.v << ": top-1 differs from f16";
   }
 }
 

@@ -163,7 +163,7 @@ TEST(GeometryGguf, OpenErrorsNameTheFile) {
 
 ModelGeometry real(const std::string& path) {
   if (!std::filesystem::exists(path)) {
-    ADD_FAILURE() << "model missing at " << path << " (run scripts/fetch_models.sh)";
+    ADD_FAILURE() << test::missing_file_message(path);
     return {};
   }
   auto g = geometry_from_gguf_path(path);
@@ -172,6 +172,7 @@ ModelGeometry real(const std::string& path) {
 }
 
 TEST(GeometryReal, SmolLM2) {
+  BIE_REQUIRE_FILE(test::smollm2_path());
   const ModelGeometry g = real(test::smollm2_path());
   ASSERT_EQ(g.n_layer, 30);
   EXPECT_EQ(g.n_head, 9);
@@ -194,6 +195,7 @@ TEST(GeometryReal, SmolLM2) {
 }
 
 TEST(GeometryReal, Gemma3SlidingWindowPatternAsLlamaCpp) {
+  BIE_REQUIRE_FILE(test::gemma3_path());
   const ModelGeometry g = real(test::gemma3_path());
   ASSERT_EQ(g.n_layer, 18);
   EXPECT_EQ(g.arch, "gemma3");

@@ -92,7 +92,8 @@ class QualitySmolLM2 : public ::testing::Test {
     model_ = nullptr;
   }
   void SetUp() override {
-    ASSERT_NE(model_, nullptr) << "SmolLM2 missing (run scripts/fetch_models.sh)";
+    BIE_REQUIRE_FILE(test::smollm2_path());
+    ASSERT_NE(model_, nullptr) << "SmolLM2 missing (run `make models`)";
     ASSERT_NE(tok_, nullptr);
     text_ = test::read_file(test::source_dir() + "/../shared/data/tinyshakespeare.txt");
     if (text_.empty()) text_ = test::read_file("/work/shared/data/tinyshakespeare.txt");
@@ -191,6 +192,7 @@ TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
 // ---- CLI ------------------------------------------------------------------------------------
 
 TEST(QualityCli, ErrorsAreOneLine) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   const std::string bin = test::bie_bin() + " quality -m default ";
   auto missing = test::run_cmd(bin + "-f /nonexistent/text.txt");
   EXPECT_EQ(missing.exit_code, 2);

@@ -127,6 +127,8 @@ TEST(QuantFp16, RoundsToNearestEven) {
 // Random blocks (SplitMix64 bytes, fp16 scale fields forced finite) dequantised by gguf-py 0.19
 // (gguf.quants.dequantize, a numpy port of ggml's dequantisers); the FNV-1a hash of the float32
 // output is pinned here. Any single-bit difference in any value fails the test.
+// scripts/make_quant_goldens.py rebuilds the same blocks and prints these hashes (--check compares
+// them with this file).
 
 struct GoldenSpec {
   G type;

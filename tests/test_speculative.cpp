@@ -17,6 +17,7 @@
 #include "bie/sampling/sampler.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "support/engine_collect.h"
+#include "support/paths.h"
 #include "support/tiny_llama.h"
 
 namespace bie {
@@ -172,6 +173,7 @@ std::vector<std::string> grounded_prompts() {
 }
 
 TEST(Speculative, GreedyOutputIdenticalWithAndWithoutNgramDrafts) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   for (const char* dtype : {"f16", "int8"}) {
     auto plain = Engine::create(spec_config(0, dtype));
     auto spec = Engine::create(spec_config(5, dtype));
@@ -195,6 +197,7 @@ TEST(Speculative, GreedyOutputIdenticalWithAndWithoutNgramDrafts) {
 }
 
 TEST(Speculative, BadGammaIsRefused) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto e = Engine::create(spec_config(99, "f16"));
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.error().find("--speculative-draft-tokens"), std::string::npos);
@@ -208,6 +211,7 @@ TEST(Speculative, BadGammaIsRefused) {
 // The draft model is the default model itself (another quantisation is not shipped): greedy
 // outputs must match the plain engine's bit for bit, and nearly every draft is accepted.
 TEST(Speculative, GreedyOutputIdenticalWithAndWithoutDraftModel) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto path = resolve_model_path("default");
   ASSERT_TRUE(path.ok()) << path.error();
   for (const char* dtype : {"f16", "int8"}) {
@@ -246,6 +250,7 @@ TEST(Speculative, GreedyOutputIdenticalWithAndWithoutDraftModel) {
 // Several requests at once share the draft model's cache; the tiny draft cache forces it to
 // forget sequences and re-read them, which must not change any output.
 TEST(Speculative, DraftModelUnderConcurrencyAndEviction) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto path = resolve_model_path("default");
   ASSERT_TRUE(path.ok()) << path.error();
   EngineConfig pc = spec_config(0, "f16");
@@ -293,6 +298,7 @@ TEST(SpeculativeCostModel, DraftsOnlyWhereTheyPay) {
 }
 
 TEST(Speculative, DraftModelWithAnotherVocabularyIsRefused) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   test::TinyLlama t;  // 40 tokens
   test::GgufBuilder g = t.gguf();
   std::vector<std::string> toks;

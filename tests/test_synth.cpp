@@ -167,7 +167,7 @@ TEST(Synth, WritesALoadableModelOfExactShapesMarkedSynthetic) {
 }
 
 TEST(Synth, CopiesARealTokenizerPaddedToTheVocabulary) {
-  if (!std::filesystem::exists(test::smollm2_path())) GTEST_SKIP() << "SmolLM2 not fetched";
+  BIE_REQUIRE_FILE(test::smollm2_path());
   const std::string path = temp_path("bie_test_synth_tok.gguf");
   SynthOptions o;
   o.geometry = tiny_geometry(49152 + 256);

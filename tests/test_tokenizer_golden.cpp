@@ -52,17 +52,16 @@ struct Golden {
   std::unique_ptr<Tokenizer> tok;
 };
 
-// nullptr (with a skip reason) when the golden file or the model is missing.
-std::unique_ptr<Golden> load(const std::string& dir, const std::string& model_path,
-                             std::string& why) {
-  const std::string path = test::source_dir() + "/tests/golden/" + dir + "/tokenizer.json";
-  std::ifstream in(path);
+std::string golden_path(const std::string& dir) {
+  return test::source_dir() + "/tests/golden/" + dir + "/tokenizer.json";
+}
+
+// The golden file and the model must exist (the tests check with BIE_REQUIRE_FILE first);
+// nullptr after a failure to read either.
+std::unique_ptr<Golden> load(const std::string& dir, const std::string& model_path) {
+  std::ifstream in(golden_path(dir));
   if (!in) {
-    why = path + " not present";
-    return nullptr;
-  }
-  if (!std::filesystem::exists(model_path)) {
-    why = model_path + " not fetched (make models)";
+    ADD_FAILURE() << "cannot read " << golden_path(dir);
     return nullptr;
   }
   auto g = std::make_unique<Golden>();
@@ -167,17 +166,21 @@ void check_cases(const Golden& g) {
 }
 
 TEST(TokenizerGolden, SmolLM2MatchesLlamaCpp) {
-  std::string why;
-  auto g = load("smollm2", test::smollm2_path(), why);
-  if (!g) GTEST_SKIP() << why;
+  ASSERT_TRUE(std::filesystem::exists(golden_path("smollm2")))
+      << golden_path("smollm2") << " missing";
+  BIE_REQUIRE_FILE(test::smollm2_path());
+  auto g = load("smollm2", test::smollm2_path());
+  ASSERT_NE(g, nullptr);
   check_model_header(*g);
   check_cases(*g);
 }
 
 TEST(TokenizerGolden, Gemma3MatchesLlamaCpp) {
-  std::string why;
-  auto g = load("gemma3", test::gemma3_path(), why);
-  if (!g) GTEST_SKIP() << why;
+  ASSERT_TRUE(std::filesystem::exists(golden_path("gemma3")))
+      << golden_path("gemma3") << " missing";
+  BIE_REQUIRE_FILE(test::gemma3_path());
+  auto g = load("gemma3", test::gemma3_path());
+  ASSERT_NE(g, nullptr);
   check_model_header(*g);
   check_cases(*g);
 }

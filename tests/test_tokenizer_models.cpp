@@ -17,11 +17,15 @@ namespace {
 
 using Ids = std::vector<TokenId>;
 
-// Loads once per process; nullptr when the model has not been fetched.
+// Loads once per process; nullptr when the model has not been fetched (the tests' REQUIRE_MODEL
+// fails then) or after a failure to open or read it (reported here).
 const Tokenizer* load(const std::string& path) {
   if (!std::filesystem::exists(path)) return nullptr;
   auto f = gguf::GgufFile::open(path);
-  if (!f.ok()) return nullptr;
+  if (!f.ok()) {
+    ADD_FAILURE() << path << ": " << f.error();
+    return nullptr;
+  }
   auto t = Tokenizer::from_gguf(**f);
   if (!t.ok()) {
     ADD_FAILURE() << t.error();
@@ -39,8 +43,13 @@ const Tokenizer* gemma3() {
   return t;
 }
 
-#define REQUIRE_MODEL(t, name) \
-  if ((t) == nullptr) GTEST_SKIP() << name << " not fetched (make models)"
+// Fails (or, with BIE_ALLOW_MISSING_MODELS=1, skips) when the model is missing; fails when it
+// exists but did not load.
+#define REQUIRE_MODEL(t, name)                                                                     \
+  do {                                                                                             \
+    BIE_REQUIRE_FILE(std::string(name) == "SmolLM2" ? test::smollm2_path() : test::gemma3_path()); \
+    ASSERT_NE((t), nullptr) << name << " exists but its tokenizer did not load";                   \
+  } while (0)
 
 std::vector<std::string> round_trip_texts() {
   std::vector<std::string> texts = {

@@ -836,6 +836,8 @@ void EngineImpl::finish(Request& r, const std::string& reason, const std::string
 
 void EngineImpl::publish_metrics() {
   EngineMetrics m = m_;
+  m.kv_budget_bytes = budget_->limit();
+  m.kv_committed_bytes = budget_->committed();
   // Pools by storage format across regimes; totals are what the whole budget holds in it.
   std::map<std::string, EngineMetrics::Pool> by_format;
   int64_t queried = 0, hits = 0;

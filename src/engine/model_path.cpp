@@ -32,7 +32,7 @@ Result<std::string> resolve_model_path(const std::string& arg) {
     if (!std::filesystem::exists(path)) {
       return Error{
           fmt::format("model '{}' is not fetched yet (expected {}); run "
-                      "scripts/fetch_models.sh {}",
+                      "`make models` in a checkout, or scripts/fetch_models.sh {}",
                       arg, path, n.fetch)};
     }
     return path;

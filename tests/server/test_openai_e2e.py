@@ -1,6 +1,7 @@
 """End-to-end: the real bie-serve with the default model, driven by the official `openai` client
 (and raw HTTP where the client cannot express the case)."""
 import json
+import os
 import signal
 import socket
 import threading
@@ -10,16 +11,20 @@ import openai
 import pytest
 import requests
 
-from conftest import ServerProcess
+from conftest import MODEL, ServerProcess
 
 KEY = "e2e-test-key"
 MAX_LEN = 1024
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
+    # A fresh BIE_HOME (models linked in, no digests yet) makes start-up hash the model file
+    # (SHA-256 of ~100 MB, several 50 ms polls long), so the fixture sees /health answer 503 first.
+    home = tmp_path_factory.mktemp("bie_home")
+    os.symlink(os.path.dirname(MODEL), home / "models")
     s = ServerProcess("--max-model-len", str(MAX_LEN), "--max-num-seqs", "4",
-                      "--kv-cache-memory", "256MiB", api_key=KEY)
+                      "--kv-cache-memory", "256MiB", api_key=KEY, env={"BIE_HOME": str(home)})
     yield s
     s.stop()
 
@@ -34,8 +39,9 @@ def model_id(client):
 
 
 def test_health_was_503_while_loading_then_ok(server):
-    # The server listens before the model loads; the fixture saw 503 unless loading was quicker
-    # than its first poll, so only the final state is asserted.
+    # The server listens before the model loads (and hashes it, see the fixture): the fixture's
+    # polls saw 503 {"status": "loading"} before the 200.
+    assert server.saw_loading, "bie-serve never answered /health with 503 while loading"
     r = requests.get(server.url + "/health")
     assert r.status_code == 200 and r.json() == {"status": "ok"}
 

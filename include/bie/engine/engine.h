@@ -159,8 +159,12 @@ struct EngineMetrics {
   bool force_f16 = false;       // the KV kill switch is on
   // KV budget held by running sequences (active blocks' pages, every pool) / the budget: 0..1.
   double kv_usage = 0;
-  int32_t kv_block_size = 0;       // tokens per block
-  int64_t kv_blocks_default = 0;   // blocks the budget holds in the default regime's body format
+  int32_t kv_block_size = 0;      // tokens per block
+  int64_t kv_blocks_default = 0;  // blocks the budget holds in the default regime's body format
+  // The KV memory budget every regime's pools draw on, and the pages they have committed from it
+  // (kv::MemoryBudget's counter: pages of freed blocks stay committed until reclaimed).
+  uint64_t kv_budget_bytes = 0;
+  uint64_t kv_committed_bytes = 0;
 };
 
 struct ModelInfo {
