@@ -1,0 +1,36 @@
+// Builtins: jinja2's filters and tests, Python's str/dict methods, and the globals chat
+// templates call (range, namespace, dict, raise_exception, strftime_now). Free functions over
+// Values; errors are thrown as RenderError through Interpreter::fail.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "template/interpreter.h"
+#include "template/value.h"
+
+namespace bie::jinja {
+
+[[nodiscard]] Value apply_filter(Interpreter& in, const std::string& name, const Value& input,
+                                 CallArgs& args);
+[[nodiscard]] bool apply_test(Interpreter& in, const std::string& name, const Value& v,
+                              CallArgs& args);
+// Whether `obj.name` is a method (str.strip, dict.items, ...) rather than a key.
+[[nodiscard]] bool has_method(const Value& obj, const std::string& name);
+[[nodiscard]] Value call_method(Interpreter& in, const Value& obj, const std::string& name,
+                                CallArgs& args);
+void add_globals(Scope& s);
+// The names apply_filter / apply_test know; jinja2 rejects any other when it compiles.
+[[nodiscard]] bool is_known_filter(std::string_view name);
+[[nodiscard]] bool is_known_test(std::string_view name);
+
+// json.dumps(v, ensure_ascii=False, indent=..., separators=..., sort_keys=...), as transformers'
+// tojson filter calls it. indent: the unit per level (none: one line); item_sep/key_sep empty:
+// Python's defaults for that indent.
+[[nodiscard]] std::string python_json_dumps(const Value& v,
+                                            const std::optional<std::string>& indent,
+                                            const std::string& item_sep, const std::string& key_sep,
+                                            bool sort_keys);
+
+}  // namespace bie::jinja
