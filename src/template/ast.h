@@ -20,7 +20,7 @@ struct Expr {
   enum class Kind : uint8_t {
     kLiteral,  // value
     kName,     // name
-    kList,     // children (also tuples)
+    kList,     // children; name "tuple" for (a, b) and a, b
     kDict,     // children: key0, value0, key1, value1, ...
     kGetAttr,  // children[0] . name
     kGetItem,  // children[0] [ children[1] ]

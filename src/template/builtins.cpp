@@ -67,41 +67,20 @@ class Params {
 
 // ---- strings ----
 
-char ascii_lower(char c) {
-  return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-}
-char ascii_upper(char c) {
-  return (c >= 'a' && c <= 'z') ? static_cast<char>(c - 'a' + 'A') : c;
-}
 bool ascii_alpha(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
-std::string lower(std::string s) {
-  for (char& c : s) c = ascii_lower(c);
-  return s;
+std::string lower(const std::string& s) {
+  return utf8_lower(s);
 }
-std::string upper(std::string s) {
-  for (char& c : s) c = ascii_upper(c);
-  return s;
+std::string upper(const std::string& s) {
+  return utf8_upper(s);
 }
-
-// Python's str.title(): a letter after a non-letter starts a word.
-std::string title(std::string s) {
-  bool prev_cased = false;
-  for (char& c : s) {
-    if (ascii_alpha(c)) {
-      c = prev_cased ? ascii_lower(c) : ascii_upper(c);
-      prev_cased = true;
-    } else {
-      prev_cased = (static_cast<unsigned char>(c) & 0x80) != 0 && prev_cased;
-    }
-  }
-  return s;
+std::string title(const std::string& s) {
+  return utf8_title(s);
 }
-
-std::string capitalize(std::string s) {
-  for (size_t i = 0; i < s.size(); ++i) s[i] = i == 0 ? ascii_upper(s[i]) : ascii_lower(s[i]);
-  return s;
+std::string capitalize(const std::string& s) {
+  return utf8_capitalize(s);
 }
 
 // Python's str.strip/lstrip/rstrip; `chars` null: Unicode whitespace.
@@ -648,20 +627,29 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
   if (name == "upper") return Value(upper(text()));
   if (name == "capitalize") return Value(capitalize(text()));
   if (name == "title") {
-    // jinja2's title: words start after runs of whitespace, '-', '(', '{', '[' or '<'.
-    std::string s = text();
-    bool start = true;
-    for (char& c : s) {
-      const bool sep = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' ||
-                       c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    // jinja2's title: chunks split at runs of whitespace, '-', '(', '{', '[' or '<'; each
+    // chunk's first character upper-cased and the rest lower-cased.
+    const std::string s = text();
+    std::string out;
+    std::string chunk;
+    const auto flush = [&] {
+      if (chunk.empty()) return;
+      const std::string_view first = utf8_chars(chunk)[0];
+      out += upper(std::string(first)) + lower(chunk.substr(first.size()));
+      chunk.clear();
+    };
+    for (std::string_view ch : utf8_chars(s)) {
+      const bool sep =
+          is_python_space(ch) || ch == "-" || ch == "(" || ch == "{" || ch == "[" || ch == "<";
       if (sep) {
-        start = true;
+        flush();
+        out += ch;
       } else {
-        c = start ? ascii_upper(c) : ascii_lower(c);
-        start = false;
+        chunk += ch;
       }
     }
-    return Value(std::move(s));
+    flush();
+    return Value(std::move(out));
   }
   if (name == "length" || name == "count") return Value(static_cast<int64_t>(length(v)));
   if (name == "string") return Value(text());
@@ -684,7 +672,8 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     if (!v.is_object() || v.as_object().is_namespace)
       fail("Can only get item pairs from a mapping.");
     Array out;
-    for (const auto& [k, val] : v.as_object().items) out.emplace_back(Array{Value(k), val});
+    for (const auto& [k, val] : v.as_object().items)
+      out.push_back(Value::tuple(Array{Value(k), val}));
     return Value(std::move(out));
   }
   if (name == "join") {
@@ -747,7 +736,14 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     if (method == "ceil") return Value(std::ceil(v.as_double() * f) / f);
     fail("round(): method must be 'common', 'ceil' or 'floor'");
   }
-  if (name == "attr") return in.getattr(v, p.need(0, "name").str());
+  if (name == "attr") {
+    // jinja2's attr filter is Python's getattr only: a dict's keys are not attributes.
+    const std::string attr = p.need(0, "name").str();
+    if (v.is_object() && !v.as_object().is_namespace && !has_method(v, attr)) {
+      return Value::undefined("'dict object' has no attribute '" + attr + "'");
+    }
+    return in.getattr(v, attr);
+  }
   if (name == "map") {
     Array out;
     const Value* attr = p.find(99, "attribute");
@@ -820,7 +816,8 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     const bool rev = p.flag(2, "reverse", false);
     if (by != "key" && by != "value") fail("dictsort(): 'by' must be 'key' or 'value'");
     Array pairs;
-    for (const auto& [k, val] : v.as_object().items) pairs.emplace_back(Array{Value(k), val});
+    for (const auto& [k, val] : v.as_object().items)
+      pairs.push_back(Value::tuple(Array{Value(k), val}));
     const size_t idx = by == "key" ? 0 : 1;
     std::stable_sort(pairs.begin(), pairs.end(), [&](const Value& x, const Value& y) {
       const Value kx = sort_key(x.as_array()[idx], cs);
@@ -963,7 +960,7 @@ Value call_method(Interpreter& in, const Value& obj, const std::string& name, Ca
     const Object& o = obj.as_object();
     if (name == "items") {
       Array out;
-      for (const auto& [k, v] : o.items) out.emplace_back(Array{Value(k), v});
+      for (const auto& [k, v] : o.items) out.push_back(Value::tuple(Array{Value(k), v}));
       return Value(std::move(out));
     }
     if (name == "keys" || name == "values") {
@@ -1128,6 +1125,26 @@ void add_globals(Scope& s) {
     for (const auto& [k, v] : a.kwargs) o->set(k, v);
     return Value(std::move(o));
   });
+  // jinja2's default globals a template may test with `is defined`.
+  def("joiner", [](Interpreter&, CallArgs& a) -> Value {
+    const std::string sep = a.args.empty() ? std::string(", ") : a.args[0].str();
+    auto used = std::make_shared<bool>(false);
+    auto c = std::make_shared<Callable>();
+    c->name = "joiner";
+    c->fn = [sep, used](Interpreter&, CallArgs&) -> Value {
+      if (!*used) {
+        *used = true;
+        return Value(std::string());
+      }
+      return Value(sep);
+    };
+    return Value(std::move(c));
+  });
+  for (const char* unsupported : {"lipsum", "cycler"}) {
+    def(unsupported, [unsupported](Interpreter&, CallArgs&) -> Value {
+      fail(std::string(unsupported) + "() is not supported by BIE's template engine");
+    });
+  }
   def("raise_exception", [](Interpreter&, CallArgs& a) -> Value {
     fail(a.args.empty() ? std::string("raise_exception() called") : a.args[0].str());
   });

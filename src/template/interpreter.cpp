@@ -155,10 +155,10 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, const Int
       in.check_size(a.as_string().size() + b.as_string().size());
       return Value(a.as_string() + b.as_string());
     }
-    if (a.is_array() && b.is_array()) {
+    if (a.is_array() && b.is_array() && a.is_tuple() == b.is_tuple()) {
       Array out = a.as_array();
       out.insert(out.end(), b.as_array().begin(), b.as_array().end());
-      return Value(std::move(out));
+      return a.is_tuple() ? Value::tuple(std::move(out)) : Value(std::move(out));
     }
   }
   if (op == "*") {
@@ -455,7 +455,7 @@ Value Interpreter::make_macro(const Stmt& s, const std::shared_ptr<Scope>& scope
     }
     Array varargs;
     for (size_t i = def->params.size(); i < a.args.size(); ++i) varargs.push_back(a.args[i]);
-    local->set("varargs", Value(std::move(varargs)));
+    local->set("varargs", Value::tuple(std::move(varargs)));
     auto kwargs = std::make_shared<Object>();
     for (size_t k = 0; k < a.kwargs.size(); ++k) {
       if (used[k]) continue;
@@ -626,7 +626,7 @@ Value Interpreter::eval_inner(const Expr& e, const std::shared_ptr<Scope>& scope
       Array a;
       a.reserve(e.children.size());
       for (const ExprPtr& c : e.children) a.push_back(eval(*c, scope));
-      return Value(std::move(a));
+      return e.name == "tuple" ? Value::tuple(std::move(a)) : Value(std::move(a));
     }
     case Expr::Kind::kDict: {
       auto o = std::make_shared<Object>();

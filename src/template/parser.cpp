@@ -214,7 +214,6 @@ class Parser {
     }
     if (kw == "filter") {
       s->kind = Stmt::Kind::kFilterBlock;
-      --i_;  // parse_filter_chain expects to stand on a '|' or the first filter name
       s->expr = parse_filter_chain(nullptr);
       expect_block_end();
       s->body = parse_body({"endfilter"});
@@ -301,6 +300,7 @@ class Parser {
     ExprPtr first = parse_expression(with_condexpr);
     if (!is_op(",")) return first;
     auto t = node(Expr::Kind::kList, pos);
+    t->name = "tuple";
     t->children.push_back(std::move(first));
     while (accept_op(",")) {
       if (cur().kind == TokenKind::kVarEnd || cur().kind == TokenKind::kBlockEnd || is_op(")")) {
@@ -495,10 +495,15 @@ class Parser {
       return e;
     }
     if (accept_op("(")) {
-      if (accept_op(")")) return node(Expr::Kind::kList, pos);  // ()
+      if (accept_op(")")) {  // ()
+        auto empty = node(Expr::Kind::kList, pos);
+        empty->name = "tuple";
+        return empty;
+      }
       ExprPtr first = parse_expression(true);
       if (accept_op(")")) return first;
       auto tup = node(Expr::Kind::kList, pos);
+      tup->name = "tuple";
       tup->children.push_back(std::move(first));
       while (accept_op(",")) {
         if (is_op(")")) break;
@@ -606,7 +611,7 @@ class Parser {
 
   ExprPtr parse_call(ExprPtr fn) {
     Depth d(*this);
-    auto c = node(Expr::Kind::kCall, cur().pos);
+    auto c = node(Expr::Kind::kCall, fn->pos);  // errors point at what is called
     c->children.push_back(std::move(fn));
     parse_call_args(*c);
     return c;

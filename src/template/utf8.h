@@ -15,3 +15,16 @@ namespace bie::jinja {
 [[nodiscard]] bool is_python_space(std::string_view ch);
 
 }  // namespace bie::jinja
+
+namespace bie::jinja {
+
+// Python's str.lower()/str.upper() for the scripts chat text is mostly written in: ASCII,
+// Latin-1, Latin Extended-A, Greek, Cyrillic and fullwidth Latin (others are left as they are;
+// Greek final sigma is not special-cased).
+[[nodiscard]] std::string utf8_lower(std::string_view s);
+[[nodiscard]] std::string utf8_upper(std::string_view s);
+// Python's str.title() and str.capitalize() over the same mapping.
+[[nodiscard]] std::string utf8_title(std::string_view s);
+[[nodiscard]] std::string utf8_capitalize(std::string_view s);
+
+}  // namespace bie::jinja

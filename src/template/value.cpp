@@ -181,12 +181,13 @@ std::string Value::str() const {
     case Kind::kString:
       return str_;
     case Kind::kArray: {
-      std::string out = "[";
+      std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < arr_->size(); ++i) {
         if (i > 0) out += ", ";
         out += (*arr_)[i].repr();
       }
-      return out + "]";
+      if (tuple_ && arr_->size() == 1) out += ",";
+      return out + (tuple_ ? ")" : "]");
     }
     case Kind::kObject: {
       if (obj_->is_namespace) return "<Namespace>";
@@ -218,7 +219,7 @@ bool Value::equals(const Value& o) const {
     case Kind::kString:
       return str_ == o.str_;
     case Kind::kArray: {
-      if (arr_->size() != o.arr_->size()) return false;
+      if (tuple_ != o.tuple_ || arr_->size() != o.arr_->size()) return false;
       for (size_t i = 0; i < arr_->size(); ++i) {
         if (!(*arr_)[i].equals((*o.arr_)[i])) return false;
       }
@@ -256,7 +257,7 @@ const char* Value::type_name() const {
     case Kind::kString:
       return "str";
     case Kind::kArray:
-      return "list";
+      return tuple_ ? "tuple" : "list";
     case Kind::kObject:
       return obj_->is_namespace ? "Namespace" : "dict";
     case Kind::kCallable:

@@ -74,6 +74,12 @@ class Value {
   Value(std::shared_ptr<Object> o) : kind_(Kind::kObject), obj_(std::move(o)) {}     // NOLINT
   Value(std::shared_ptr<Callable> c) : kind_(Kind::kCallable), fn_(std::move(c)) {}  // NOLINT
 
+  // A Python tuple: a list that prints as (a, b) (items(), dictsort, varargs, `(1, 2)`).
+  static Value tuple(Array a) {
+    Value v(std::move(a));
+    v.tuple_ = true;
+    return v;
+  }
   static Value from_json(const nlohmann::ordered_json& j);
   static Value from_json(const nlohmann::json& j);
 
@@ -89,6 +95,7 @@ class Value {
   }
   [[nodiscard]] bool is_string() const { return kind_ == Kind::kString; }
   [[nodiscard]] bool is_array() const { return kind_ == Kind::kArray; }
+  [[nodiscard]] bool is_tuple() const { return kind_ == Kind::kArray && tuple_; }
   [[nodiscard]] bool is_object() const { return kind_ == Kind::kObject; }
   [[nodiscard]] bool is_callable() const { return kind_ == Kind::kCallable; }
 
@@ -117,6 +124,7 @@ class Value {
  private:
   explicit Value(Kind k) : kind_(k) {}
   Kind kind_ = Kind::kUndefined;
+  bool tuple_ = false;
   int64_t i_ = 0;
   double f_ = 0;
   std::string str_;
