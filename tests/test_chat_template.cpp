@@ -99,6 +99,9 @@ TEST(ChatTemplate, MissingTemplateFallsBackOnVocabulary) {
   auto g = ChatTemplate::detect("", gemma);
   ASSERT_TRUE(g.ok()) << g.error();
   EXPECT_EQ(g->origin(), "builtin:gemma");
+  // The built-in is the corpus's Gemma 3 template, so the parity test covers it.
+  EXPECT_EQ(g->source(),
+            test::read_file(test::source_dir() + "/tests/golden/templates/gemma-3-it.jinja"));
   EXPECT_EQ(g->end_of_turn(), "<end_of_turn>");
   auto gout = g->render(std::vector<ChatMessage>{{"system", "Be brief."}, {"user", " Hi "}});
   ASSERT_TRUE(gout.ok()) << gout.error();

@@ -19,6 +19,9 @@ using Kind = Value::Kind;
   Interpreter::fail(msg);
 }
 
+// A parameter that can only be passed by keyword (map's attribute=, default=).
+constexpr size_t kKeywordOnly = static_cast<size_t>(-1);
+
 // Positional-or-keyword argument lookup with Python's rules (position `i` or `name=`).
 class Params {
  public:
@@ -746,11 +749,11 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
   }
   if (name == "map") {
     Array out;
-    const Value* attr = p.find(99, "attribute");
+    const Value* attr = p.find(kKeywordOnly, "attribute");
     for (const Value& item : iterate(v)) {
       if (attr != nullptr) {
         Value r = attribute_path(in, item, attr->str());
-        if (r.is_undefined()) r = p.get(99, "default", r);
+        if (r.is_undefined()) r = p.get(kKeywordOnly, "default", r);
         out.push_back(std::move(r));
       } else {
         if (a.args.empty() || !a.args[0].is_string())
@@ -905,9 +908,11 @@ bool apply_test(Interpreter& in, const std::string& name, const Value& v, CallAr
   if (name == "ge" || name == ">=") return compare_op(">=", v, p.need(0, "other"));
   if (name == "in") return compare_op("in", v, p.need(0, "seq"));
   if (name == "sameas") {
+    // Python's `is`: the same object for lists, dicts and callables; None, booleans and
+    // equal small values of one kind count as the same.
     const Value& o = p.need(0, "other");
     if (v.kind() != o.kind()) return false;
-    if (v.is_array() || v.is_object() || v.is_callable() || v.is_string()) return v.equals(o);
+    if (v.is_array() || v.is_object() || v.is_callable()) return v.identity() == o.identity();
     return v.equals(o);
   }
   fail("no test named '" + name + "'");

@@ -110,6 +110,12 @@ class Value {
   [[nodiscard]] const std::shared_ptr<Object>& object_ptr() const { return obj_; }
   [[nodiscard]] const Callable& as_callable() const { return *fn_; }
   [[nodiscard]] const std::string& undefined_reason() const { return str_; }
+  // The shared list/dict/callable behind this value (null for the other kinds): Python's id().
+  [[nodiscard]] const void* identity() const {
+    return arr_   ? static_cast<const void*>(arr_.get())
+           : obj_ ? static_cast<const void*>(obj_.get())
+                  : static_cast<const void*>(fn_.get());
+  }
 
   // Python's bool(x).
   [[nodiscard]] bool truthy() const;

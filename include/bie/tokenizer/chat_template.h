@@ -27,7 +27,7 @@ struct ChatMessage {
   std::string role;     // "system", "user", "assistant", "tool", ... (the template decides)
   std::string content;  // text content
   // The rest of the OpenAI message as the template should see it: "tool_calls",
-  // "tool_call_id", "name", or "content" as an array of parts (which then replaces `content`).
+  // "tool_call_id", "name"; a "content" here (null, or an array of parts) replaces `content`.
   // An object or null.
   nlohmann::ordered_json extra;
 
