@@ -1111,9 +1111,10 @@ void add_globals(Scope& s) {
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.emplace_back(i);
     return Value(std::move(out));
   });
-  def("namespace", [](Interpreter&, CallArgs& a) -> Value {
+  def("namespace", [](Interpreter& in, CallArgs& a) -> Value {
     auto o = std::make_shared<Object>();
     o->is_namespace = true;
+    in.track_namespace(o);
     for (const Value& v : a.args) {
       if (!v.is_object()) fail("namespace() takes a mapping or keyword arguments");
       for (const auto& [k, val] : v.as_object().items) o->set(k, val);

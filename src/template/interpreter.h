@@ -36,6 +36,13 @@ struct Scope {
 class Interpreter {
  public:
   Interpreter(RenderLimits limits, const std::tm& now) : limits_(limits), now_(now) {}
+  // Namespaces are the only mutable values, so the only way to build a reference cycle
+  // (`{% set ns.me = ns %}`); emptying them when the render ends frees such cycles.
+  ~Interpreter() {
+    for (const std::shared_ptr<Object>& ns : namespaces_) ns->items.clear();
+  }
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
 
   // note: throws RenderError; Template::render catches it.
   void render(const Body& body, const std::shared_ptr<Scope>& scope, std::string& out);
@@ -49,6 +56,10 @@ class Interpreter {
   Value getattr(const Value& obj, const std::string& name);
   Value getitem(const Value& obj, const Value& key);
   [[nodiscard]] const std::tm& now() const { return now_; }
+  void track_namespace(std::shared_ptr<Object> ns) {
+    if (namespaces_.size() >= 1'000'000) fail("more than a million namespace() objects");
+    namespaces_.push_back(std::move(ns));
+  }
 
  private:
   enum class Flow : uint8_t { kNormal, kBreak, kContinue };
@@ -71,6 +82,7 @@ class Interpreter {
   std::tm now_;
   int64_t steps_ = 0;
   int32_t call_depth_ = 0;
+  std::vector<std::shared_ptr<Object>> namespaces_;
 };
 
 // Python semantics shared by the interpreter and the builtins.
