@@ -100,8 +100,8 @@ TEST(TemplateParity, RealTemplatesOverTheConversationCorpus) {
   std::printf(
       "template parity: %d/%d (template, conversation) pairs as jinja2 (%d refused by both)\n",
       same, total, refused);
-  EXPECT_EQ(manifest.size(), 13u);
-  EXPECT_EQ(total, 442);  // 13 templates x 17 conversations x add_generation_prompt on/off
+  EXPECT_EQ(manifest.size(), 16u);
+  EXPECT_EQ(total, 544);  // 16 templates x 17 conversations x add_generation_prompt on/off
   EXPECT_EQ(same, total);
 }
 
