@@ -180,6 +180,28 @@ TEST(ChatTemplate, PassesToolsToolCallsAndTokensToTheTemplate) {
   EXPECT_EQ(*plain, "<|begin_of_text|>user:weather?<|eot_id|>TrueFalse");
 }
 
+TEST(ChatTemplate, ToolCallArgumentsStringsBecomeObjects) {
+  // Qwen2.5's way of writing a past call: `tool_call.arguments | tojson`.
+  const Tokenizer tok = all_tokens("<bos>");
+  auto t = ChatTemplate::from_source(
+      "{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments|tojson }};"
+      "{% endfor %}{% endfor %}",
+      tok);
+  ASSERT_TRUE(t.ok()) << t.error();
+  const ojson msgs = ojson::parse(R"([{"role": "assistant", "content": null, "tool_calls": [
+      {"type": "function", "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": [2]}"}},
+      {"type": "function", "function": {"name": "g", "arguments": "not json"}},
+      {"type": "function", "function": {"name": "h", "arguments": {"already": true}}}]}])");
+  ChatRenderOptions o;
+  auto out = t->render_json(msgs, o);
+  ASSERT_TRUE(out.ok()) << out.error();
+  EXPECT_EQ(*out, "{\"b\": 1, \"a\": [2]};\"not json\";{\"already\": true};");
+  o.tool_arguments_as_objects = false;
+  out = t->render_json(msgs, o);
+  ASSERT_TRUE(out.ok()) << out.error();
+  EXPECT_EQ(*out, "\"{\\\"b\\\": 1, \\\"a\\\": [2]}\";\"not json\";{\"already\": true};");
+}
+
 TEST(ChatTemplate, SmolLM2ModelTemplate) {
   // The real GGUF's template and vocabulary (fetched by `make models`; a missing model fails).
   auto file = gguf::GgufFile::open(test::smollm2_path());

@@ -73,6 +73,27 @@ std::string family_of(std::string_view src) {
   return "jinja";
 }
 
+// messages with every tool_calls[].function.arguments that is a JSON-object string parsed.
+nlohmann::ordered_json with_object_arguments(const nlohmann::ordered_json& messages) {
+  nlohmann::ordered_json out = messages;
+  for (auto& m : out) {
+    if (!m.is_object()) continue;
+    auto calls = m.find("tool_calls");
+    if (calls == m.end() || !calls->is_array()) continue;
+    for (auto& c : *calls) {
+      if (!c.is_object()) continue;
+      auto fn = c.find("function");
+      if (fn == c.end() || !fn->is_object()) continue;
+      auto args = fn->find("arguments");
+      if (args == fn->end() || !args->is_string()) continue;
+      auto parsed = nlohmann::ordered_json::parse(args->get<std::string>(), nullptr,
+                                                  /*allow_exceptions=*/false);
+      if (parsed.is_object()) *args = std::move(parsed);
+    }
+  }
+  return out;
+}
+
 std::optional<std::string> token_text(const Vocab& v, TokenId id) {
   if (!v.valid(id)) return std::nullopt;
   return v.text(id);
@@ -161,7 +182,7 @@ Result<std::string> ChatTemplate::render_json(const nlohmann::ordered_json& mess
       ctx[it.key()] = it.value();
     }
   }
-  ctx["messages"] = messages;
+  ctx["messages"] = opts.tool_arguments_as_objects ? with_object_arguments(messages) : messages;
   ctx["tools"] = opts.tools;
   ctx["documents"] = opts.documents;
   ctx["add_generation_prompt"] = opts.add_generation_prompt;

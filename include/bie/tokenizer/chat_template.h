@@ -43,6 +43,10 @@ struct ChatRenderOptions {
   // replace messages, tools, documents or add_generation_prompt.
   nlohmann::ordered_json variables;
   std::optional<std::tm> now;  // what strftime_now() formats (unset: local time)
+  // OpenAI sends tool_calls[].function.arguments as a JSON string; HF templates expect the
+  // object (transformers' convention; vLLM converts too). When set, an arguments string that
+  // parses as a JSON object is passed as that object; anything else is left as it is.
+  bool tool_arguments_as_objects = true;
 };
 
 class ChatTemplate {
