@@ -8,7 +8,7 @@ transformers' settings reproduced here: ImmutableSandboxedEnvironment(trim_block
 lstrip_blocks=True, extensions=[loopcontrols, a `generation` tag]), its own tojson filter
 (json.dumps with ensure_ascii=False, indent, separators, sort_keys), raise_exception() raising
 TemplateError, strftime_now() (here at a fixed time, so the goldens are deterministic), and the
-context apply_chat_template builds: messages, tools (None when absent), documents (None),
+context apply_chat_template builds: messages, tools and documents (None when absent),
 add_generation_prompt and the special tokens (an absent token is left undefined).
 
 Run with the python3 that has jinja2 (python3-jinja2 on Debian):
@@ -76,7 +76,7 @@ def main():
                 ctx = {
                     "messages": conv["messages"],
                     "tools": corpus["tools"][conv["tools"]] if "tools" in conv else None,
-                    "documents": None,
+                    "documents": conv.get("documents"),
                     "add_generation_prompt": gen,
                 }
                 if meta["bos"] is not None:

@@ -87,7 +87,7 @@ TEST(TemplateParity, RealTemplatesOverTheConversationCorpus) {
     ctx["messages"] = conv["messages"];
     ctx["tools"] =
         conv.contains("tools") ? corpus["tools"][conv["tools"].get<std::string>()] : ojson(nullptr);
-    ctx["documents"] = nullptr;
+    ctx["documents"] = conv.contains("documents") ? conv["documents"] : ojson(nullptr);
     ctx["add_generation_prompt"] = c["add_generation_prompt"];
     if (!meta["bos"].is_null()) ctx["bos_token"] = meta["bos"];
     if (!meta["eos"].is_null()) ctx["eos_token"] = meta["eos"];
@@ -100,8 +100,8 @@ TEST(TemplateParity, RealTemplatesOverTheConversationCorpus) {
   std::printf(
       "template parity: %d/%d (template, conversation) pairs as jinja2 (%d refused by both)\n",
       same, total, refused);
-  EXPECT_EQ(manifest.size(), 16u);
-  EXPECT_EQ(total, 544);  // 16 templates x 17 conversations x add_generation_prompt on/off
+  EXPECT_EQ(manifest.size(), 17u);
+  EXPECT_EQ(total, 612);  // 17 templates x 18 conversations x add_generation_prompt on/off
   EXPECT_EQ(same, total);
 }
 
