@@ -604,6 +604,156 @@ Value dumps_filter(const Value& v, Params& p) {
 
 }  // namespace
 
+std::string python_percent_format(const std::string& fmt, const Value& args) {
+  // Python's printf-style formatting: a tuple gives the positional values, a dict the named
+  // ones (%(name)s), anything else is the single value.
+  const bool named = args.is_object() && !args.as_object().is_namespace;
+  Array positional;
+  if (args.is_tuple()) {
+    positional = args.as_array();
+  } else if (!named) {
+    positional.push_back(args);
+  }
+  size_t next = 0;
+  std::string out;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%') {
+      out += fmt[i];
+      continue;
+    }
+    if (++i >= fmt.size()) fail("incomplete format");
+    Value v;
+    bool have_value = false;
+    if (fmt[i] == '(') {
+      const size_t close = fmt.find(')', i);
+      if (close == std::string::npos) fail("incomplete format key");
+      if (!named) fail("format requires a mapping");
+      const Value* found = args.as_object().find(fmt.substr(i + 1, close - i - 1));
+      if (found == nullptr) fail("format key '" + fmt.substr(i + 1, close - i - 1) + "' missing");
+      v = *found;
+      have_value = true;
+      i = close + 1;
+    }
+    std::string flags;
+    while (i < fmt.size() && std::string_view("-+ 0#").find(fmt[i]) != std::string_view::npos) {
+      flags += fmt[i++];
+    }
+    size_t width = 0;
+    while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) {
+      width = std::min<size_t>(width * 10 + static_cast<size_t>(fmt[i++] - '0'), 4096);
+    }
+    std::optional<size_t> precision;
+    if (i < fmt.size() && fmt[i] == '.') {
+      ++i;
+      size_t p = 0;
+      while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) {
+        p = std::min<size_t>(p * 10 + static_cast<size_t>(fmt[i++] - '0'), 400);
+      }
+      precision = p;
+    }
+    if (i >= fmt.size()) fail("incomplete format");
+    const char conv = fmt[i];
+    if (conv == '%') {
+      out += '%';
+      continue;
+    }
+    if (!have_value) {
+      if (next >= positional.size()) fail("not enough arguments for format string");
+      v = positional[next++];
+    }
+    if (conv == 's' || conv == 'r' || conv == 'a') {
+      // Width and precision count characters, as Python's do.
+      std::vector<std::string_view> chars = utf8_chars(conv == 's' ? v.str() : v.repr());
+      const std::string text = conv == 's' ? v.str() : v.repr();
+      size_t n = chars.size();
+      size_t bytes = text.size();
+      if (precision && n > *precision) {
+        n = *precision;
+        bytes = n == 0 ? 0
+                       : static_cast<size_t>(chars[n - 1].data() - chars[0].data()) +
+                             chars[n - 1].size();
+      }
+      const std::string body = text.substr(0, bytes);
+      const std::string pad(width > n ? width - n : 0, ' ');
+      out += flags.find('-') != std::string::npos ? body + pad : pad + body;
+      continue;
+    }
+    std::string spec = "%" + flags;
+    if (width > 0) spec += std::to_string(width);
+    if (precision) spec += "." + std::to_string(*precision);
+    char buf[4600];
+    if (!v.is_number()) {
+      fail(std::string("%") + conv + " format: a real number is required, not " + v.type_name());
+    }
+    switch (conv) {
+      case 'd':
+      case 'i':
+      case 'u': {
+        const auto n = v.is_float() ? static_cast<long long>(v.as_double()) : v.as_int();
+        std::snprintf(buf, sizeof buf, (spec + "lld").c_str(), static_cast<long long>(n));
+        break;
+      }
+      case 'x':
+      case 'X':
+      case 'o': {
+        if (v.is_float()) fail(std::string("%") + conv + " format: an integer is required");
+        const long long n = v.as_int();
+        const auto mag =
+            n < 0 ? 0ULL - static_cast<unsigned long long>(n) : static_cast<unsigned long long>(n);
+        const std::string alt = flags.find('#') == std::string::npos ? ""
+                                : conv == 'o'                        ? "0o"
+                                : conv == 'x'                        ? "0x"
+                                                                     : "0X";
+        std::snprintf(buf, sizeof buf, conv == 'o' ? "%llo" : conv == 'x' ? "%llx" : "%llX", mag);
+        std::string sign = n < 0                                  ? "-"
+                           : flags.find('+') != std::string::npos ? "+"
+                           : flags.find(' ') != std::string::npos ? " "
+                                                                  : "";
+        std::string digits = buf;
+        if (precision && digits.size() < *precision) {
+          digits.insert(0, *precision - digits.size(), '0');
+        }
+        const size_t len = sign.size() + alt.size() + digits.size();
+        if (width > len && flags.find('-') != std::string::npos) {
+          out += sign + alt + digits + std::string(width - len, ' ');
+        } else if (width > len && flags.find('0') != std::string::npos) {
+          out += sign + alt + std::string(width - len, '0') + digits;
+        } else {
+          out += std::string(width > len ? width - len : 0, ' ') + sign + alt + digits;
+        }
+        continue;
+      }
+      case 'f':
+      case 'F':
+      case 'e':
+      case 'E':
+      case 'g':
+      case 'G':
+        std::snprintf(buf, sizeof buf, (spec + conv).c_str(), v.as_double());
+        break;
+      case 'c': {
+        if (!v.is_int()) fail("%c requires an int");
+        std::string ch;
+        const auto cp = static_cast<uint32_t>(v.as_int());
+        if (cp < 0x80) {
+          ch = std::string(1, static_cast<char>(cp));
+        } else {
+          fail("%c of a non-ASCII code point is not supported");
+        }
+        out += ch;
+        continue;
+      }
+      default:
+        fail(std::string("unsupported format character '") + conv + "'");
+    }
+    out += buf;
+  }
+  if (!named && next < positional.size()) {
+    fail("not all arguments converted during string formatting");
+  }
+  return out;
+}
+
 std::string python_json_dumps(const Value& v, const std::optional<std::string>& indent_unit,
                               const std::string& item_sep, const std::string& key_sep,
                               bool sort_keys) {
@@ -856,6 +1006,16 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     return Value(indent(text(), p.get(0, "width", Value(4)), p.flag(1, "first", false),
                         p.flag(2, "blank", false)));
   }
+  if (name == "format") {
+    // jinja2's format filter: printf-style with the filter's arguments (or keyword arguments).
+    if (!a.kwargs.empty()) {
+      if (!a.args.empty()) fail("format(): positional and keyword arguments cannot be mixed");
+      auto o = std::make_shared<Object>();
+      for (const auto& [k, val] : a.kwargs) o->set(k, val);
+      return Value(python_percent_format(text(), Value(std::move(o))));
+    }
+    return Value(python_percent_format(text(), Value::tuple(a.args)));
+  }
   if (name == "wordcount")
     return Value(static_cast<int64_t>(split(text(), Value::none(), -1).size()));
   fail("no filter named '" + name + "'");
@@ -925,7 +1085,7 @@ bool is_known_filter(std::string_view name) {
       "first",  "last",       "list",       "items",      "join",        "tojson",  "replace",
       "int",    "float",      "abs",        "round",      "attr",        "map",     "select",
       "reject", "selectattr", "rejectattr", "unique",     "reverse",     "sort",    "dictsort",
-      "sum",    "min",        "max",        "indent",     "wordcount"};
+      "sum",    "min",        "max",        "indent",     "wordcount",   "format"};
   return std::find(std::begin(kFilters), std::end(kFilters), name) != std::end(kFilters);
 }
 

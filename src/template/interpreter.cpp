@@ -166,7 +166,9 @@ Value binary_op(const std::string& op, const Value& a, const Value& b, const Int
     if ((b.is_string() || b.is_array()) && is_intlike(a)) return repeat(b, a.as_int(), in);
   }
   if (op == "%" && a.is_string()) {
-    Interpreter::fail("printf-style string formatting ('...' % x) is not supported");
+    std::string out = python_percent_format(a.as_string(), b);
+    in.check_size(out.size());
+    return Value(std::move(out));
   }
   type_error(op, a, b);
 }
