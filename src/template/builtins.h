@@ -21,18 +21,8 @@ namespace bie::jinja {
 [[nodiscard]] Value call_method(Interpreter& in, const Value& obj, const std::string& name,
                                 CallArgs& args);
 void add_globals(Scope& s);
-// Python's `fmt % args` (printf-style): args a tuple, a dict (for %(name)s) or one value.
-[[nodiscard]] std::string python_percent_format(const std::string& fmt, const Value& args);
 // The names apply_filter / apply_test know; jinja2 rejects any other when it compiles.
 [[nodiscard]] bool is_known_filter(std::string_view name);
 [[nodiscard]] bool is_known_test(std::string_view name);
-
-// json.dumps(v, ensure_ascii=False, indent=..., separators=..., sort_keys=...), as transformers'
-// tojson filter calls it. indent: the unit per level (none: one line); item_sep/key_sep empty:
-// Python's defaults for that indent.
-[[nodiscard]] std::string python_json_dumps(const Value& v,
-                                            const std::optional<std::string>& indent,
-                                            const std::string& item_sep, const std::string& key_sep,
-                                            bool sort_keys);
 
 }  // namespace bie::jinja

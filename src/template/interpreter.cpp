@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "template/builtins.h"
+#include "template/py_format.h"
 #include "template/utf8.h"
 
 namespace bie::jinja {
