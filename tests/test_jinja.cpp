@@ -51,10 +51,11 @@ TEST(Jinja, RenderErrorsNameWhereTheyHappened) {
             "RENDER: line 1, column 8: unsupported operand type(s) for +: 'str' and 'int'");
 }
 
-TEST(Jinja, ContextMustBeAnObject) {
+TEST(Jinja, ContextMustBeAnObjectAndTheTemplateParsed) {
   auto t = Template::parse("x");
   ASSERT_TRUE(t.ok());
   EXPECT_FALSE(t->render(ojson::array()).ok());
+  EXPECT_FALSE(Template().render(ojson::object()).ok());
 }
 
 TEST(Jinja, DeepNestingIsAnErrorNotAStackOverflow) {

@@ -67,6 +67,7 @@ Result<Template> Template::parse(std::string_view source, const TemplateOptions&
 
 Result<std::string> Template::render(const nlohmann::ordered_json& context,
                                      const RenderOptions& opts) const {
+  if (!body_) return Error{"the template was not parsed (use Template::parse)"};
   if (!context.is_object()) return Error{"the template context must be a JSON object"};
   std::tm now{};
   if (opts.now) {
