@@ -93,10 +93,10 @@ def main():
     with open(os.path.join(HERE, "features.json"), encoding="utf-8") as f:
         features = json.load(f)
     feature_cases = []
-    for feat in features:
+    for feat in features["features"]:
         case = {"name": feat["name"]}
         try:  # a syntax error or an unknown filter fails in from_string, as in BIE's parse
-            case["text"] = env.from_string(feat["template"]).render(**feat["context"])
+            case["text"] = env.from_string(feat["template"]).render(**features["context"])
         except Exception as e:
             case["error"] = f"{type(e).__name__}: {e}"
         feature_cases.append(case)

@@ -106,14 +106,15 @@ TEST(TemplateParity, RealTemplatesOverTheConversationCorpus) {
 }
 
 TEST(TemplateParity, FeatureSnippets) {
-  const ojson features = load("features.json");
+  const ojson file = load("features.json");
+  const ojson& features = file["features"];
   const ojson golden = load("goldens.json");
   ASSERT_EQ(features.size(), golden["features"].size());
   int same = 0;
   for (size_t i = 0; i < features.size(); ++i) {
     const ojson& f = features[i];
     ASSERT_EQ(f["name"], golden["features"][i]["name"]);
-    same += check(f["name"].get<std::string>(), f["template"].get<std::string>(), f["context"],
+    same += check(f["name"].get<std::string>(), f["template"].get<std::string>(), file["context"],
                   golden["features"][i])
                 ? 1
                 : 0;
