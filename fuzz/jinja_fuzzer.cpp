@@ -17,8 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                  {"role": "tool", "tool_call_id": "c1", "content": "42"}],
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
     "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>"})");
-  auto t = bie::jinja::Template::parse(
-      std::string_view(reinterpret_cast<const char*>(data), size));
+  auto t = bie::jinja::Template::parse(std::string_view(reinterpret_cast<const char*>(data), size));
   if (t.ok()) {
     bie::jinja::RenderOptions o;
     o.now = std::tm{};
