@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PROMPT ?= The capital of France is
 
-.PHONY: all deps models build run test test-python test-asan bench clean format fuzz
+.PHONY: all deps models build run test test-python test-asan bench clean format fuzz fuzz-jinja
 
 all: build
 
@@ -59,3 +59,12 @@ fuzz: deps
 	clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -Iinclude \
 	  fuzz/gguf_fuzzer.cpp src/gguf/gguf_file.cpp src/gguf/ggml_type_info.cpp -lfmt -o build-fuzz/gguf_fuzzer
 	build-fuzz/gguf_fuzzer -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build-fuzz/corpus
+
+# The same for the Jinja engine, seeded with the chat-template corpus.
+fuzz-jinja: deps
+	mkdir -p build-fuzz/jinja-corpus
+	cp tests/golden/templates/*.jinja build-fuzz/jinja-corpus/
+	clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -Iinclude -Isrc \
+	  fuzz/jinja_fuzzer.cpp src/template/*.cpp -o build-fuzz/jinja_fuzzer
+	build-fuzz/jinja_fuzzer -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -timeout=10 \
+	  build-fuzz/jinja-corpus

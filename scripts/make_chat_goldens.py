@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""Renders chat conversations with the reference Jinja templates (llama-cpp-python's
-Jinja2ChatFormatter, the renderer llama_cpp.server uses) and writes
-tests/golden/chat/templates.json for BIE's ChatTemplate tests.
+"""Renders chat conversations with three chat templates (SmolLM2's ChatML, Gemma's, Llama 3's)
+through Python's jinja2 configured as transformers renders chat templates (the environment of
+scripts/make_template_goldens.py), and writes tests/golden/chat/templates.json for BIE's
+ChatTemplate tests (tests/test_chat_template.cpp): the template text, the BOS/EOS token texts,
+the messages and the expected prompt text.
 
-Run with the reference venv: /opt/bieref/bin/python scripts/make_chat_goldens.py
+Run with the python3 that has jinja2: python3 scripts/make_chat_goldens.py
 """
 import json
 import os
+import sys
 
-import llama_cpp
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+import jinja2
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_template_goldens import make_env  # noqa: E402
 
 # SmolLM2-135M-Instruct's tokenizer.chat_template, as stored in its GGUF file.
 SMOLLM2 = (
@@ -21,7 +26,7 @@ SMOLLM2 = (
 )
 
 # Gemma 3 instruct template (text-only part). The gemma-3-270m GGUF we test with is the base
-# model and has no template; BIE falls back to this family from the vocabulary.
+# model and has no template; BIE falls back to the full Gemma 3 template from the vocabulary.
 GEMMA = (
     "{{ bos_token }}"
     "{%- if messages[0]['role'] == 'system' -%}"
@@ -72,16 +77,17 @@ CONVERSATIONS = [
 
 
 def main():
-    out = {"generator": {"llama_cpp_python": llama_cpp.__version__,
-                         "renderer": "llama_cpp.llama_chat_format.Jinja2ChatFormatter"},
+    env = make_env()
+    out = {"generator": {"jinja2": jinja2.__version__,
+                         "renderer": "scripts/make_template_goldens.py make_env()"},
            "cases": []}
     for name, (src, bos, eos) in FAMILIES.items():
+        template = env.from_string(src)
         for msgs in CONVERSATIONS:
             for gen in (True, False):
-                fmt = Jinja2ChatFormatter(template=src, eos_token=eos, bos_token=bos,
-                                          add_generation_prompt=gen)
-                text = fmt(messages=msgs).prompt
-                out["cases"].append({"family": name, "template": src, "bos": bos,
+                text = template.render(messages=msgs, tools=None, documents=None,
+                                       add_generation_prompt=gen, bos_token=bos, eos_token=eos)
+                out["cases"].append({"family": name, "template": src, "bos": bos, "eos": eos,
                                      "add_generation_prompt": gen, "messages": msgs,
                                      "text": text})
     path = os.path.join(os.path.dirname(__file__), "..", "tests", "golden", "chat",

@@ -405,6 +405,10 @@ def _translate_errors(fn):
 Message = Mapping[str, str]
 
 
+# Roles a chat message may have (OpenAI's; "developer" is its newer name for "system").
+_CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
 class BieEngine:
     """An inference engine: a loaded model, its paged KV cache and a continuous-batching scheduler
     running on its own thread.
@@ -549,7 +553,12 @@ class BieEngine:
                 raise ValueError(f"a chat message is a dict with 'role' and 'content', got {m!r}")
             if not isinstance(m["content"], str):
                 raise ValueError("message content must be a str")
-            pairs.append((str(m["role"]), m["content"]))
+            # The model's Jinja template renders whatever role it is given; refuse the ones
+            # OpenAI does not define, as the server does.
+            if m["role"] not in _CHAT_ROLES:
+                raise ValueError(
+                    f"unknown chat role {m['role']!r} (expected one of {', '.join(_CHAT_ROLES)})")
+            pairs.append(("system" if m["role"] == "developer" else str(m["role"]), m["content"]))
         return self._engine.render_chat(pairs)
 
     @_translate_errors

@@ -9,10 +9,14 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "bie/engine/engine.h"
 #include "bie/server/server.h"
+#include "bie/template/jinja.h"
+#include "bie/tokenizer/chat_template.h"
 #include "cli/kv_options.h"
 
 namespace {
@@ -37,7 +41,20 @@ struct ServeArgs {
   std::vector<std::string> kv_regimes;
   bool spec_always = false;
   double drain_seconds = 30;
+  std::string chat_template_file;
 };
+
+// The whole file, or nullopt if it cannot be read.
+std::optional<std::string> read_text(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return std::nullopt;
+  std::string s;
+  char buf[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  std::fclose(f);
+  return s;
+}
 
 }  // namespace
 
@@ -112,6 +129,10 @@ int main(int argc, char** argv) {
                  "further KV formats requests may ask for with \"kv_cache_dtype\" (f16 is always "
                  "one: the kill switch POST /admin/kv-policy sends new requests to it)")
       ->delimiter(',');
+  app.add_option("--chat-template", a.chat_template_file,
+                 "Jinja chat template file to use instead of the GGUF's tokenizer.chat_template "
+                 "(rendered as transformers does: messages, tools, add_generation_prompt, "
+                 "bos_token, eos_token)");
   bie::cli::add_kv_engine_flags(
       &app, a.kv, "KV format: f16, int8, fp8_e4m3, int4_asym[_gN], int4_channel, q8_0, q4_0");
   try {
@@ -139,6 +160,20 @@ int main(int argc, char** argv) {
   ec.kv_policy = a.kv_policy;
   ec.kv_regimes = a.kv_regimes;
   ec.speculative_always = a.spec_always;
+  if (!a.chat_template_file.empty()) {
+    auto text = read_text(a.chat_template_file);
+    if (!text || text->empty()) {
+      std::fprintf(stderr, "bie-serve: --chat-template: cannot read '%s' (or it is empty)\n",
+                   a.chat_template_file.c_str());
+      return kExitBadInput;
+    }
+    if (auto t = bie::jinja::Template::parse(*text); !t) {
+      std::fprintf(stderr, "bie-serve: --chat-template %s: %s\n", a.chat_template_file.c_str(),
+                   t.error().c_str());
+      return kExitBadInput;
+    }
+    ec.chat_template = std::move(*text);
+  }
   if (int lo = 0, hi = 0; std::sscanf(a.spec_ngram.c_str(), "%d:%d", &lo, &hi) == 2) {
     ec.speculative_ngram_min = lo;
     ec.speculative_ngram_max = hi;
@@ -190,6 +225,24 @@ int main(int argc, char** argv) {
       return;
     }
     engine = std::move(e).value();
+    // A template that does not parse is a start-up error (llama-server --jinja does the same);
+    // a model with no template and no known chat tokens still serves /v1/completions.
+    const std::string& source = engine->model_info().chat_template;
+    auto chat = bie::tokenizer::ChatTemplate::detect(source, engine->tokenizer());
+    if (!chat && !source.empty()) {
+      load_error = chat.error();
+      ::kill(::getpid(), SIGUSR1);
+      return;
+    }
+    if (chat) {
+      std::fprintf(
+          stderr, "bie-serve: chat template %s (%s), end of turn '%s'\n",
+          a.chat_template_file.empty() ? chat->origin().c_str() : a.chat_template_file.c_str(),
+          chat->name().c_str(), chat->end_of_turn().c_str());
+    } else {
+      std::fprintf(stderr, "bie-serve: warning: %s (chat requests will be refused)\n",
+                   chat.error().c_str());
+    }
     const std::string report = bie::format_kv_report(engine->kv_report());
     std::fwrite(report.data(), 1, report.size(), stderr);
     server.set_engine(engine.get());

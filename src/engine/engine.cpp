@@ -291,7 +291,11 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   info_.id = std::filesystem::path(*path).stem().string();
   info_.sha256 = *sha;
   info_.arch = model_->hparams().arch;
-  if (auto t = model_->file().get_string("tokenizer.chat_template")) info_.chat_template = *t;
+  if (!cfg_.chat_template.empty()) {
+    info_.chat_template = cfg_.chat_template;
+  } else if (auto t = model_->file().get_string("tokenizer.chat_template")) {
+    info_.chat_template = *t;
+  }
   info_.max_model_len = max_model_len_;
   info_.n_vocab = model_->hparams().n_vocab;
 

@@ -8,150 +8,191 @@ namespace bie::tokenizer {
 
 namespace {
 
+// Built-in templates for GGUFs that carry none. ChatML as SmolLM2/Qwen-style models write it;
+// Gemma 3's instruction template (google/gemma-3-*-it, text and image parts), which is what
+// the Gemma 3 270M base GGUF BIE ships lacks.
+constexpr std::string_view kChatmlTemplate =
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+constexpr std::string_view kGemmaTemplate = R"TPL({{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+)TPL";
+
 bool contains(std::string_view hay, std::string_view needle) {
   return hay.find(needle) != std::string_view::npos;
 }
 
-// Jinja's `| trim`: strips leading and trailing whitespace (Python's str.strip()).
-std::string_view trim(std::string_view s) {
-  constexpr std::string_view kWs = " \t\n\r\f\v";
-  const size_t b = s.find_first_not_of(kWs);
-  if (b == std::string_view::npos) return {};
-  const size_t e = s.find_last_not_of(kWs);
-  return s.substr(b, e - b + 1);
+// A label for the turn format, from the markers the template writes.
+std::string family_of(std::string_view src) {
+  if (contains(src, "<|im_start|>")) return "chatml";
+  if (contains(src, "<start_of_turn>")) return "gemma";
+  if (contains(src, "<|start_header_id|>")) return "llama3";
+  if (contains(src, "<|user|>")) return "phi3";
+  if (contains(src, "[INST]")) return "mistral";
+  if (contains(src, "<｜User｜>")) return "deepseek";
+  return "jinja";
 }
 
-// The literal system turn a ChatML template writes when messages[0] is not a system message,
-// e.g. SmolLM2's '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, ...<|im_end|>'.
-// Only a literal inside a template string counts (a '{{' inside it means it is computed).
-std::string chatml_default_system(std::string_view src) {
-  constexpr std::string_view kOpen = "<|im_start|>system\\n";
-  constexpr std::string_view kClose = "<|im_end|>";
-  const size_t at = src.find(kOpen);
-  if (at == std::string_view::npos) return {};
-  const size_t body = at + kOpen.size();
-  const size_t end = src.find(kClose, body);
-  if (end == std::string_view::npos) return {};
-  const std::string_view lit = src.substr(body, end - body);
-  if (contains(lit, "'") || contains(lit, "\"") || contains(lit, "{") || contains(lit, "+")) {
-    return {};
-  }
-  // Undo the template string's escapes (\n, \\, \').
-  std::string out;
-  for (size_t i = 0; i < lit.size(); ++i) {
-    if (lit[i] == '\\' && i + 1 < lit.size()) {
-      const char c = lit[++i];
-      out += c == 'n' ? '\n' : c == 't' ? '\t' : c;
-    } else {
-      out += lit[i];
+// messages with every tool_calls[].function.arguments that is a JSON-object string parsed.
+nlohmann::ordered_json with_object_arguments(const nlohmann::ordered_json& messages) {
+  nlohmann::ordered_json out = messages;
+  for (auto& m : out) {
+    if (!m.is_object()) continue;
+    auto calls = m.find("tool_calls");
+    if (calls == m.end() || !calls->is_array()) continue;
+    for (auto& c : *calls) {
+      if (!c.is_object()) continue;
+      auto fn = c.find("function");
+      if (fn == c.end() || !fn->is_object()) continue;
+      auto args = fn->find("arguments");
+      if (args == fn->end() || !args->is_string()) continue;
+      auto parsed = nlohmann::ordered_json::parse(args->get<std::string>(), nullptr,
+                                                  /*allow_exceptions=*/false);
+      if (parsed.is_object()) *args = std::move(parsed);
     }
   }
   return out;
 }
 
-bool known_role(const std::string& r) {
-  return r == "system" || r == "user" || r == "assistant";
+std::optional<std::string> token_text(const Vocab& v, TokenId id) {
+  if (!v.valid(id)) return std::nullopt;
+  return v.text(id);
 }
 
 }  // namespace
 
-Result<ChatTemplate> ChatTemplate::detect(std::string_view src, const Tokenizer& tok) {
-  const Vocab& v = tok.vocab();
-  const auto has = [&](std::string_view t) { return v.find(t) != kNoToken; };
+nlohmann::ordered_json ChatMessage::to_json() const {
+  nlohmann::ordered_json m = nlohmann::ordered_json::object();
+  m["role"] = role;
+  m["content"] = content;
+  if (extra.is_object()) {
+    for (auto it = extra.begin(); it != extra.end(); ++it) m[it.key()] = it.value();
+  }
+  return m;
+}
+
+Result<ChatTemplate> ChatTemplate::from_source(std::string_view source, const Tokenizer& tok,
+                                               std::string origin) {
+  auto parsed = jinja::Template::parse(source);
+  if (!parsed.ok()) {
+    return Error{"the chat template (" + origin + ") cannot be used: " + parsed.error() +
+                 "; pass a template BIE can render with --chat-template FILE"};
+  }
   ChatTemplate t;
-  std::string_view family;
-  if (contains(src, "<|im_start|>")) {
-    family = "chatml";
-  } else if (contains(src, "<start_of_turn>")) {
-    family = "gemma";
-  } else if (contains(src, "<|start_header_id|>")) {
-    family = "llama3";
-  } else if (!src.empty()) {
-    return Error{
-        "unsupported chat template (BIE renders ChatML, Gemma and Llama 3 templates); "
-        "use /v1/completions with a prompt you format yourself"};
-  } else if (has("<|im_start|>")) {
-    family = "chatml";
-  } else if (has("<start_of_turn>")) {
-    family = "gemma";
-  } else if (has("<|start_header_id|>")) {
-    family = "llama3";
-  } else {
-    return Error{"the model has no chat template and no known chat tokens; use /v1/completions"};
+  t.tmpl_ = std::move(parsed.value());
+  t.source_ = std::string(source);
+  t.name_ = family_of(source);
+  t.origin_ = std::move(origin);
+  const Vocab& v = tok.vocab();
+  t.bos_text_ = token_text(v, tok.bos());
+  t.eos_text_ = token_text(v, tok.eos());
+  // The turn terminator: a known one the template writes and the vocabulary has as a token.
+  static constexpr std::string_view kEndOfTurn[] = {
+      "<|im_end|>",    "<end_of_turn>", "<|eot_id|>", "<|end|>", "<｜end▁of▁sentence｜>",
+      "<|endoftext|>", "</s>"};
+  for (std::string_view e : kEndOfTurn) {
+    if (contains(source, e) && v.find(e) != kNoToken) {
+      t.end_of_turn_ = std::string(e);
+      break;
+    }
   }
-  t.name_ = std::string(family);
-  const TokenId bos = tok.bos();
-  const std::string bos_text = v.valid(bos) ? v.text(bos) : std::string();
-  if (family == "chatml") {
-    t.end_of_turn_ = "<|im_end|>";
-    t.default_system_ = chatml_default_system(src);
-  } else if (family == "gemma") {
-    t.end_of_turn_ = "<end_of_turn>";
-    t.bos_text_ = bos_text;
-  } else {
-    t.end_of_turn_ = "<|eot_id|>";
-    t.bos_text_ = bos_text;
-  }
+  if (t.end_of_turn_.empty() && t.eos_text_) t.end_of_turn_ = *t.eos_text_;
   return t;
+}
+
+Result<ChatTemplate> ChatTemplate::detect(std::string_view gguf_source, const Tokenizer& tok) {
+  if (!gguf_source.empty()) return from_source(gguf_source, tok, "gguf");
+  const Vocab& v = tok.vocab();
+  if (v.find("<|im_start|>") != kNoToken && v.find("<|im_end|>") != kNoToken) {
+    return from_source(kChatmlTemplate, tok, "builtin:chatml");
+  }
+  if (v.find("<start_of_turn>") != kNoToken && v.find("<end_of_turn>") != kNoToken) {
+    return from_source(kGemmaTemplate, tok, "builtin:gemma");
+  }
+  return Error{
+      "the model has no chat template (tokenizer.chat_template) and its vocabulary has no "
+      "ChatML or Gemma turn tokens; pass one with --chat-template FILE, or use "
+      "/v1/completions with a prompt you format yourself"};
 }
 
 Result<std::string> ChatTemplate::render(std::span<const ChatMessage> messages,
                                          bool add_generation_prompt) const {
-  if (messages.empty()) return Error{"messages must not be empty"};
-  for (const ChatMessage& m : messages) {
-    if (!known_role(m.role)) {
-      return Error{"unknown message role '" + m.role +
-                   "' (expected 'system', 'user' or 'assistant')"};
+  ChatRenderOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  return render(messages, o);
+}
+
+Result<std::string> ChatTemplate::render(std::span<const ChatMessage> messages,
+                                         const ChatRenderOptions& opts) const {
+  nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : messages) arr.push_back(m.to_json());
+  return render_json(arr, opts);
+}
+
+Result<std::string> ChatTemplate::render_json(const nlohmann::ordered_json& messages,
+                                              const ChatRenderOptions& opts) const {
+  if (!messages.is_array() || messages.empty()) {
+    return Error{"messages must be a non-empty array"};
+  }
+  // The context transformers' apply_chat_template builds; an absent special token is left
+  // undefined, as there.
+  nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
+  if (opts.variables.is_object()) {
+    for (auto it = opts.variables.begin(); it != opts.variables.end(); ++it) {
+      ctx[it.key()] = it.value();
     }
   }
-  std::string out;
-  if (name_ == "chatml") {
-    if (!default_system_.empty() && messages[0].role != "system") {
-      out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
-    }
-    for (const ChatMessage& m : messages) {
-      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-    }
-    if (add_generation_prompt) out += "<|im_start|>assistant\n";
-    return out;
-  }
-  if (name_ == "gemma") {
-    // Gemma has no system role: the system text opens the first user turn, and turns must
-    // alternate user/model starting with user.
-    out += bos_text_;
-    std::string prefix;
-    size_t first = 0;
-    if (messages[0].role == "system") {
-      prefix = messages[0].content + "\n\n";
-      first = 1;
-    }
-    for (size_t i = first; i < messages.size(); ++i) {
-      const ChatMessage& m = messages[i];
-      const bool want_user = (i - first) % 2 == 0;
-      if ((m.role == "user") != want_user || m.role == "system") {
-        return Error{
-            "Gemma chat roles must alternate user/assistant/user/... (after an "
-            "optional first system message)"};
-      }
-      out += "<start_of_turn>";
-      out += m.role == "assistant" ? "model" : "user";
-      out += "\n";
-      if (i == first) out += prefix;
-      out += trim(m.content);
-      out += "<end_of_turn>\n";
-    }
-    if (add_generation_prompt) out += "<start_of_turn>model\n";
-    return out;
-  }
-  // llama3
-  out += bos_text_;
-  for (const ChatMessage& m : messages) {
-    out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
-    out += trim(m.content);
-    out += "<|eot_id|>";
-  }
-  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  return out;
+  ctx["messages"] = opts.tool_arguments_as_objects ? with_object_arguments(messages) : messages;
+  ctx["tools"] = opts.tools;
+  ctx["documents"] = opts.documents;
+  ctx["add_generation_prompt"] = opts.add_generation_prompt;
+  if (bos_text_ && !ctx.contains("bos_token")) ctx["bos_token"] = *bos_text_;
+  if (eos_text_ && !ctx.contains("eos_token")) ctx["eos_token"] = *eos_text_;
+  jinja::RenderOptions ro;
+  ro.now = opts.now;
+  auto out = tmpl_.render(ctx, ro);
+  if (!out.ok()) return Error{"the chat template failed: " + out.error()};
+  return std::move(out.value());
 }
 
 }  // namespace bie::tokenizer

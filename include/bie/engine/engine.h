@@ -26,8 +26,11 @@ namespace bie {
 
 struct EngineConfig {
   std::string model = "default";  // path to a GGUF file, or "default"
-  KvEngineOptions kv;             // KV regime, budget, max_model_len, max_num_seqs, chunk size
-  int32_t threads = 0;            // 0: hardware threads
+  // A Jinja chat template replacing the GGUF's tokenizer.chat_template in model_info() (the
+  // text of bie-serve's --chat-template FILE); empty: the GGUF's own.
+  std::string chat_template;
+  KvEngineOptions kv;   // KV regime, budget, max_model_len, max_num_seqs, chunk size
+  int32_t threads = 0;  // 0: hardware threads
   // Tokens one step may schedule (decode tokens + prefill chunks). 0: max(chunked_prefill_size,
   // max_num_seqs). Sizes the activation workspace.
   int64_t max_num_batched_tokens = 0;
@@ -172,7 +175,8 @@ struct ModelInfo {
   std::string path;
   std::string sha256;  // of the GGUF file
   std::string arch;
-  std::string chat_template;  // tokenizer.chat_template from the GGUF, may be empty
+  // tokenizer.chat_template from the GGUF (or EngineConfig::chat_template), may be empty
+  std::string chat_template;
   int64_t max_model_len = 0;
   int32_t n_vocab = 0;
 };
