@@ -19,7 +19,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "bie/grammar/grammar.h"
@@ -42,6 +44,11 @@ class GrammarConstraint final : public TokenConstraint {
   // The full mask: bit `id` of allowed[id / 64] set iff token id may come next.
   void compute_mask(std::vector<uint64_t>& allowed);
 
+  // Cache caps: past them the caches are dropped (at the start of the next mask).
+  static constexpr size_t kMaxCachedStates = 200'000;
+  static constexpr size_t kMaxCachedTransitions = 2'000'000;
+  static constexpr size_t kMaxCachedMasks = 64;
+
   // Advances the state by `token`'s bytes; false (state unchanged) if the grammar rejects it.
   [[nodiscard]] bool accept(int32_t token);
   // Advances by raw bytes (e.g. a forced prefix); false (state unchanged) if rejected.
@@ -56,12 +63,27 @@ class GrammarConstraint final : public TokenConstraint {
   // The state after `bytes` into scratch (walk_[0] / walk_[1]); nullptr if rejected.
   const GrammarMatcher::State* walk(std::string_view bytes);
 
+  // Parse states interned by content, with a lazily filled transition table: the mask walk
+  // visits ~333k trie nodes for a 152k vocabulary, but inside a string nearly all of them
+  // lead to a handful of distinct states, so almost every node is one hash lookup instead of
+  // a matcher step. Content-addressed, so the caches stay valid from one step to the next,
+  // and a whole mask is reused when the request comes back to a state (e.g. inside a string).
+  [[nodiscard]] int32_t intern(const GrammarMatcher::State& s);
+  [[nodiscard]] int32_t step(int32_t id, uint8_t byte);  // -1: rejected
+
   const TokenTrie& trie_;
   GrammarMatcher matcher_;
   GrammarMatcher::State state_;
   GrammarMatcher::State walk_[2];
-  std::vector<GrammarMatcher::State> by_depth_;  // mask walk: the state at each trie depth
-  std::vector<uint64_t> mask_;                   // mask_logits()' scratch
+  std::vector<uint64_t> mask_;  // mask_logits()' scratch
+
+  std::unordered_map<std::string, int32_t> ids_;              // state content -> id
+  std::vector<GrammarMatcher::State> states_;                 // [n_states] by id
+  std::unordered_map<uint64_t, int32_t> next_;                // (id << 8 | byte) -> id or -1
+  std::unordered_map<int32_t, std::vector<uint64_t>> masks_;  // state id -> its full mask
+  std::vector<int32_t> id_by_depth_;                          // mask walk: state per trie depth
+  GrammarMatcher::State scratch_;
+  std::string key_;
 };
 
 }  // namespace bie::grammar
