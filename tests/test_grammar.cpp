@@ -382,6 +382,24 @@ TEST(GrammarMask, AllowsAgreesWithMaskEverywhere) {
   EXPECT_TRUE(c.is_complete());
 }
 
+TEST(GrammarMask, CachedMaskKeysOnCompleteness) {
+  // Two states with the same stacks, one complete: the mask cache must not confuse them (only the
+  // complete one allows EOS).
+  const std::vector<std::string> v = {"1", "2", ""};
+  const TokenTrie trie(v, {2});
+  const Grammar g = compile({{"type", "integer"}, {"minimum", 0}});
+  GrammarConstraint c(g, trie);
+  ASSERT_TRUE(c.accept(0));
+  ASSERT_TRUE(c.is_complete());
+  GrammarMatcher::State incomplete = c.state();
+  incomplete.complete = false;
+  GrammarConstraint other(c);
+  other.set_state(incomplete);
+  EXPECT_EQ(allowed_ids(other, 3), (std::vector<int32_t>{0, 1}));
+  other.set_state(c.state());  // same caches, now the complete state
+  EXPECT_EQ(allowed_ids(other, 3), (std::vector<int32_t>{0, 1, 2}));
+}
+
 TEST(GrammarMask, SamplerHookIsLazyAndMasks) {
   const std::vector<std::string> v = {"x", "[", "]", "1", ""};
   const TokenTrie trie(v, {4});
