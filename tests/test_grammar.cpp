@@ -176,6 +176,46 @@ TEST(GrammarSchema, DeclaredOrderWithOrderedJson) {
   EXPECT_FALSE(full_match(*sorted, R"({"b":null,"a":null})"));
 }
 
+TEST(GrammarSchema, Pattern) {
+  const auto p = [](const char* pattern) {
+    return compile({{"type", "string"}, {"pattern", pattern}});
+  };
+  const Grammar code = p(R"(^[A-Z]{3}-\d{2,4}$)");
+  EXPECT_TRUE(full_match(code, R"("ABC-12")"));
+  EXPECT_TRUE(full_match(code, R"("XYZ-1234")"));
+  EXPECT_FALSE(full_match(code, R"("ABC-12345")"));
+  EXPECT_FALSE(full_match(code, R"("AB-12")"));
+  EXPECT_FALSE(full_match(code, R"("abc-12")"));
+  const Grammar pets = p("^(cat|dog)s?$");
+  for (const char* ok : {R"("cat")", R"("dogs")"}) EXPECT_TRUE(full_match(pets, ok)) << ok;
+  for (const char* bad : {R"("cow")", R"("cats!")", R"("")"}) EXPECT_FALSE(full_match(pets, bad));
+  // Unanchored: JSON Schema searches, so anything may surround the match.
+  const Grammar search = p("ab");
+  EXPECT_TRUE(full_match(search, R"("xxab yy")"));
+  EXPECT_TRUE(full_match(search, R"("ab")"));
+  EXPECT_FALSE(full_match(search, R"("a b")"));
+  // '.' is any character but a line break, written as JSON writes it.
+  const Grammar dot = p("^a.c$");
+  EXPECT_TRUE(full_match(dot, R"("abc")"));
+  EXPECT_TRUE(full_match(dot, "\"a\xC3\xA9" "c\""));
+  EXPECT_TRUE(full_match(dot, R"("a\"c")"));
+  EXPECT_FALSE(full_match(dot, R"("a\nc")"));
+  // Negated class: no '"' inside; a quote in the pattern is generated escaped.
+  const Grammar noquote = p(R"(^[^"]+$)");
+  EXPECT_TRUE(full_match(noquote, R"("a b\n")"));
+  EXPECT_FALSE(full_match(noquote, R"("a\"b")"));
+  const Grammar quoted = p(R"(^say "hi"$)");
+  EXPECT_TRUE(full_match(quoted, R"("say \"hi\"")"));
+  const Grammar email = p(R"(^[\w.+-]+@\w+\.(com|org)$)");
+  EXPECT_TRUE(full_match(email, R"("a.b+c_d@x.org")"));
+  EXPECT_FALSE(full_match(email, R"("a@x.net")"));
+  const Grammar counts = p("^x{2}y{1,}z{0,2}$");
+  for (const char* ok : {R"("xxy")", R"("xxyyyzz")"}) EXPECT_TRUE(full_match(counts, ok)) << ok;
+  for (const char* bad : {R"("xy")", R"("xxzz")", R"("xxyzzz")"}) {
+    EXPECT_FALSE(full_match(counts, bad)) << bad;
+  }
+}
+
 TEST(GrammarSchema, WhitespaceIsBounded) {
   const Grammar g = compile({{"type", "array"}, {"items", {{"type", "integer"}}}});
   EXPECT_TRUE(full_match(g, "[1,2]"));
@@ -244,7 +284,11 @@ TEST(GrammarSchema, UnsupportedKeywordsAreErrorsNamingThem) {
     const std::string e = error_of(schema);
     EXPECT_NE(e.find(word), std::string::npos) << e;
   };
-  has({{"type", "string"}, {"pattern", "^a+$"}}, "'pattern'");
+  has({{"type", "string"}, {"pattern", "^(?=a)"}}, "lookaround");
+  has({{"type", "string"}, {"pattern", "^(a)\\1$"}}, "'\\1'");
+  has({{"type", "string"}, {"pattern", "^a{2000}$"}}, "above 1000");
+  has({{"type", "string"}, {"pattern", "^a|b$"}}, "^(a|b)$");
+  has({{"type", "string"}, {"pattern", "a"}, {"maxLength", 3}}, "'pattern' together");
   has({{"type", "string"}, {"format", "date-time"}}, "'format'");
   has({{"type", "object"}, {"patternProperties", json::object()}}, "'patternProperties'");
   has({{"type", "object"}, {"additionalProperties", {{"type", "string"}}}},

@@ -1,4 +1,4 @@
-// Grammar-constrained sampling over real vocabularies: SmolLM2 with random logits under several
+// Grammar-constrained sampling over real vocabularies: SmolLM2 with random logits under seven
 // schemas (every output must parse and validate), and the mask cost on Qwen2.5's 151,936 tokens
 // (a measurement printed by a disabled test, not a timed assertion).
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,10 @@ std::string validate(const json& s, const json& v, const json& root) {
   if (v.is_string()) {
     const size_t n = utf8_length(v.get<std::string>());
     if (n < s.value("minLength", size_t{0}) || n > s.value("maxLength", SIZE_MAX)) return "length";
+    if (s.contains("pattern") &&
+        !std::regex_search(v.get<std::string>(), std::regex(s["pattern"].get<std::string>()))) {
+      return "pattern";
+    }
   }
   if (v.is_number()) {
     const double x = v.get<double>();
@@ -127,6 +132,9 @@ TEST(GrammarValidator, RejectsWhatItShould) {  // the checker itself can fail
   EXPECT_NE(validate(s, json::parse(R"({"a":1,"b":["y"]})"), s), "");
   EXPECT_NE(validate(s, json::parse(R"({"a":1,"c":0})"), s), "");
   EXPECT_NE(validate(s, json::parse(R"({"a":1.5})"), s), "");
+  const json p = json::parse(R"({"type":"string","pattern":"^a\\d$"})");
+  EXPECT_EQ(validate(p, "a1", p), "");
+  EXPECT_NE(validate(p, "a12", p), "");
 }
 
 const char* const kSchemas[] = {
@@ -156,6 +164,9 @@ const char* const kSchemas[] = {
         "status":{"const":"open"}},"required":["items","status"]})",
     // a top-level array of enums and bounded strings
     R"({"type":"array","items":{"anyOf":[{"enum":[1,2,3]},{"type":"string","maxLength":4}]},"minItems":2,"maxItems":5})",
+    // patterns (checked by std::regex, an independent ECMAScript engine)
+    R"({"type":"object","properties":{"code":{"type":"string","pattern":"^[A-Z]{2}-\\d{3}$"},
+        "note":{"type":"string","pattern":"^(ok|[a-z ]{1,10}[.!])$"}},"required":["code","note"]})",
     // all optional
     R"({"type":"object","properties":{"a":{"type":"boolean"},"b":{"type":"integer","maximum":-5}}})",
 };
@@ -210,7 +221,7 @@ TEST(GrammarVocab, SmolLM2RandomLogitsAlwaysValid) {
       ++n_runs;
     }
   }
-  EXPECT_EQ(n_runs, 24);
+  EXPECT_EQ(n_runs, 28);
 }
 
 // Mask cost on Qwen2.5 (151,936 tokens): run with --gtest_also_run_disabled_tests.

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 namespace bie::grammar {
 
 Grammar::Sym Grammar::byte_set(const ByteSet& set) {
@@ -47,6 +49,28 @@ uint32_t Grammar::add_rule(const std::vector<Seq>& alternatives) {
   const uint32_t r = reserve_rule();
   define_rule(r, alternatives);
   return r;
+}
+
+Grammar::Seq Grammar::repeat(const Seq& item, int64_t min, int64_t max) {
+  Seq out;
+  for (int64_t i = 0; i < min; ++i) out.insert(out.end(), item.begin(), item.end());
+  if (max < 0) {
+    const uint32_t star = reserve_rule();
+    Seq more = item;
+    more.push_back(ref(star));
+    define_rule(star, {more, {}});
+    out.push_back(ref(star));
+  } else if (max > min) {
+    // Nested optionals: tail_k ::= item tail_(k-1) | (empty).
+    std::optional<uint32_t> tail;
+    for (int64_t k = 0; k < max - min; ++k) {
+      Seq more = item;
+      if (tail) more.push_back(ref(*tail));
+      tail = add_rule({more, {}});
+    }
+    out.push_back(ref(*tail));
+  }
+  return out;
 }
 
 Status Grammar::check() const {

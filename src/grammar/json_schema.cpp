@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "bie/grammar/json_pattern.h"
+
 namespace bie::grammar {
 namespace {
 
@@ -27,7 +29,8 @@ const std::set<std::string, std::less<>> kTypeKeywords = {
     "properties", "required",         "additionalProperties",
     "items",      "minItems",         "maxItems",
     "minLength",  "maxLength",        "minimum",
-    "maximum",    "exclusiveMinimum", "exclusiveMaximum"};
+    "maximum",    "exclusiveMinimum", "exclusiveMaximum",
+    "pattern"};
 const std::set<std::string, std::less<>> kCombinators = {"type",  "enum",  "const", "anyOf",
                                                          "oneOf", "allOf", "$ref"};
 
@@ -134,6 +137,23 @@ class Compiler {
     return s;
   }
 
+  // One non-ASCII character as well-formed UTF-8 (no overlong forms, no surrogates).
+  Grammar::Sym utf8_multibyte() {
+    if (!multibyte_) {
+      const auto r = [&](uint8_t lo, uint8_t hi) { return g_.byte_range(lo, hi); };
+      const auto c = r(0x80, 0xBF);
+      multibyte_ = g_.add_rule({{r(0xC2, 0xDF), c},
+                                {r(0xE0, 0xE0), r(0xA0, 0xBF), c},
+                                {r(0xE1, 0xEC), c, c},
+                                {r(0xED, 0xED), r(0x80, 0x9F), c},
+                                {r(0xEE, 0xEF), c, c},
+                                {r(0xF0, 0xF0), r(0x90, 0xBF), c, c},
+                                {r(0xF1, 0xF3), c, c, c},
+                                {r(0xF4, 0xF4), r(0x80, 0x8F), c, c}});
+    }
+    return Grammar::ref(*multibyte_);
+  }
+
   // One character of a JSON string: well-formed UTF-8 (no overlongs or surrogates) except '"',
   // '\\' and control bytes, or an escape. \u escapes of surrogates are excluded so that every
   // string decodes (a lone surrogate is rejected by strict parsers).
@@ -144,20 +164,12 @@ class Compiler {
         if (b != '"' && b != '\\') plain[b >> 6] |= uint64_t{1} << (b & 63);
       }
       const auto r = [&](uint8_t lo, uint8_t hi) { return g_.byte_range(lo, hi); };
-      const auto c = r(0x80, 0xBF);
       const auto hex = g_.byte_set(set_of("0123456789abcdefABCDEF"));
       const auto hex_no_d = g_.byte_set(set_of("0123456789abcefABCEF"));
       const auto bs = r('\\', '\\');
       const auto u = r('u', 'u');
       char_ = g_.add_rule({{g_.byte_set(plain)},
-                           {r(0xC2, 0xDF), c},
-                           {r(0xE0, 0xE0), r(0xA0, 0xBF), c},
-                           {r(0xE1, 0xEC), c, c},
-                           {r(0xED, 0xED), r(0x80, 0x9F), c},
-                           {r(0xEE, 0xEF), c, c},
-                           {r(0xF0, 0xF0), r(0x90, 0xBF), c, c},
-                           {r(0xF1, 0xF3), c, c, c},
-                           {r(0xF4, 0xF4), r(0x80, 0x8F), c, c},
+                           {utf8_multibyte()},
                            {bs, g_.byte_set(set_of("\"\\/bfnrt"))},
                            {bs, u, hex_no_d, hex, hex, hex},
                            {bs, u, g_.byte_set(set_of("dD")), r('0', '7'), hex, hex}});
@@ -171,23 +183,7 @@ class Compiler {
       return fail(
           fmt::format("length/item bound above {} at {} is not supported", o_.max_repeat, path));
     }
-    Seq out;
-    for (int64_t i = 0; i < min; ++i) out.insert(out.end(), item.begin(), item.end());
-    if (max < 0) {
-      const uint32_t star = g_.reserve_rule();
-      Seq more = item;
-      more.push_back(Grammar::ref(star));
-      g_.define_rule(star, {more, {}});
-      out.push_back(Grammar::ref(star));
-    } else if (max > min) {
-      std::optional<uint32_t> tail;
-      for (int64_t k = 0; k < max - min; ++k) {
-        Seq more = item;
-        if (tail) more.push_back(Grammar::ref(*tail));
-        tail = g_.add_rule({more, {}});
-      }
-      out.push_back(Grammar::ref(*tail));
-    }
+    Seq out = g_.repeat(item, min, max);
     if (g_.n_elems() > Grammar::kMaxElems) return fail(too_large());
     return out;
   }
@@ -439,12 +435,6 @@ class Compiler {
     std::vector<std::string> constraints;  // keys that are not annotations
     for (const auto& [k, v] : s.items()) {
       if (kAnnotations.contains(k)) continue;
-      if (k == "pattern") {
-        return fail(
-            fmt::format("JSON Schema keyword 'pattern' (at {}) is not supported: regular "
-                        "expressions are not enforced; remove it or use 'enum'",
-                        path));
-      }
       if (!kTypeKeywords.contains(k) && !kCombinators.contains(k)) {
         return fail(fmt::format("unsupported JSON Schema keyword '{}' at {}", k, path));
       }
@@ -612,6 +602,23 @@ class Compiler {
   }
 
   std::optional<uint32_t> string(const json& s, const std::string& path) {
+    if (auto it = s.find("pattern"); it != s.end()) {
+      if (!it->is_string()) return fail(fmt::format("'pattern' at {} must be a string", path));
+      if (s.contains("minLength") || s.contains("maxLength")) {
+        return fail(
+            fmt::format("'pattern' together with minLength/maxLength (at {}) is not "
+                        "supported; put the length into the pattern, e.g. ^.{{1,20}}$",
+                        path));
+      }
+      PatternCompiler pc(g_, utf8_multibyte());
+      auto body = pc.compile(it->get<std::string>());
+      if (!body.ok()) return fail(fmt::format("'pattern' at {}: {}", path, body.error()));
+      Seq seq = g_.literal("\"");
+      seq.insert(seq.end(), body->begin(), body->end());
+      seq.push_back(g_.literal("\"")[0]);
+      if (g_.n_elems() > Grammar::kMaxElems) return fail(too_large());
+      return g_.add_rule({seq});
+    }
     const auto min = count(s, "minLength", 0, path);
     const auto max = count(s, "maxLength", -1, path);
     if (!min || !max) return std::nullopt;
@@ -727,7 +734,7 @@ class Compiler {
   const json& root_;
   const JsonSchemaOptions& o_;
   std::string error_;
-  std::optional<uint32_t> ws_, char_, frac_, number_, any_value_, any_object_;
+  std::optional<uint32_t> ws_, char_, multibyte_, frac_, number_, any_value_, any_object_;
   std::map<std::string, uint32_t> refs_done_;
   std::map<std::string, uint32_t> memo_;  // compact dump of a subschema -> its rule
   std::set<std::string> refs_active_;

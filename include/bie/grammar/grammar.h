@@ -43,6 +43,9 @@ class Grammar {
   void define_rule(uint32_t rule, const std::vector<Seq>& alternatives);
   [[nodiscard]] uint32_t add_rule(const std::vector<Seq>& alternatives);
   [[nodiscard]] static Sym ref(uint32_t rule) { return {true, rule}; }
+  // `item` repeated min..max times (max < 0: unbounded) as right-recursive rules, so the
+  // matcher's stacks do not grow with the count. note: the caller bounds min and max.
+  [[nodiscard]] Seq repeat(const Seq& item, int64_t min, int64_t max);
   void set_root(uint32_t rule) { root_ = rule; }
 
   // Every reserved rule defined, the root set, the size under kMaxElems.
