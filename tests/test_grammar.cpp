@@ -197,13 +197,18 @@ TEST(GrammarSchema, Pattern) {
   // '.' is any character but a line break, written as JSON writes it.
   const Grammar dot = p("^a.c$");
   EXPECT_TRUE(full_match(dot, R"("abc")"));
-  EXPECT_TRUE(full_match(dot, "\"a\xC3\xA9" "c\""));
+  EXPECT_TRUE(full_match(dot,
+                         "\"a\xC3\xA9"
+                         "c\""));
   EXPECT_TRUE(full_match(dot, R"("a\"c")"));
   EXPECT_FALSE(full_match(dot, R"("a\nc")"));
   // Negated class: no '"' inside; a quote in the pattern is generated escaped.
   const Grammar noquote = p(R"(^[^"]+$)");
   EXPECT_TRUE(full_match(noquote, R"("a b\n")"));
   EXPECT_FALSE(full_match(noquote, R"("a\"b")"));
+  const Grammar not_a = p("^[^a]$");
+  EXPECT_TRUE(full_match(not_a, "\"\xC3\xA9\""));  // a non-ASCII character is not 'a'
+  EXPECT_FALSE(full_match(not_a, R"("a")"));
   const Grammar quoted = p(R"(^say "hi"$)");
   EXPECT_TRUE(full_match(quoted, R"("say \"hi\"")"));
   const Grammar email = p(R"(^[\w.+-]+@\w+\.(com|org)$)");
