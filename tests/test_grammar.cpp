@@ -293,6 +293,8 @@ TEST(GrammarSchema, UnsupportedKeywordsAreErrorsNamingThem) {
   has({{"type", "string"}, {"pattern", "^(a)\\1$"}}, "'\\1'");
   has({{"type", "string"}, {"pattern", "^a{2000}$"}}, "above 1000");
   has({{"type", "string"}, {"pattern", "^a|b$"}}, "^(a|b)$");
+  has({{"type", "string"}, {"pattern", "^((a*)*)*$"}}, "empty string");
+  has({{"type", "string"}, {"pattern", "^(a?|b){2,}$"}}, "empty string");
   has({{"type", "string"}, {"pattern", "a"}, {"maxLength", 3}}, "'pattern' together");
   has({{"type", "string"}, {"format", "date-time"}}, "'format'");
   has({{"type", "object"}, {"patternProperties", json::object()}}, "'patternProperties'");

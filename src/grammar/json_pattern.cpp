@@ -64,19 +64,25 @@ Result<Grammar::Seq> PatternCompiler::compile(std::string_view pattern) {
 
 std::optional<uint32_t> PatternCompiler::alternation(int depth) {
   std::vector<Grammar::Seq> alts;
+  bool any_nullable = false;
   while (true) {
-    auto seq = sequence(depth);
+    bool nullable = false;
+    auto seq = sequence(depth, nullable);
     if (!seq) return std::nullopt;
+    any_nullable = any_nullable || nullable;
     alts.push_back(std::move(*seq));
     if (at_end() || peek() != '|') break;
     if (depth == 0) top_level_alternation_ = true;
     ++pos_;
   }
-  return g_.add_rule(alts);
+  const uint32_t r = g_.add_rule(alts);
+  if (any_nullable) nullable_rules_.insert(r);
+  return r;
 }
 
-std::optional<Grammar::Seq> PatternCompiler::sequence(int depth) {
+std::optional<Grammar::Seq> PatternCompiler::sequence(int depth, bool& nullable) {
   Grammar::Seq seq;
+  nullable = true;
   while (!at_end() && peek() != '|' && peek() != ')') {
     if (peek() == '$') {
       if (depth != 0 || pos_ + 1 != p_.size()) {
@@ -91,6 +97,15 @@ std::optional<Grammar::Seq> PatternCompiler::sequence(int depth) {
     if (!a) return std::nullopt;
     int64_t min = 1, max = 1;
     if (!quantifier(min, max)) return std::nullopt;
+    const bool atom_nullable = a->is_rule && nullable_rules_.contains(a->id);
+    if (atom_nullable && (max < 0 || max > 1)) {
+      // (a*)* and the like: the matcher would have to expand empty repetitions without end.
+      fail(
+          "repeating a group that can match the empty string (like (a*)*) is not supported; "
+          "repeat its non-empty form, e.g. (a+)*");
+      return std::nullopt;
+    }
+    nullable = nullable && (min == 0 || atom_nullable);
     const Grammar::Seq rep = g_.repeat({*a}, min, max);
     seq.insert(seq.end(), rep.begin(), rep.end());
     if (g_.n_elems() > Grammar::kMaxElems) {

@@ -29,7 +29,9 @@ void GrammarMatcher::expand(std::vector<uint32_t>& stack, State& out, int depth)
     out.complete = true;
     return;
   }
-  if (depth > kMaxExpandDepth) return;  // a left-recursive grammar; the compiler makes none
+  // Caps for a left-recursive or exponentially ambiguous grammar; the compilers make neither
+  // (a cap only ever drops parses, so the output stays valid).
+  if (depth > kMaxExpandDepth || ++steps_ > kMaxExpandSteps) return;
   const uint32_t pos = stack.back();
   const Grammar::Elem& e = g_.elem(pos);
   switch (e.op) {
@@ -62,6 +64,7 @@ void GrammarMatcher::expand(std::vector<uint32_t>& stack, State& out, int depth)
 GrammarMatcher::State GrammarMatcher::initial() const {
   State s;
   work_.clear();
+  steps_ = 0;
   for (uint32_t start : g_.alternatives(g_.root())) {
     work_.push_back(start);
     expand(work_, s, 0);
@@ -74,6 +77,7 @@ bool GrammarMatcher::advance(const State& in, uint8_t byte, State& out) const {
   out.data.clear();
   out.ends.clear();
   out.complete = false;
+  steps_ = 0;
   uint32_t begin = 0;
   for (uint32_t end : in.ends) {
     const uint32_t top = in.data[end - 1];

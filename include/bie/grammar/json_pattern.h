@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -39,7 +40,8 @@ class PatternCompiler {
   [[nodiscard]] bool at_end() const { return pos_ >= p_.size(); }
   [[nodiscard]] char peek() const { return p_[pos_]; }
   std::optional<uint32_t> alternation(int depth);
-  std::optional<Grammar::Seq> sequence(int depth);
+  // `nullable`: whether the sequence can match the empty string.
+  std::optional<Grammar::Seq> sequence(int depth, bool& nullable);
   std::optional<Grammar::Sym> atom(int depth);
   bool quantifier(int64_t& min, int64_t& max);
   std::optional<CharClass> bracket();
@@ -51,6 +53,7 @@ class PatternCompiler {
   Grammar::Sym multibyte_;
   std::string_view p_;
   size_t pos_ = 0;
+  std::set<uint32_t> nullable_rules_;  // groups that can match the empty string
   bool top_level_alternation_ = false;
   bool anchored_end_ = false;
   std::string error_;

@@ -50,6 +50,7 @@ class GrammarMatcher {
   // grammars): rule-expansion depth and stacks per state.
   static constexpr int kMaxExpandDepth = 256;
   static constexpr size_t kMaxStacks = 4096;
+  static constexpr int kMaxExpandSteps = 1 << 16;  // per advance(): no exponential expansion
 
  private:
   void expand(std::vector<uint32_t>& stack, State& out, int depth) const;
@@ -57,6 +58,7 @@ class GrammarMatcher {
 
   const Grammar& g_;
   mutable std::vector<uint32_t> work_;  // scratch stack for advance()
+  mutable int steps_ = 0;               // expansion steps in this advance()
 };
 
 }  // namespace bie::grammar
