@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace bie {
 
@@ -76,6 +77,10 @@ void Sampler::apply_penalties(float* logits, std::span<const int32_t> history) {
 const std::vector<TokenProb>& Sampler::distribution(float* logits,
                                                     std::span<const int32_t> history) {
   apply_penalties(logits, history);
+  return shaped(logits);
+}
+
+const std::vector<TokenProb>& Sampler::shaped(const float* logits) {
   dist_.clear();
   if (params_.temperature <= 0.0f) {
     dist_.push_back({argmax(logits, n_vocab_), 1.0});
@@ -146,14 +151,34 @@ int32_t Sampler::draw(const std::vector<TokenProb>& dist) {
   return dist.back().id;
 }
 
-int32_t Sampler::sample(float* logits, std::span<const int32_t> history) {
-  const std::vector<TokenProb>& d = distribution(logits, history);
-  if (params_.temperature <= 0.0f) return d.front().id;
-  return draw(d);
+int32_t Sampler::pick(const float* logits) {
+  if (params_.temperature <= 0.0f) return argmax(logits, n_vocab_);
+  return draw(shaped(logits));
+}
+
+int32_t Sampler::sample(float* logits, std::span<const int32_t> history,
+                        TokenConstraint* constraint) {
+  apply_penalties(logits, history);
+  const int32_t first = pick(logits);
+  if (constraint == nullptr || constraint->allows(first)) return first;
+  constraint->mask_logits(logits, n_vocab_);
+  const int32_t best = argmax(logits, n_vocab_);
+  if (logits[best] == -std::numeric_limits<float>::infinity()) return kNoConstrainedToken;
+  return pick(logits);
 }
 
 DraftVerdict Sampler::verify(float* logits, std::span<const int32_t> history, int32_t draft,
-                             const std::vector<TokenProb>* q) {
+                             const std::vector<TokenProb>* q, TokenConstraint* constraint) {
+  if (constraint != nullptr) {
+    if (params_.temperature <= 0.0f) {
+      const int32_t t = sample(logits, history, constraint);
+      return {t == draft && t != kNoConstrainedToken, t};
+    }
+    constraint->mask_logits(logits, n_vocab_);
+    if (logits[argmax(logits, n_vocab_)] == -std::numeric_limits<float>::infinity()) {
+      return {false, kNoConstrainedToken};
+    }
+  }
   const std::vector<TokenProb>& p = distribution(logits, history);
   if (params_.temperature <= 0.0f) return {p.front().id == draft, p.front().id};
   const auto prob_in = [](const std::vector<TokenProb>& d, int32_t id) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bie/common/result.h"
+#include "bie/sampling/token_constraint.h"
 
 namespace bie {
 
@@ -45,7 +46,15 @@ class Sampler {
 
   // Picks the next token. `logits` (n_vocab) is modified in place (penalties, temperature).
   // `history`: the tokens seen so far in this sequence (prompt + generated), oldest first.
-  [[nodiscard]] int32_t sample(float* logits, std::span<const int32_t> history);
+  // `constraint` (structured output): the token drawn is one it allows. Lazy, as llama.cpp: the
+  // token is drawn from the unmasked distribution first and kept if allowed; only if rejected
+  // is the whole vocabulary masked and the token drawn again. Greedy, that is exactly the
+  // masked argmax; with temperature, top-k/top-p/min-p see the unmasked logits on the first
+  // draw (as llama.cpp). Returns kNoConstrainedToken when the constraint allows no token. The
+  // caller advances the constraint with the returned token (see grammar_constraint.h).
+  [[nodiscard]] int32_t sample(float* logits, std::span<const int32_t> history,
+                               TokenConstraint* constraint = nullptr);
+  static constexpr int32_t kNoConstrainedToken = -1;
 
   // The distribution sample() draws from after every transform (penalties, top-k, top-p, min-p,
   // temperature): the surviving tokens with their probabilities, best first (greedy: the argmax
@@ -58,13 +67,20 @@ class Sampler {
   // probability min(1, p(draft) / q(draft)); on rejection draw from norm(max(0, p - q)). The
   // emitted token is then distributed exactly as sample() would draw it. Greedy: accepted iff
   // draft is the argmax, else the argmax is returned.
+  // `constraint`: p is the masked distribution (the state before `draft`), so a draft the
+  // grammar rejects is never accepted. Greedy uses sample()'s lazy path; with temperature the
+  // whole vocabulary is masked first. token == kNoConstrainedToken: nothing allowed.
   [[nodiscard]] DraftVerdict verify(float* logits, std::span<const int32_t> history, int32_t draft,
-                                    const std::vector<TokenProb>* q = nullptr);
+                                    const std::vector<TokenProb>* q = nullptr,
+                                    TokenConstraint* constraint = nullptr);
 
   [[nodiscard]] const SamplingParams& params() const { return params_; }
 
  private:
   [[nodiscard]] int32_t draw(const std::vector<TokenProb>& dist);
+  // distribution() after the penalties have been applied.
+  [[nodiscard]] const std::vector<TokenProb>& shaped(const float* logits);
+  [[nodiscard]] int32_t pick(const float* logits);
   void apply_penalties(float* logits, std::span<const int32_t> history);
 
   struct Candidate {
