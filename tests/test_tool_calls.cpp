@@ -43,6 +43,36 @@ TEST(ToolCalls, HermesOneAndTwoCalls) {
   EXPECT_EQ(r.calls[1].arguments, R"({"x":1})");  // a JSON-string argument, normalised
 }
 
+TEST(ToolCalls, HermesFencedOrBareObject) {
+  for (const std::string& text :
+       {std::string(
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```"),
+        std::string(" {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}")}) {
+    auto r = parse_tool_calls(ToolCallSyntax::kHermes, text, "1");
+    ASSERT_EQ(r.calls.size(), 1u) << text;
+    EXPECT_EQ(r.calls[0].arguments, R"({"city":"Paris"})");
+    EXPECT_EQ(r.content, "");
+  }
+  // Code that is not a call stays text.
+  for (const std::string& text :
+       {std::string("```json\n{\"a\": 1}\n```"), std::string("```python\nprint(1)\n```"),
+        std::string("{\"name\": \"x\"}")}) {
+    auto r = parse_tool_calls(ToolCallSyntax::kHermes, text, "1");
+    EXPECT_TRUE(r.calls.empty()) << text;
+    EXPECT_FALSE(r.error) << text;
+    EXPECT_EQ(r.content, text.front() == ' ' ? text.substr(1) : text);
+  }
+  ToolCallStream s(ToolCallSyntax::kHermes, "2");
+  EXPECT_EQ(s.feed("`"), "");
+  EXPECT_EQ(s.feed("``json\n{\"name\": \"f\", \"arguments\": {}}\n"), "");
+  EXPECT_EQ(s.feed("```"), "");
+  const ToolCallParse r = s.finish();
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "f");
+  ToolCallStream plain(ToolCallSyntax::kHermes, "2");
+  EXPECT_EQ(plain.feed("`x` is a variable"), "`x` is a variable");
+}
+
 TEST(ToolCalls, BrokenCallsStayTextWithAReason) {
   for (const std::string& bad :
        {std::string("<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": </tool_call>"),

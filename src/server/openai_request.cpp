@@ -139,13 +139,53 @@ std::optional<ApiError> read_messages(const json& body, ParsedRequest& r) {
     tokenizer::ChatMessage msg;
     msg.role = role->get<std::string>();
     if (msg.role == "developer") msg.role = "system";  // OpenAI's newer name for it
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant") {
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
+        msg.role != "tool") {
       return bad_request(fmt::format("messages[{}].role '{}' is not supported (expected "
-                                     "'system', 'user' or 'assistant')",
+                                     "'system', 'user', 'assistant' or 'tool')",
                                      i, msg.role),
                          fmt::format("messages[{}].role", i), "invalid_value");
     }
     if (auto e = read_content(m, i, msg.content)) return e;
+    const std::string at = fmt::format("messages[{}]", i);
+    msg.extra = nlohmann::ordered_json::object();
+    if (msg.role == "tool") {
+      // The result of a call: which call it answers (templates that number calls need it).
+      auto id = m.find("tool_call_id");
+      if (id == m.end() || !id->is_string()) {
+        return bad_request(at + ".tool_call_id must be a string (the id of the call this answers)",
+                           at + ".tool_call_id", "missing_field");
+      }
+      msg.extra["tool_call_id"] = id->get<std::string>();
+    }
+    if (auto n = m.find("name"); n != m.end() && !n->is_null()) {
+      if (!n->is_string()) return wrong_type(at + ".name", "a string", *n);
+      msg.extra["name"] = n->get<std::string>();
+    }
+    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+      if (msg.role != "assistant") {
+        return bad_request(at + ".tool_calls is only for assistant messages", at + ".tool_calls",
+                           "invalid_value");
+      }
+      if (!tc->is_array()) return wrong_type(at + ".tool_calls", "an array", *tc);
+      for (size_t c = 0; c < tc->size(); ++c) {
+        const json& call = (*tc)[c];
+        const std::string cat = fmt::format("{}.tool_calls[{}]", at, c);
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+            !call["function"].contains("name") || !call["function"]["name"].is_string()) {
+          return bad_request(cat +
+                                 " must be {\"id\", \"type\": \"function\", \"function\": "
+                                 "{\"name\", \"arguments\"}}",
+                             cat, "invalid_value");
+        }
+        if (auto a = call["function"].find("arguments");
+            a != call["function"].end() && !a->is_string() && !a->is_object()) {
+          return wrong_type(cat + ".function.arguments", "a JSON string", *a);
+        }
+      }
+      msg.extra["tool_calls"] = nlohmann::ordered_json::parse(tc->dump());
+      if (m.find("content") == m.end() || m["content"].is_null()) msg.extra["content"] = nullptr;
+    }
     r.messages.push_back(std::move(msg));
   }
   return std::nullopt;

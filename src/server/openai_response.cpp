@@ -106,17 +106,33 @@ json finish_or_null(const std::string& reason) {
   return reason.empty() ? json(nullptr) : json(reason);
 }
 
+json tool_calls_json(std::span<const ToolCall> calls, bool indexed) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (indexed) c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 }  // namespace
 
 json full_response(const ResponseContext& ctx, const std::string& text,
                    const std::string& finish_reason, const Usage& usage,
-                   std::span<const TokenEvent> events) {
+                   std::span<const TokenEvent> events, std::span<const ToolCall> tool_calls) {
   json choice = {{"index", 0},
                  {"logprobs", logprobs_for(ctx, events)},
                  {"finish_reason", finish_or_null(finish_reason)}};
   const bool chat = ctx.endpoint == Endpoint::kChat;
   if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
+    if (!tool_calls.empty()) {
+      if (text.empty()) choice["message"]["content"] = nullptr;
+      choice["message"]["tool_calls"] = tool_calls_json(tool_calls, /*indexed=*/false);
+    }
   } else {
     choice["text"] = text;
   }
@@ -147,6 +163,23 @@ json stream_chunk(const ResponseContext& ctx, const std::string& text,
   }
   json j = {{"id", ctx.id},
             {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", ctx.created},
+            {"model", ctx.model},
+            {"system_fingerprint", nullptr},
+            {"choices", json::array({choice})},
+            {"bie", bie_object(ctx)}};
+  if (with_usage_null) j["usage"] = nullptr;
+  return j;
+}
+
+json tool_calls_chunk(const ResponseContext& ctx, std::span<const ToolCall> calls,
+                      bool with_usage_null) {
+  json choice = {{"index", 0},
+                 {"logprobs", nullptr},
+                 {"finish_reason", nullptr},
+                 {"delta", {{"tool_calls", tool_calls_json(calls, /*indexed=*/true)}}}};
+  json j = {{"id", ctx.id},
+            {"object", "chat.completion.chunk"},
             {"created", ctx.created},
             {"model", ctx.model},
             {"system_fingerprint", nullptr},

@@ -9,6 +9,7 @@
 
 #include "bie/engine/engine.h"
 #include "server/openai_request.h"
+#include "server/tool_calls.h"
 
 namespace bie::tokenizer {
 class Tokenizer;
@@ -50,7 +51,8 @@ inline constexpr const char* kSseDone = "data: [DONE]\n\n";
 // The whole (non-streamed) response. `events` are the generated tokens (for logprobs).
 [[nodiscard]] nlohmann::json full_response(const ResponseContext& ctx, const std::string& text,
                                            const std::string& finish_reason, const Usage& usage,
-                                           std::span<const TokenEvent> events);
+                                           std::span<const TokenEvent> events,
+                                           std::span<const ToolCall> tool_calls = {});
 
 // One streamed chunk: `text` is the new text, `events` the tokens it came from (for logprobs),
 // finish_reason empty until the last chunk; first_chat_chunk adds the assistant role (chat);
@@ -61,6 +63,10 @@ inline constexpr const char* kSseDone = "data: [DONE]\n\n";
                                           bool with_usage_null);
 
 // The final usage chunk of a stream with include_usage ("choices": []).
+// A chat chunk whose delta carries whole tool calls (OpenAI's delta.tool_calls, with index).
+[[nodiscard]] nlohmann::json tool_calls_chunk(const ResponseContext& ctx,
+                                              std::span<const ToolCall> calls,
+                                              bool with_usage_null);
 [[nodiscard]] nlohmann::json usage_chunk(const ResponseContext& ctx, const Usage& usage);
 
 // JSON text that never throws on invalid UTF-8 (replaced by U+FFFD).

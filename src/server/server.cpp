@@ -19,6 +19,7 @@
 #include "server/openai_response.h"
 #include "server/request_stream.h"
 #include "server/server_metrics.h"
+#include "server/tool_calls.h"
 
 namespace bie::server {
 
@@ -63,6 +64,12 @@ struct Flight {
   bool include_usage = false;
   Clock::time_point arrived;
   int64_t prompt_tokens = 0;
+  // Tool calls: the syntax the model writes them in (kNone: this request has no tools), the
+  // text the prompt already ends with when a call is forced (tool_choice required / a named
+  // function), and whether more than one call may be returned.
+  ToolCallSyntax tool_syntax = ToolCallSyntax::kNone;
+  std::string forced_prefix;
+  bool parallel_tool_calls = true;
   // Written on the engine thread by the callbacks (read after finish, under the stream's lock).
   std::atomic<double> ttft{-1.0};
 };
@@ -76,6 +83,7 @@ struct Server::Impl {
   std::atomic<bool> shutting_down{false};
   std::atomic<RequestId> next_id{1};
   std::optional<Result<tokenizer::ChatTemplate>> chat_template;  // set with the engine
+  ToolCallSyntax tool_syntax = ToolCallSyntax::kNone;            // what its model writes
   std::string model_name;                                        // served name
   ServerMetrics metrics;
 
@@ -86,7 +94,7 @@ struct Server::Impl {
   void kv_policy(const HttpRequest& req, HttpExchange& ex);
   void handle_generate(const HttpRequest& req, HttpExchange& ex, Endpoint ep);
   [[nodiscard]] std::optional<ApiError> tokenize(Engine& eng, ParsedRequest& p,
-                                                 std::vector<int32_t>& out) const;
+                                                 std::vector<int32_t>& out, Flight& fl) const;
   void stream_response(HttpExchange& ex, Engine& eng, Flight& fl, RequestStream& rs);
   void whole_response(HttpExchange& ex, Engine& eng, Flight& fl, RequestStream& rs);
   void log_finish(const Flight& fl, const FinishEvent& f) const;
@@ -99,8 +107,42 @@ bool Server::Impl::model_known(const std::string& name) const {
          name == "default";
 }
 
+namespace {
+
+// The start of a call in the model's own syntax: the prompt ends with it when a call is forced,
+// so the model can only complete it ("required": any tool's name; a function: the inside of its
+// arguments object — left open at the name, small models write the arguments unquoted).
+std::string forced_call_prefix(ToolCallSyntax syntax, const ParsedRequest& p) {
+  const bool named = p.tool_choice == ParsedRequest::ToolChoice::kFunction;
+  const std::string name = named ? p.tool_choice_name + "\", " : std::string();
+  switch (syntax) {
+    case ToolCallSyntax::kHermes:
+      return "<tool_call>\n{\"name\": \"" + name + (named ? "\"arguments\": {" : "");
+    case ToolCallSyntax::kMistral:
+      return "[TOOL_CALLS][{\"name\": \"" + name + (named ? "\"arguments\": {" : "");
+    case ToolCallSyntax::kLlama3:
+      return "{\"name\": \"" + name + (named ? "\"parameters\": {" : "");
+    case ToolCallSyntax::kNone:
+      break;
+  }
+  return {};
+}
+
+// One call unless parallel calls are allowed; "tool_calls" as the finish reason when there are
+// calls; a broken call stays text (with the model's own finish reason) and is logged.
+void finish_tool_calls(const Flight& fl, ToolCallParse& calls, std::string& reason) {
+  if (!fl.parallel_tool_calls && calls.calls.size() > 1) calls.calls.resize(1);
+  if (!calls.calls.empty() && reason != "error" && reason != "cancelled") reason = "tool_calls";
+  if (calls.error) {
+    spdlog::warn("request {}: the model's tool call is not usable ({}); returned as text",
+                 fl.ctx.id, *calls.error);
+  }
+}
+
+}  // namespace
+
 std::optional<ApiError> Server::Impl::tokenize(Engine& eng, ParsedRequest& p,
-                                               std::vector<int32_t>& out) const {
+                                               std::vector<int32_t>& out, Flight& fl) const {
   const tokenizer::Tokenizer& tok = eng.tokenizer();
   tokenizer::EncodeOptions eo;
   eo.parse_special = true;
@@ -112,8 +154,27 @@ std::optional<ApiError> Server::Impl::tokenize(Engine& eng, ParsedRequest& p,
       for (tokenizer::ChatMessage& m : p.messages) m.content = tok.mark_plain(m.content);
       eo.strip_plain_marks = true;
     }
-    auto text = tmpl->render(p.messages);
+    tokenizer::ChatRenderOptions ro;
+    const bool use_tools = !p.tools.is_null() && p.tool_choice != ParsedRequest::ToolChoice::kNone;
+    if (use_tools) {
+      if (tool_syntax == ToolCallSyntax::kNone) {
+        return bad_request("this model's chat template (" + tmpl->origin() +
+                               ") has no tool-call syntax; pass one that has with --chat-template",
+                           "tools", "tools_unsupported");
+      }
+      ro.tools = nlohmann::ordered_json::parse(p.tools.dump());
+      fl.tool_syntax = tool_syntax;
+      fl.parallel_tool_calls = p.parallel_tool_calls;
+      if (p.tool_choice != ParsedRequest::ToolChoice::kAuto) {
+        fl.forced_prefix = forced_call_prefix(tool_syntax, p);
+      }
+      if (!p.parallel_tool_calls && tool_syntax == ToolCallSyntax::kHermes) {
+        p.engine.stop.push_back("</tool_call>");  // one call, then stop
+      }
+    }
+    auto text = tmpl->render(p.messages, ro);
     if (!text.ok()) return bad_request(text.error(), "messages", "invalid_value");
+    *text += fl.forced_prefix;
     // The template already wrote BOS as text where the model wants one.
     const tokenizer::TokenId bos = tok.bos();
     if (tok.vocab().valid(bos) && text->rfind(tok.vocab().text(bos), 0) == 0) eo.add_bos = false;
@@ -184,7 +245,14 @@ void Server::Impl::whole_response(HttpExchange& ex, Engine& eng, Flight& fl, Req
   text += fin->tail_text;
   if (!fin->metrics.kv_regime.empty()) fl.ctx.kv_regime = fin->metrics.kv_regime;
   Usage u{fl.prompt_tokens, static_cast<int64_t>(all.size()), fin->metrics.cached_tokens};
-  send_json(ex, 200, full_response(fl.ctx, text, fin->finish_reason, u, all));
+  std::string reason = fin->finish_reason;
+  ToolCallParse calls;
+  if (fl.tool_syntax != ToolCallSyntax::kNone) {
+    calls = parse_tool_calls(fl.tool_syntax, fl.forced_prefix + text, std::to_string(fl.id));
+    finish_tool_calls(fl, calls, reason);
+    text = calls.content;
+  }
+  send_json(ex, 200, full_response(fl.ctx, text, reason, u, all, calls.calls));
 }
 
 void Server::Impl::stream_response(HttpExchange& ex, Engine& eng, Flight& fl, RequestStream& rs) {
@@ -203,11 +271,18 @@ void Server::Impl::stream_response(HttpExchange& ex, Engine& eng, Flight& fl, Re
   bool first = true;
   std::vector<TokenEvent> batch;
   auto last_write = Clock::now();
+  // With tools, text streams as content until a call starts; the call is sent whole.
+  std::optional<ToolCallStream> calls;
+  if (fl.tool_syntax != ToolCallSyntax::kNone) {
+    calls.emplace(fl.tool_syntax, std::to_string(fl.id));
+    (void)calls->feed(fl.forced_prefix);
+  }
   for (;;) {
     std::optional<FinishEvent> fin = rs.take(batch, kPollInterval);
     std::string text;
     for (const TokenEvent& e : batch) text += e.text;
-    if (!batch.empty()) {
+    if (calls) text = calls->feed(text);
+    if (!batch.empty() && (!text.empty() || first || !calls)) {
       if (!ex.write_chunk(
               sse_frame(stream_chunk(fl.ctx, text, batch, "", first, fl.include_usage)))) {
         if (!fin) gone();
@@ -221,6 +296,20 @@ void Server::Impl::stream_response(HttpExchange& ex, Engine& eng, Flight& fl, Re
       std::string out;
       if (fin->finish_reason == "error") {
         out += sse_frame(json::parse(internal_error("generation failed: " + fin->error).body()));
+      } else if (calls) {
+        std::string rest = calls->feed(fin->tail_text);
+        ToolCallParse parsed = calls->finish();
+        std::string reason = fin->finish_reason;
+        finish_tool_calls(fl, parsed, reason);
+        rest += parsed.content;
+        if (!rest.empty() || first) {
+          out += sse_frame(stream_chunk(fl.ctx, rest, {}, "", first, fl.include_usage));
+          first = false;
+        }
+        if (!parsed.calls.empty()) {
+          out += sse_frame(tool_calls_chunk(fl.ctx, parsed.calls, fl.include_usage));
+        }
+        out += sse_frame(stream_chunk(fl.ctx, "", {}, reason, false, fl.include_usage));
       } else {
         out += sse_frame(
             stream_chunk(fl.ctx, fin->tail_text, {}, fin->finish_reason, first, fl.include_usage));
@@ -266,8 +355,9 @@ void Server::Impl::handle_generate(const HttpRequest& req, HttpExchange& res, En
                                            "' is not enforced by this server yet",
                                        "response_format", "unsupported_response_format"));
   }
+  auto fl = std::make_shared<Flight>();
   std::vector<int32_t> prompt;
-  if (auto e = tokenize(*eng, p, prompt)) return send_error(res, *e);
+  if (auto e = tokenize(*eng, p, prompt, *fl)) return send_error(res, *e);
   if (prompt.empty()) return send_error(res, bad_request("the prompt is empty", "prompt"));
   const int64_t max_len = eng->model_info().max_model_len;
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
@@ -283,7 +373,6 @@ void Server::Impl::handle_generate(const HttpRequest& req, HttpExchange& res, En
   int64_t max_tokens = p.max_tokens ? *p.max_tokens : (ep == Endpoint::kChat ? room : 16);
   max_tokens = std::min(max_tokens, room);
 
-  auto fl = std::make_shared<Flight>();
   fl->id = next_id.fetch_add(1);
   fl->arrived = arrived;
   fl->prompt_tokens = n_prompt;
@@ -493,6 +582,7 @@ void Server::set_engine(Engine* engine) {
   if (s.model_name.empty()) s.model_name = engine->model_info().id;
   s.chat_template.emplace(
       tokenizer::ChatTemplate::detect(engine->model_info().chat_template, engine->tokenizer()));
+  if (s.chat_template->ok()) s.tool_syntax = tool_call_syntax_of((*s.chat_template)->source());
   s.engine.store(engine);
 }
 

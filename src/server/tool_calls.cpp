@@ -67,8 +67,33 @@ void number(ToolCallParse& out, std::string_view id_prefix) {
   }
 }
 
+// Small models of the Hermes family (Qwen2.5-Coder 1.5B, for one) often write the call as a
+// bare JSON object or inside a ```json fence instead of <tool_call> tags. Such a message is a
+// call when it is exactly one {"name", "arguments"} object; anything else stays text.
+std::optional<ToolCall> unfenced_call(std::string_view text) {
+  std::string_view t = trim(text);
+  if (t.substr(0, 3) == "```") {
+    const size_t nl = t.find('\n');
+    if (nl == std::string_view::npos || t.size() < 6 || t.substr(t.size() - 3) != "```") {
+      return std::nullopt;
+    }
+    t = trim(t.substr(nl + 1, t.size() - 3 - (nl + 1)));
+  }
+  if (t.empty() || t.front() != '{') return std::nullopt;
+  const json j = parse_json(t);
+  if (j.is_discarded() || !j.is_object() || !j.contains("arguments")) return std::nullopt;
+  std::string why;
+  return call_from(j, why);
+}
+
 ToolCallParse parse_hermes(std::string_view text) {
   ToolCallParse out;
+  if (text.find(kHermesOpen) == std::string_view::npos) {
+    if (auto c = unfenced_call(text)) {
+      out.calls.push_back(std::move(*c));
+      return out;
+    }
+  }
   std::string content;
   size_t pos = 0;
   while (true) {
@@ -225,13 +250,18 @@ std::string ToolCallStream::feed(std::string_view piece) {
     }
     return {};
   }
-  // Llama 3 writes a call as a bare JSON object: the first non-space character decides.
-  if (syntax_ == ToolCallSyntax::kLlama3 && !any_sent_) {
+  // Llama 3 writes a call as a bare JSON object, small Hermes-family models sometimes too (or in
+  // a ```json fence): the first non-space characters decide, so they are held until they do.
+  if ((syntax_ == ToolCallSyntax::kLlama3 || syntax_ == ToolCallSyntax::kHermes) && !any_sent_) {
     const std::string_view t = trim(held_);
     if (t.empty()) return {};
-    if (t.front() == '{') {
+    const bool fence = syntax_ == ToolCallSyntax::kHermes && t.substr(0, 3) == "```";
+    if (t.front() == '{' || fence) {
       in_call_ = true;
       return {};
+    }
+    if (syntax_ == ToolCallSyntax::kHermes && std::string_view("```").substr(0, t.size()) == t) {
+      return {};  // "`" or "``": may become a fence
     }
   }
   const std::string_view marker = marker_of(syntax_);
