@@ -29,6 +29,7 @@ test: deps models
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DBIE_WERROR=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 	scripts/setup_pyenv.sh $(BUILD)/.venv-test
+	deploy/setup_router.sh $(BUILD)/.venv-router
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # Only the Python SDK's ctest steps (pytest on the build tree, then `pip install .` into a venv).

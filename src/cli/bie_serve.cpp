@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14,6 +15,8 @@
 #include <thread>
 
 #include "bie/engine/engine.h"
+#include "bie/engine/model_path.h"
+#include "bie/server/kv_event_publisher.h"
 #include "bie/server/server.h"
 #include "bie/template/jinja.h"
 #include "bie/tokenizer/chat_template.h"
@@ -42,6 +45,10 @@ struct ServeArgs {
   bool spec_always = false;
   double drain_seconds = 30;
   std::string chat_template_file;
+  std::string kv_events_endpoint;
+  std::string kv_events_replay_endpoint;
+  std::string kv_events_pod_id;
+  std::string kv_events_topic;
 };
 
 // The whole file, or nullopt if it cannot be read.
@@ -133,6 +140,18 @@ int main(int argc, char** argv) {
                  "Jinja chat template file to use instead of the GGUF's tokenizer.chat_template "
                  "(rendered as transformers does: messages, tools, add_generation_prompt, "
                  "bos_token, eos_token)");
+  app.add_option("--kv-events-endpoint", a.kv_events_endpoint,
+                 "publish KV events (blocks stored in / evicted from the prefix cache) in vLLM's "
+                 "format on this ZMQ PUB endpoint, e.g. tcp://*:5557 (binds; tcp://host:port "
+                 "connects)");
+  app.add_option("--kv-events-replay-endpoint", a.kv_events_replay_endpoint,
+                 "ZMQ ROUTER endpoint answering replay requests for missed KV event batches, "
+                 "e.g. tcp://*:5558");
+  app.add_option("--kv-events-pod-id", a.kv_events_pod_id,
+                 "pod id in the KV event topic kv@<pod-id>@<model> (default: HOST:PORT of the "
+                 "HTTP listener)");
+  app.add_option("--kv-events-topic", a.kv_events_topic,
+                 "the whole KV event topic, instead of kv@<pod-id>@<model>");
   bie::cli::add_kv_engine_flags(
       &app, a.kv, "KV format: f16, int8, fp8_e4m3, int4_asym[_gN], int4_channel, q8_0, q4_0");
   try {
@@ -214,6 +233,35 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "bie-serve: listening on http://%s:%d (loading model '%s')\n",
                a.server.host.c_str(), server.port(), a.model.c_str());
   std::fflush(stderr);
+
+  // KV events: the sockets open before the model loads, so a bad endpoint fails at once.
+  std::unique_ptr<bie::server::KvEventPublisher> kv_events;
+  if (!a.kv_events_endpoint.empty()) {
+    bie::server::KvEventPublisherConfig pc;
+    pc.endpoint = a.kv_events_endpoint;
+    pc.replay_endpoint = a.kv_events_replay_endpoint;
+    std::string model = a.server.served_model_name;
+    if (model.empty()) {
+      auto path = bie::resolve_model_path(a.model);
+      model = path ? std::filesystem::path(*path).stem().string() : a.model;
+    }
+    const std::string pod = a.kv_events_pod_id.empty()
+                                ? a.server.host + ":" + std::to_string(server.port())
+                                : a.kv_events_pod_id;
+    pc.topic = a.kv_events_topic.empty() ? "kv@" + pod + "@" + model : a.kv_events_topic;
+    auto p = bie::server::KvEventPublisher::create(pc);
+    if (!p) {
+      std::fprintf(stderr, "bie-serve: %s\n", p.error().c_str());
+      server.stop();
+      return kExitFailure;
+    }
+    kv_events = std::move(p).value();
+    ec.kv_events = kv_events.get();
+    std::fprintf(stderr, "bie-serve: KV events on %s%s%s (topic %s)\n",
+                 a.kv_events_endpoint.c_str(),
+                 a.kv_events_replay_endpoint.empty() ? "" : ", replay on ",
+                 a.kv_events_replay_endpoint.c_str(), pc.topic.c_str());
+  }
 
   std::unique_ptr<bie::Engine> engine;
   std::string load_error;

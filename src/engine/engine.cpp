@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <deque>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -101,6 +102,7 @@ class EngineImpl final : public Engine {
                                       RequestCallbacks cb) override;
   void cancel(RequestId id) override;
   EngineMetrics metrics() const override;
+  std::vector<PrefixCacheListing> prefix_cache_index() override;
   void shutdown(bool finish_running) override;
   void wait_idle() override;
 
@@ -115,6 +117,8 @@ class EngineImpl final : public Engine {
   [[nodiscard]] bool emit(Request& r, Sequence& s, int32_t tok, float* raw);
   void finish(Request& r, const std::string& reason, const std::string& error = {});
   void publish_metrics();
+  // The listing prefix_cache_index returns (engine thread, or after it stopped).
+  [[nodiscard]] std::vector<PrefixCacheListing> list_prefix_cache() const;
 
   EngineConfig cfg_;
   int64_t max_model_len_ = 0;
@@ -164,7 +168,9 @@ class EngineImpl final : public Engine {
   std::condition_variable cv_;       // wakes the engine thread
   std::condition_variable idle_cv_;  // wait_idle
   std::deque<std::unique_ptr<Request>> incoming_;
-  std::vector<kv::SeqId> cancels_;                 // sequences of requests to cancel
+  std::vector<kv::SeqId> cancels_;  // sequences of requests to cancel
+  std::vector<std::promise<std::vector<PrefixCacheListing>>> index_requests_;
+  bool loop_done_ = true;  // no engine thread runs (not started, or its loop returned)
   std::unordered_map<RequestId, kv::SeqId> live_;  // accepted, not finished
   bool accepting_ = true;
   bool stopping_ = false;
@@ -300,6 +306,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   info_.n_vocab = model_->hparams().n_vocab;
 
   publish_metrics();
+  loop_done_ = false;
   thread_ = std::thread([this] { loop(); });
   return {};
 }
@@ -351,6 +358,8 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
     sc.model_id = model_id;
     sc.enable_prefix_caching = cfg_.enable_prefix_caching;
     sc.budget = budget_.get();
+    sc.events = cfg_.kv_events;
+    sc.events_medium = name.empty() ? label : name;
     auto store = PagedKvStore::create(sc);
     if (!store) return Error{store.error()};
     // The longest single sequence the budget holds in this regime (page-rounded blocks).
@@ -507,6 +516,39 @@ EngineMetrics EngineImpl::metrics() const {
   return m;
 }
 
+std::vector<PrefixCacheListing> EngineImpl::list_prefix_cache() const {
+  std::map<std::string, PrefixCacheListing> by_medium;
+  for (const Regime& rg : regimes_) {
+    for (int g = 0; g < rg.store->n_groups(); ++g) {
+      const kv::BlockManager& m = rg.store->manager(g);
+      for (const kv::CachedBlock& b : m.cached_blocks()) {
+        PrefixCacheListing& l = by_medium[m.event_medium(b.pool)];
+        l.block_size = m.block_size();
+        l.hashes.push_back(b.chain);
+      }
+    }
+  }
+  std::vector<PrefixCacheListing> out;
+  for (auto& [medium, l] : by_medium) {
+    l.medium = medium;
+    std::sort(l.hashes.begin(), l.hashes.end());
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+std::vector<PrefixCacheListing> EngineImpl::prefix_cache_index() {
+  std::future<std::vector<PrefixCacheListing>> f;
+  {
+    std::lock_guard lk(mu_);
+    if (loop_done_) return list_prefix_cache();  // no engine thread touches the stores
+    index_requests_.emplace_back();
+    f = index_requests_.back().get_future();
+  }
+  cv_.notify_one();
+  return f.get();
+}
+
 void EngineImpl::shutdown(bool finish_running) {
   {
     std::lock_guard lk(mu_);
@@ -529,16 +571,19 @@ void EngineImpl::loop() {
   for (;;) {
     std::deque<std::unique_ptr<Request>> incoming;
     std::vector<kv::SeqId> cancels;
+    std::vector<std::promise<std::vector<PrefixCacheListing>>> index_requests;
     bool stopping = false, finish_running = false;
     {
       std::unique_lock lk(mu_);
       busy_ = !sched_->idle();
       if (!busy_) idle_cv_.notify_all();
       cv_.wait(lk, [&] {
-        return stopping_ || !incoming_.empty() || !cancels_.empty() || !sched_->idle();
+        return stopping_ || !incoming_.empty() || !cancels_.empty() || !index_requests_.empty() ||
+               !sched_->idle();
       });
       incoming.swap(incoming_);
       cancels.swap(cancels_);
+      index_requests.swap(index_requests_);
       stopping = stopping_;
       finish_running = finish_running_;
       busy_ = true;
@@ -552,6 +597,7 @@ void EngineImpl::loop() {
     for (const kv::SeqId sid : cancels) {
       if (const auto it = reqs_.find(sid); it != reqs_.end()) finish(*it->second, "cancelled");
     }
+    for (auto& p : index_requests) p.set_value(list_prefix_cache());
     if (stopping) {
       // Waiting requests never start; running ones finish when asked to, else stop now.
       std::vector<Request*> drop;
@@ -569,6 +615,9 @@ void EngineImpl::loop() {
   publish_metrics();
   std::lock_guard lk(mu_);
   busy_ = false;
+  loop_done_ = true;
+  for (auto& p : index_requests_) p.set_value(list_prefix_cache());
+  index_requests_.clear();
   idle_cv_.notify_all();
 }
 

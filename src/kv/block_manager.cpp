@@ -30,6 +30,17 @@ BlockManager::BlockManager(const BlockManagerConfig& cfg) : cfg_(cfg) {
   fmt_k_ = {planner::kKvF16, cfg.layout.k};
   fmt_v_ = {planner::kKvF16, cfg.layout.v};
   root_ = prefix_root_hash(cfg.model_id);
+  index_->events = cfg.events;
+  for (int p = 0; p < kPoolKinds; ++p) {
+    index_->medium[static_cast<size_t>(p)] = cfg.events_medium + "/" + pool_name(PoolKind(p));
+  }
+}
+
+void BlockManager::PrefixIndex::erase(uint64_t key) {
+  const auto it = map.find(key);
+  if (it == map.end()) return;
+  if (events) events->block_removed(medium[static_cast<size_t>(it->second.pool)], it->second.chain);
+  map.erase(it);
 }
 
 Result<BlockManager> BlockManager::create(const BlockManagerConfig& cfg) {
@@ -66,7 +77,7 @@ Result<BlockManager> BlockManager::create(const BlockManagerConfig& cfg) {
     std::weak_ptr<PrefixIndex> index = m.index_;
     m.pools_[p]->set_evict_listener([index](uint64_t key) {
       if (auto i = index.lock()) {
-        i->map.erase(key);
+        i->erase(key);
         ++i->budget_evictions;
       }
     });
@@ -109,6 +120,13 @@ PoolCapacity BlockManager::capacity() const {
     }
   }
   return c;
+}
+
+std::vector<CachedBlock> BlockManager::cached_blocks() const {
+  std::vector<CachedBlock> out;
+  out.reserve(index_->map.size());
+  for (const auto& [key, e] : index_->map) out.push_back({e.pool, e.chain});
+  return out;
 }
 
 uint64_t BlockManager::reserved_bytes() const {
@@ -163,7 +181,7 @@ Result<BlockRef> BlockManager::allocate_block(PoolKind p) {
   auto a = pool(p).allocate();
   if (!a) return Error{fmt::format("{} pool: {}", pool_name(p), a.error())};
   if (a->evicted_key) {
-    index_->map.erase(*a->evicted_key);
+    index_->erase(*a->evicted_key);
     ++stats_.evictions;
   }
   return a->block;
@@ -180,13 +198,18 @@ void BlockManager::register_block(const BlockTableEntry& e, uint64_t chain, uint
   if (pl.has_key(e.block.index)) return;  // a hit: already in the index
   const uint64_t key = key_for(e.pool, chain);
   // Another block already holds this content: keep that one; this one stays private.
-  if (!index_->map.emplace(key, IndexEntry{e.pool, e.block.index}).second) return;
+  if (!index_->map.emplace(key, IndexEntry{e.pool, e.block.index, chain}).second) return;
   pl.set_key(e.block.index, BlockKey{key, chain, parent}, toks);
+  if (index_->events) {
+    index_->events->block_stored(index_->medium[static_cast<size_t>(idx(e.pool))], chain,
+                                 parent == root_ ? std::nullopt : std::optional<uint64_t>(parent),
+                                 toks, block_size());
+  }
 }
 
 void BlockManager::unregister_block(const BlockTableEntry& e) {
   BlockPool& pl = pool(e.pool);
-  index_->map.erase(pl.key(e.block.index).key);
+  index_->erase(pl.key(e.block.index).key);
   pl.clear_key(e.block.index);
 }
 
@@ -722,7 +745,7 @@ Status BlockManager::check_integrity() const {
         return Error{fmt::format("{} block {} has a key the index does not map to it",
                                  pool_name(PoolKind(p)), b)};
       }
-      if (k.key != key_for(PoolKind(p), k.chain) ||
+      if (k.key != key_for(PoolKind(p), k.chain) || it->second.chain != k.chain ||
           k.chain != prefix_chain_hash(k.parent, pl.key_tokens(b))) {
         return Error{
             fmt::format("{} block {}: key does not match its content", pool_name(PoolKind(p)), b)};

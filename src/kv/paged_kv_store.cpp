@@ -122,6 +122,9 @@ Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreCon
     mc.body_block_bytes = p.body_block_bytes;
     mc.reserve_memory = true;  // the store writes into the pools' memory
     mc.budget = cfg.budget;
+    mc.events = cfg.events;
+    mc.events_medium =
+        n_groups == 1 ? cfg.events_medium : fmt::format("{}/g{}", cfg.events_medium, gi);
     auto m = kv::BlockManager::create(mc);
     if (!m) return Error{m.error()};
     c->groups_.push_back({std::make_unique<kv::BlockManager>(std::move(m).value()),

@@ -521,6 +521,22 @@ void Server::Impl::dispatch(const HttpRequest& req, HttpExchange& ex) {
     });
   }
   if (path == "/admin/kv-policy") return route({"GET", "POST"}, [&] { kv_policy(req, ex); });
+  if (path == "/admin/prefix-cache") {
+    // Debug: every block of every regime's prefix index, as KV events name them (medium, chain
+    // hash); what a subscriber to --kv-events-endpoint should hold.
+    return route({"GET"}, [&] {
+      Engine* eng = engine.load();
+      if (eng == nullptr) return send_error(ex, unavailable("the model is still loading"));
+      json stores = json::array();
+      size_t total = 0;
+      for (const PrefixCacheListing& l : eng->prefix_cache_index()) {
+        total += l.hashes.size();
+        stores.push_back(
+            {{"medium", l.medium}, {"block_size", l.block_size}, {"hashes", l.hashes}});
+      }
+      send_json(ex, 200, {{"blocks", total}, {"stores", stores}});
+    });
+  }
   if (path == "/v1/completions") {
     return route({"POST"}, [&] { handle_generate(req, ex, Endpoint::kCompletions); });
   }

@@ -128,6 +128,7 @@ class FakeEngine : public Engine {
     cancelled_.push_back(id);
   }
 
+  std::vector<PrefixCacheListing> prefix_cache_index() override { return {}; }
   EngineMetrics metrics() const override {
     std::lock_guard lk(mu_);
     EngineMetrics m;

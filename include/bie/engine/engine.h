@@ -21,6 +21,9 @@
 namespace bie::tokenizer {
 class Tokenizer;
 }
+namespace bie::kv {
+class KvEventSink;
+}
 
 namespace bie {
 
@@ -59,6 +62,10 @@ struct EngineConfig {
   // regime has its own paged store; all of them draw on one memory budget (kv::MemoryBudget).
   std::vector<std::string> kv_regimes;
   std::string kv_policy;
+  // KV events (kv/kv_event_sink.h): every regime's prefix cache reports the full blocks it stores
+  // and evicts here, under the medium "<regime name>/<fp16|body>" (a model with sliding-window
+  // layers: "<regime>/g<group>/<pool>"). Called on the engine thread; must outlive the engine.
+  kv::KvEventSink* kv_events = nullptr;
 };
 
 // Why a request's submission was refused (maps onto an HTTP status).
@@ -194,6 +201,14 @@ struct KvPolicyInfo {
   uint64_t budget_bytes = 0;          // the one budget every regime draws on
 };
 
+// What one store of the prefix cache holds (Engine::prefix_cache_index): the chain hashes of its
+// blocks, named as KV events name them.
+struct PrefixCacheListing {
+  std::string medium;  // "<regime>/<pool>", as kv::KvEventSink's medium
+  int32_t block_size = 0;
+  std::vector<uint64_t> hashes;  // sorted
+};
+
 // Why Engine::create failed.
 enum class CreateError {
   kInvalidConfig,  // a value out of range or inconsistent with the model / KV layout
@@ -229,6 +244,9 @@ class Engine {
   // ignored.
   virtual void cancel(RequestId id) = 0;
   [[nodiscard]] virtual EngineMetrics metrics() const = 0;
+  // Every block in every regime's prefix index, taken between two engine steps (waits for the
+  // step in progress). Thread-safe; for debugging and for checking KV events against the truth.
+  [[nodiscard]] virtual std::vector<PrefixCacheListing> prefix_cache_index() = 0;
   // Stops accepting; finish_running: let running requests complete (waiting ones are cancelled),
   // else cancel everything. Blocks until the engine thread exits. Idempotent.
   virtual void shutdown(bool finish_running) = 0;

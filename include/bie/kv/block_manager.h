@@ -22,6 +22,7 @@
 #include "bie/common/result.h"
 #include "bie/kv/block_pool.h"
 #include "bie/kv/block_table.h"
+#include "bie/kv/kv_event_sink.h"
 #include "bie/kv/memory_budget.h"
 #include "bie/planner/kv_bytes.h"
 
@@ -43,6 +44,11 @@ struct BlockManagerConfig {
   // then gets ids for as many blocks as the whole budget holds, fp16_blocks/body_blocks are
   // ignored, and admission charges MemoryBudget::block_cost per active block.
   MemoryBudget* budget = nullptr;
+  // KV events (kv_event_sink.h): every full block entering or leaving the prefix index is
+  // reported here, under the medium "<events_medium>/fp16" or "<events_medium>/body" (which
+  // store holds it). nullptr: no events.
+  KvEventSink* events = nullptr;
+  std::string events_medium = "kv";
 };
 
 // What the pools can still hand out, for dry runs: available blocks per pool (free + cached)
@@ -98,6 +104,12 @@ struct Migration {
   bool needs_quantise = true;
 };
 
+// One entry of the prefix index: the pool holding it and its chain hash (KvEventSink's names).
+struct CachedBlock {
+  PoolKind pool = PoolKind::kBody;
+  uint64_t chain = 0;
+};
+
 struct PrefixCacheStats {
   int64_t lookups = 0;         // allocate() calls with prefix caching on
   int64_t queried_blocks = 0;  // full blocks that could have hit (excluding the last token's)
@@ -120,6 +132,12 @@ class BlockManager {
   [[nodiscard]] uint64_t reserved_bytes() const;
   [[nodiscard]] PrefixCacheStats prefix_stats() const;
   [[nodiscard]] PoolCapacity capacity() const;
+  // Every block the prefix index holds (active or cached), in no particular order.
+  [[nodiscard]] std::vector<CachedBlock> cached_blocks() const;
+  // The medium KV events name pool p's blocks by ("<events_medium>/fp16|body").
+  [[nodiscard]] const std::string& event_medium(PoolKind p) const {
+    return index_->medium[static_cast<size_t>(p)];
+  }
 
   // ---- sequences -------------------------------------------------------------------------
 
@@ -222,12 +240,17 @@ class BlockManager {
   struct IndexEntry {
     PoolKind pool = PoolKind::kBody;
     BlockIndex block = kNullBlock;
+    uint64_t chain = 0;  // the block's chain hash (what KV events name it by)
   };
   // The prefix index, shared with the pools' evict listeners (a pool giving pages back to a
   // shared budget evicts cached blocks and drops their keys here), so it outlives moves.
   struct PrefixIndex {
     std::unordered_map<uint64_t, IndexEntry> map;  // key -> block holding that content
     int64_t budget_evictions = 0;
+    KvEventSink* events = nullptr;
+    std::array<std::string, kPoolKinds> medium;  // per pool, for events
+    // Drops key from the map, reporting the block's removal.
+    void erase(uint64_t key);
   };
 
   explicit BlockManager(const BlockManagerConfig& cfg);

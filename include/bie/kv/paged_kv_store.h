@@ -51,6 +51,10 @@ struct PagedKvStoreConfig {
   // fp16_blocks/body_blocks/groups are ignored (kv::BlockManagerConfig::budget); every group's
   // manager draws on it.
   kv::MemoryBudget* budget = nullptr;
+  // KV events of every group's prefix index (kv::BlockManagerConfig::events); a store of several
+  // layer groups names them "<events_medium>/g<group>/<pool>".
+  kv::KvEventSink* events = nullptr;
+  std::string events_medium = "kv";
 };
 
 class PagedKvStore {
