@@ -157,6 +157,9 @@ TEST(ResponseFormat, Shapes) {
   EXPECT_EQ(param_of(chat(R"(, "response_format": {"type": "json_schema"})")),
             "response_format.json_schema");
   EXPECT_EQ(param_of(chat(R"(, "response_format": "json")")), "response_format");
+  // Not supported yet: refused, never ignored.
+  EXPECT_EQ(param_of(chat(R"(, "logit_bias": {"50256": -100})")), "logit_bias");
+  EXPECT_EQ(param_of(chat(R"(, "logit_bias": {})")), "");
 }
 
 }  // namespace

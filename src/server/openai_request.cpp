@@ -474,6 +474,9 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, Endpo
   auto max_tokens = rd.integer("max_tokens", 1, max_len);
   if (auto mct = rd.integer("max_completion_tokens", 1, max_len)) max_tokens = mct;
   if (max_tokens) r.max_tokens = static_cast<int32_t>(*max_tokens);
+  if (const json* lb = field(j, "logit_bias"); lb != nullptr && !(lb->is_object() && lb->empty())) {
+    return bad_request("'logit_bias' is not supported yet", "logit_bias", "invalid_value");
+  }
   if (auto n = rd.integer("n", 1, 1 << 20); n && *n != 1) {
     return bad_request("only n = 1 is supported", "n", "invalid_value");
   }
