@@ -118,6 +118,20 @@ json tool_calls_json(std::span<const ToolCall> calls, bool indexed) {
   return out;
 }
 
+// One streamed chunk around its single choice.
+json chunk_envelope(const ResponseContext& ctx, json choice, bool with_usage_null) {
+  const bool chat = ctx.endpoint == Endpoint::kChat;
+  json j = {{"id", ctx.id},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", ctx.created},
+            {"model", ctx.model},
+            {"system_fingerprint", nullptr},
+            {"choices", json::array({std::move(choice)})},
+            {"bie", bie_object(ctx)}};
+  if (with_usage_null) j["usage"] = nullptr;
+  return j;
+}
+
 }  // namespace
 
 json full_response(const ResponseContext& ctx, const std::string& text,
@@ -161,15 +175,7 @@ json stream_chunk(const ResponseContext& ctx, const std::string& text,
   } else {
     choice["text"] = text;
   }
-  json j = {{"id", ctx.id},
-            {"object", chat ? "chat.completion.chunk" : "text_completion"},
-            {"created", ctx.created},
-            {"model", ctx.model},
-            {"system_fingerprint", nullptr},
-            {"choices", json::array({choice})},
-            {"bie", bie_object(ctx)}};
-  if (with_usage_null) j["usage"] = nullptr;
-  return j;
+  return chunk_envelope(ctx, std::move(choice), with_usage_null);
 }
 
 json tool_calls_chunk(const ResponseContext& ctx, std::span<const ToolCall> calls,
@@ -178,15 +184,7 @@ json tool_calls_chunk(const ResponseContext& ctx, std::span<const ToolCall> call
                  {"logprobs", nullptr},
                  {"finish_reason", nullptr},
                  {"delta", {{"tool_calls", tool_calls_json(calls, /*indexed=*/true)}}}};
-  json j = {{"id", ctx.id},
-            {"object", "chat.completion.chunk"},
-            {"created", ctx.created},
-            {"model", ctx.model},
-            {"system_fingerprint", nullptr},
-            {"choices", json::array({choice})},
-            {"bie", bie_object(ctx)}};
-  if (with_usage_null) j["usage"] = nullptr;
-  return j;
+  return chunk_envelope(ctx, std::move(choice), with_usage_null);
 }
 
 json usage_chunk(const ResponseContext& ctx, const Usage& usage) {

@@ -3,6 +3,8 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "template/utf8.h"
+
 namespace bie::jinja {
 
 std::string describe(SourcePos pos) {
@@ -20,24 +22,6 @@ std::string_view rstrip_ws(std::string_view s) {
   size_t n = s.size();
   while (n > 0 && is_space(s[n - 1])) --n;
   return s.substr(0, n);
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 class Lexer {
@@ -369,7 +353,7 @@ class Lexer {
                                                      : (std::tolower(h) - 'a' + 10));
           }
           if (cp > 0x10FFFF) return fail(q - 2, "escape outside Unicode in string literal");
-          append_utf8(out, cp);
+          utf8_append(out, cp);
           q += n;
           break;
         }
@@ -379,7 +363,7 @@ class Lexer {
             for (int i = 0; i < 2 && q < src_.size() && src_[q] >= '0' && src_[q] <= '7'; ++i) {
               cp = cp * 8 + static_cast<uint32_t>(src_[q++] - '0');
             }
-            append_utf8(out, cp);
+            utf8_append(out, cp);
           } else {
             out += '\\';  // Python keeps unknown escapes as written
             out += e;

@@ -14,6 +14,24 @@ size_t char_len(unsigned char c) {
 
 }  // namespace
 
+void utf8_append(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
 std::vector<std::string_view> utf8_chars(std::string_view s) {
   std::vector<std::string_view> out;
   out.reserve(s.size());
@@ -60,24 +78,6 @@ uint32_t decode(std::string_view ch) {
   for (size_t k = 1; k < ch.size(); ++k)
     cp = (cp << 6) | (static_cast<unsigned char>(ch[k]) & 0x3F);
   return cp;
-}
-
-void encode(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 // Ranges where upper and lower case alternate: even code point upper, odd lower (or the other
@@ -137,7 +137,7 @@ void append_upper(std::string& out, uint32_t cp) {
   if (cp == 0xDF) {
     out += "SS";
   } else {
-    encode(out, upper_cp(cp));
+    utf8_append(out, upper_cp(cp));
   }
 }
 
@@ -145,7 +145,7 @@ void append_title(std::string& out, uint32_t cp) {
   if (cp == 0xDF) {
     out += "Ss";  // Python's titlecase of ß
   } else {
-    encode(out, upper_cp(cp));
+    utf8_append(out, upper_cp(cp));
   }
 }
 
@@ -162,7 +162,7 @@ std::string utf8_lower(std::string_view s) {
     if (ch.size() == 1 && static_cast<unsigned char>(ch[0]) >= 0x80) {
       out += ch;  // a malformed byte stays as it is
     } else {
-      encode(out, lower_cp(decode(ch)));
+      utf8_append(out, lower_cp(decode(ch)));
     }
   }
   return out;
@@ -193,7 +193,7 @@ std::string utf8_title(std::string_view s) {
     const uint32_t cp = decode(ch);
     if (cased(cp)) {
       if (prev_cased) {
-        encode(out, lower_cp(cp));
+        utf8_append(out, lower_cp(cp));
       } else {
         append_title(out, cp);
       }
@@ -215,7 +215,7 @@ std::string utf8_capitalize(std::string_view s) {
     } else if (first) {
       append_title(out, decode(ch));
     } else {
-      encode(out, lower_cp(decode(ch)));
+      utf8_append(out, lower_cp(decode(ch)));
     }
     first = false;
   }

@@ -2,6 +2,7 @@
 // code points, and str.strip()/split() treat Unicode whitespace as whitespace. Stateless.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +14,8 @@ namespace bie::jinja {
 [[nodiscard]] size_t utf8_length(std::string_view s);
 // Python's str.isspace() for one code point given as its UTF-8 bytes.
 [[nodiscard]] bool is_python_space(std::string_view ch);
+// Appends code point cp (< 0x110000) as UTF-8.
+void utf8_append(std::string& out, uint32_t cp);
 
 }  // namespace bie::jinja
 
