@@ -322,10 +322,12 @@ void Server::Impl::stream_response(HttpExchange& ex, Engine& eng, Flight& fl, Re
       if (ex.write_chunk(out)) ex.end_chunked();
       return;
     }
-    // Nothing new for a while: an SSE comment, so a client that went away is noticed while
-    // the request still waits in the queue.
-    if (Clock::now() - last_write >= kKeepAliveComment || ex.client_gone()) {
-      if (ex.client_gone() || !ex.write_chunk(": keep-alive\n\n")) return gone();
+    // A client that closed its socket is seen at once; one that only stopped reading is seen
+    // when a write fails, so nothing new for a while sends an SSE comment (also while the
+    // request still waits in the queue).
+    if (ex.client_gone()) return gone();
+    if (Clock::now() - last_write >= kKeepAliveComment) {
+      if (!ex.write_chunk(": keep-alive\n\n")) return gone();
       last_write = Clock::now();
     }
   }
