@@ -102,7 +102,6 @@ class HttpServer {
   // Binds host:port (0: any free port) and starts the accept thread.
   [[nodiscard]] Status start(const std::string& host, int port);
   [[nodiscard]] int port() const { return port_; }
-  [[nodiscard]] int open_connections() const { return open_.load(); }
 
   // Closes the listening socket and shuts every idle or still-reading connection down at once
   // (a thread blocked on a slow client wakes); connections whose handler runs get up to `wait`

@@ -205,20 +205,6 @@ ToolCallSyntax tool_call_syntax_of(std::string_view t) {
   return ToolCallSyntax::kNone;
 }
 
-const char* tool_call_syntax_name(ToolCallSyntax s) {
-  switch (s) {
-    case ToolCallSyntax::kHermes:
-      return "hermes";
-    case ToolCallSyntax::kLlama3:
-      return "llama3_json";
-    case ToolCallSyntax::kMistral:
-      return "mistral";
-    case ToolCallSyntax::kNone:
-      break;
-  }
-  return "none";
-}
-
 ToolCallParse parse_tool_calls(ToolCallSyntax syntax, std::string_view text,
                                std::string_view id_prefix) {
   ToolCallParse out;
@@ -242,14 +228,12 @@ ToolCallParse parse_tool_calls(ToolCallSyntax syntax, std::string_view text,
 
 std::string ToolCallStream::feed(std::string_view piece) {
   held_ += piece;
-  if (in_call_ || syntax_ == ToolCallSyntax::kNone) {
-    if (syntax_ == ToolCallSyntax::kNone) {
-      std::string out;
-      out.swap(held_);
-      return out;
-    }
-    return {};
+  if (syntax_ == ToolCallSyntax::kNone) {
+    std::string out;
+    out.swap(held_);
+    return out;
   }
+  if (in_call_) return {};
   // Llama 3 writes a call as a bare JSON object, small Hermes-family models sometimes too (or in
   // a ```json fence): the first non-space characters decide, so they are held until they do.
   if ((syntax_ == ToolCallSyntax::kLlama3 || syntax_ == ToolCallSyntax::kHermes) && !any_sent_) {

@@ -21,7 +21,6 @@ enum class ToolCallSyntax {
 
 // The syntax a chat template teaches its model, from markers in the template text.
 [[nodiscard]] ToolCallSyntax tool_call_syntax_of(std::string_view chat_template);
-[[nodiscard]] const char* tool_call_syntax_name(ToolCallSyntax s);
 
 struct ToolCall {
   std::string id;  // "call_<request>_<index>"
