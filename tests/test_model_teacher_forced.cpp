@@ -48,6 +48,10 @@ struct Bars {
 //   Gemma 3 centred 1.232 | 1.241, 1.065; raw 2.408 | 3.032, 2.810; margin moves 1.139.
 constexpr Bars kSmolLM2{"smollm2", 1.10, 1.84, 0.67};
 constexpr Bars kGemma3{"gemma3", 1.49, 3.64, 1.14};
+//   Qwen2.5-Coder-0.5B centred 0.380 | 0.445, 0.378; raw 0.443 | 0.546, 0.437; margin moves 0.424.
+//   Qwen2.5-Coder-1.5B centred 0.422 | 0.457, 0.488; raw 0.468 | 0.479, 0.531; margin moves 0.459.
+constexpr Bars kQwen05{"qwen2.5-coder-0.5b", 0.54, 0.66, 0.43};
+constexpr Bars kQwen15{"qwen2.5-coder-1.5b", 0.59, 0.64, 0.46};
 
 struct PromptResult {
   double worst = 0.0;       // largest raw top-10 |difference| over the steps
@@ -108,9 +112,7 @@ void check_step(const json& top, const float* logits, int32_t n_vocab, const Bar
 
 class TeacherForced : public ::testing::TestWithParam<Bars> {
  protected:
-  static std::string model_path(const Bars& b) {
-    return std::string(b.model) == "gemma3" ? test::gemma3_path() : test::smollm2_path();
-  }
+  static std::string model_path(const Bars& b) { return test::golden_model_path(b.model); }
   void SetUp() override {
     const Bars& b = GetParam();
     const std::string golden = test::source_dir() + "/tests/golden/" + b.model + "/logits.json";
@@ -248,9 +250,14 @@ TEST_P(TeacherForced, BatchedPagedPathMatchesLlamaCppAtEveryStep) {
   EXPECT_GT(checked, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, TeacherForced, ::testing::Values(kSmolLM2, kGemma3),
+INSTANTIATE_TEST_SUITE_P(Golden, TeacherForced,
+                         ::testing::Values(kSmolLM2, kGemma3, kQwen05, kQwen15),
                          [](const ::testing::TestParamInfo<Bars>& i) {
-                           return std::string(i.param.model);
+                           std::string s = i.param.model;
+                           for (char& c : s) {
+                             if (c == '.' || c == '-') c = '_';
+                           }
+                           return s;
                          });
 
 }  // namespace
