@@ -130,8 +130,9 @@ def test_json_schema_streams_and_works_on_completions(client, server):
 
 def test_json_object(client):
     r = client.chat.completions.create(
-        model="default", temperature=0, max_tokens=120, response_format={"type": "json_object"},
-        messages=[{"role": "user", "content": "Describe a dog in one short JSON object."}])
+        model="default", temperature=0, max_tokens=60, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Reply with only a JSON object with two keys, "
+                                              "the name and the age of a dog."}])
     c = r.choices[0]
     assert c.finish_reason == "stop", c
     assert isinstance(json.loads(c.message.content), dict), c.message.content
@@ -182,7 +183,7 @@ def test_broken_tool_call_is_text_with_its_finish_reason(client):
     c = r.choices[0]
     assert not c.message.tool_calls, c
     assert c.finish_reason == "length", c
-    assert "<tool_call>" in c.message.content and "get_weather" in c.message.content, c
+    assert "get_weather" in c.message.content, c  # (Qwen writes it <tool_call>-tagged or fenced)
 
 
 def test_logit_bias(server):
