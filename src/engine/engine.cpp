@@ -865,12 +865,13 @@ bool EngineImpl::fork_choices(Request& r, const float* row) {
   const auto n_vocab = static_cast<size_t>(info_.n_vocab);
   const bool want_raw = r.req.logprobs >= 0;
   std::vector<float> logits;
-  for (int32_t i = 1; i <= r.forks_pending; ++i) {
+  for (int32_t i = 1; i < r.req.n; ++i) {
     const kv::SeqId sid = r.sid + static_cast<kv::SeqId>(i);
     if (Status st = sched_->fork(r.sid, sid); !st) {
       finish(r, "error", st.error());  // also finishes the choices not forked yet
       return false;
     }
+    --r.forks_pending;
     auto c = std::make_unique<Request>();
     c->rid = r.rid;
     c->sid = sid;
@@ -898,7 +899,6 @@ bool EngineImpl::fork_choices(Request& r, const float* row) {
     if (!grammar_accept(child, tok)) continue;
     (void)emit(child, s, tok, want_raw ? raw_.data() : nullptr);
   }
-  r.forks_pending = 0;
   return true;
 }
 
@@ -993,8 +993,8 @@ void EngineImpl::finish(Request& r, const std::string& reason, const std::string
   if (last) ++m_.requests_finished;
   auto cb = std::move(r.cb.on_finish);
   const kv::SeqId sid = r.sid;
-  const int32_t first_unforked = r.index + 1;
-  reqs_.erase(sid);   // r is gone from here on
+  const int32_t first_unforked = r.req.n - r.forks_pending;  // choices fork in index order
+  reqs_.erase(sid);                                          // r is gone from here on
   publish_metrics();  // gauges read in on_finish already show this request gone
   if (cb) {
     cb(fe);
