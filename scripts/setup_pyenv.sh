@@ -4,9 +4,9 @@
 # Usage: scripts/setup_pyenv.sh [VENV_DIR]   (default: build/.venv-test)
 set -euo pipefail
 VENV="${1:-build/.venv-test}"
-PKGS=(openai pytest requests prometheus_client pyzmq msgpack pyyaml)
+PKGS=(openai pytest requests prometheus_client pyzmq msgpack pyyaml jsonschema)
 STAMP="$VENV/.bie-pyenv-ok"
-if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import openai, pytest, requests, prometheus_client, zmq, msgpack, yaml" 2>/dev/null; then
+if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import openai, pytest, requests, prometheus_client, zmq, msgpack, yaml, jsonschema" 2>/dev/null; then
   exit 0
 fi
 mkdir -p "$(dirname "$VENV")"

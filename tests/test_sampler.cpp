@@ -42,6 +42,30 @@ TEST(Sampler, FrequencyAndPresencePenalties) {
   EXPECT_FLOAT_EQ(l[2], 1.0f);
 }
 
+// OpenAI's logit_bias: added to the raw logit (before the penalties), -100 bans a token in
+// practice, and a bias outside [-100, 100] is refused.
+TEST(Sampler, LogitBiasShiftsLogitsBeforeEverythingElse) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.logit_bias = {{1, -100.0f}, {2, 1.5f}};
+  Sampler s(p, 3);
+  std::vector<float> l = {1.0f, 3.0f, 0.0f};
+  EXPECT_EQ(s.sample(l.data(), {}), 2);  // 1 banned; 0 + 1.5 > 1
+  EXPECT_FLOAT_EQ(l[1], -97.0f);
+  EXPECT_FLOAT_EQ(l[2], 1.5f);
+  p.repetition_penalty = 2.0f;  // then the penalty sees the biased logit: (0 + 1.5) / 2
+  Sampler s2(p, 3);
+  l = {1.0f, 3.0f, 0.0f};
+  const std::vector<int32_t> hist = {2};
+  EXPECT_EQ(s2.sample(l.data(), hist), 0);
+  EXPECT_FLOAT_EQ(l[2], 0.75f);
+  EXPECT_TRUE(p.validate().ok());
+  p.logit_bias = {{0, 100.5f}};
+  EXPECT_NE(p.validate().error().find("logit_bias"), std::string::npos);
+  p.logit_bias = {{-1, 1.0f}};
+  EXPECT_FALSE(p.validate().ok());
+}
+
 TEST(Sampler, PenaltyWindowOnlySeesRecentTokens) {
   SamplingParams p;
   p.temperature = 0.0f;

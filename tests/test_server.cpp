@@ -231,7 +231,8 @@ TEST(Server, BadInputIs400WithParam) {
                "temperature");
   expect_error(h.post("/v1/completions", json{{"prompt", "x"}, {"top_p", 1.5}}), 400, "top_p");
   expect_error(h.post("/v1/completions", json{{"prompt", "x"}, {"top_p", 0}}), 400, "top_p");
-  expect_error(h.post("/v1/completions", json{{"prompt", "x"}, {"n", 2}}), 400, "n");
+  expect_error(h.post("/v1/completions", json{{"prompt", "x"}, {"n", 0}}), 400, "n");
+  expect_error(h.post("/v1/completions", json{{"prompt", "x"}, {"n", 129}}), 400, "n");
   expect_error(h.post("/v1/completions", json{{"prompt", "x"}, {"stream", "yes"}}), 400, "stream");
   expect_error(h.post("/v1/completions", json{{"prompt", "x"}, {"stop", 5}}), 400, "stop");
   expect_error(h.post("/v1/completions", json{{"prompt", 5}}), 400, "prompt");

@@ -151,15 +151,43 @@ TEST(ResponseFormat, Shapes) {
                 "schema": {"type": "object"}, "strict": true}})");
   ASSERT_TRUE(std::holds_alternative<ParsedRequest>(r));
   EXPECT_EQ(std::get<ParsedRequest>(r).response_format, "json_schema");
-  EXPECT_EQ(std::get<ParsedRequest>(r).response_schema, nlohmann::json({{"type", "object"}}));
+  EXPECT_EQ(std::get<ParsedRequest>(r).response_schema,
+            nlohmann::ordered_json({{"type", "object"}}));
   EXPECT_EQ(param_of(chat(R"(, "response_format": {"type": "json_object"})")), "");
   EXPECT_EQ(param_of(chat(R"(, "response_format": {"type": "yaml"})")), "response_format.type");
   EXPECT_EQ(param_of(chat(R"(, "response_format": {"type": "json_schema"})")),
             "response_format.json_schema");
   EXPECT_EQ(param_of(chat(R"(, "response_format": "json")")), "response_format");
-  // Not supported yet: refused, never ignored.
-  EXPECT_EQ(param_of(chat(R"(, "logit_bias": {"50256": -100})")), "logit_bias");
+}
+
+TEST(LogitBias, ParsedAndValidated) {
+  auto r = chat(R"(, "logit_bias": {"50256": -100, "7": 2.5})");
+  ASSERT_TRUE(std::holds_alternative<ParsedRequest>(r)) << param_of(r);
+  const auto& lb = std::get<ParsedRequest>(r).engine.sampling.logit_bias;
+  ASSERT_EQ(lb.size(), 2u);
+  EXPECT_EQ(lb[0], (std::pair<int32_t, float>{50256, -100.0f}));
+  EXPECT_EQ(lb[1], (std::pair<int32_t, float>{7, 2.5f}));
   EXPECT_EQ(param_of(chat(R"(, "logit_bias": {})")), "");
+  EXPECT_EQ(param_of(chat(R"(, "logit_bias": {"5": 101})")), "logit_bias");
+  EXPECT_EQ(param_of(chat(R"(, "logit_bias": {"5": -100.5})")), "logit_bias");
+  EXPECT_EQ(param_of(chat(R"(, "logit_bias": {"-1": 1})")), "logit_bias");
+  EXPECT_EQ(param_of(chat(R"(, "logit_bias": {"abc": 1})")), "logit_bias");
+  EXPECT_EQ(param_of(chat(R"(, "logit_bias": {"99999999999": 1})")), "logit_bias");
+  EXPECT_EQ(param_of(chat(R"(, "logit_bias": {"5": "1"})")), "logit_bias.5");
+  EXPECT_EQ(param_of(chat(R"(, "logit_bias": [1])")), "logit_bias");
+}
+
+// The client's key order survives parsing: properties are generated (and tools rendered) in
+// the order the schema's author wrote them, not alphabetically.
+TEST(ResponseFormat, KeepsTheClientsKeyOrder) {
+  auto r = chat(R"(, "response_format": {"type": "json_schema", "json_schema": {"schema":
+                {"type": "object", "properties": {"zeta": {}, "alpha": {}, "mid": {}}}}},
+                "tools": [{"type": "function", "function": {"name": "f", "parameters":
+                {"type": "object", "properties": {"b": {}, "a": {}}}}}])");
+  ASSERT_TRUE(std::holds_alternative<ParsedRequest>(r)) << param_of(r);
+  const ParsedRequest& p = std::get<ParsedRequest>(r);
+  EXPECT_EQ(p.response_schema["properties"].dump(), R"({"zeta":{},"alpha":{},"mid":{}})");
+  EXPECT_EQ(p.tools[0]["function"]["parameters"]["properties"].dump(), R"({"b":{},"a":{}})");
 }
 
 }  // namespace

@@ -43,6 +43,16 @@ TEST(ToolCalls, HermesOneAndTwoCalls) {
   EXPECT_EQ(r.calls[1].arguments, R"({"x":1})");  // a JSON-string argument, normalised
 }
 
+// Arguments keep the model's (the schema's) key order, not alphabetical.
+TEST(ToolCalls, ArgumentsKeepTheirKeyOrder) {
+  auto r = parse_tool_calls(ToolCallSyntax::kHermes,
+                            "<tool_call>\n{\"name\": \"book\", \"arguments\": "
+                            "{\"restaurant\": \"X\", \"people\": 4}}\n</tool_call>",
+                            "1");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"restaurant":"X","people":4})");
+}
+
 TEST(ToolCalls, HermesFencedOrBareObject) {
   for (const std::string& text :
        {std::string(

@@ -34,6 +34,7 @@
 #include "bie/planner/plan_report.h"
 #include "bie/tokenizer/stream_decoder.h"
 #include "bie/tokenizer/tokenizer.h"
+#include "engine/request_grammar.h"
 
 namespace bie {
 
@@ -62,6 +63,9 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 struct Request {
   RequestId rid = 0;
   kv::SeqId sid = 0;
+  int32_t index = 0;  // choice (n > 1: choice i runs as sequence sid of choice 0 + i)
+  // Choices not forked yet (choice 0 only): they fork once its prompt is computed.
+  int32_t forks_pending = 0;
   EngineRequest req;
   RequestCallbacks cb;
   int64_t max_tokens = 0;  // effective cap on generated tokens
@@ -78,6 +82,7 @@ struct Request {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<tokenizer::StreamDecoder> decoder;
   std::unique_ptr<StopStrings> stops;
+  std::unique_ptr<RequestGrammar> grammar;  // structured output; null: unconstrained
 };
 
 class EngineImpl final : public Engine {
@@ -115,6 +120,13 @@ class EngineImpl final : public Engine {
   void sample(const ScheduledSeq& sc, float* logits);
   // Streams one generated token; false when the request finished (it is gone then).
   [[nodiscard]] bool emit(Request& r, Sequence& s, int32_t tok, float* raw);
+  // Advances r's grammar by a sampled token; false (r finished with an error) when the grammar
+  // allowed no token at all.
+  [[nodiscard]] bool grammar_accept(Request& r, int32_t tok);
+  // n > 1: forks the other choices of r (choice 0, its prompt just computed) sharing its KV
+  // blocks; each samples its first token from `row` (the prompt's last logits, unmodified).
+  // false: r finished with an error (it is gone then).
+  [[nodiscard]] bool fork_choices(Request& r, const float* row);
   void finish(Request& r, const std::string& reason, const std::string& error = {});
   void publish_metrics();
   // The listing prefix_cache_index returns (engine thread, or after it stopped).
@@ -150,7 +162,8 @@ class EngineImpl final : public Engine {
   std::atomic<bool> force_f16_{false};
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Drafter> drafter_;  // null: speculation off
+  std::unique_ptr<Drafter> drafter_;       // null: speculation off
+  std::unique_ptr<VocabTrie> vocab_trie_;  // structured output's token trie (built on first use)
   // Measured cost of decode-only forward passes by token count (EMA, ms; 0: not seen yet).
   std::array<double, kMaxVerifyTokens + 1> step_ms_{};
   // Drafts worth proposing for a request in a step with `base` decode tokens: the g that
@@ -160,8 +173,9 @@ class EngineImpl final : public Engine {
   // Engine thread only.
   std::unordered_map<kv::SeqId, std::unique_ptr<Request>> reqs_;
   std::vector<float> logits_;
-  std::vector<float> raw_;  // a copy of one logits row (logprobs)
-  EngineMetrics m_;         // counters; gauges filled in publish_metrics
+  std::vector<float> raw_;       // a copy of one logits row (logprobs)
+  std::vector<float> fork_row_;  // n > 1: the prompt's last row, for the forked choices
+  EngineMetrics m_;              // counters; gauges filled in publish_metrics
 
   // Shared with callers, under mu_.
   mutable std::mutex mu_;
@@ -171,7 +185,12 @@ class EngineImpl final : public Engine {
   std::vector<kv::SeqId> cancels_;  // sequences of requests to cancel
   std::vector<std::promise<std::vector<PrefixCacheListing>>> index_requests_;
   bool loop_done_ = true;  // no engine thread runs (not started, or its loop returned)
-  std::unordered_map<RequestId, kv::SeqId> live_;  // accepted, not finished
+  struct Live {
+    kv::SeqId first = 0;  // choice i runs as sequence first + i
+    int32_t n = 1;
+    int32_t unfinished = 1;
+  };
+  std::unordered_map<RequestId, Live> live_;  // accepted, some choice not finished
   bool accepting_ = true;
   bool stopping_ = false;
   bool finish_running_ = false;
@@ -227,6 +246,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   auto tok = tokenizer::Tokenizer::from_gguf(model_->file());
   if (!tok) return Error{tok.error()};
   tok_ = std::make_unique<tokenizer::Tokenizer>(std::move(tok).value());
+  vocab_trie_ = std::make_unique<VocabTrie>(*tok_);
   auto g = planner::geometry_from_gguf(model_->file());
   if (!g) return Error{g.error()};
   kind = CreateError::kInvalidConfig;  // the layout against this model's geometry
@@ -439,6 +459,18 @@ std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
     }
   }
   if (Status s = req.sampling.validate(); !s) return refuse(SubmitError::kInvalid, s.error());
+  for (const auto& [t, bias] : req.sampling.logit_bias) {
+    if (t >= info_.n_vocab) {
+      return refuse(SubmitError::kInvalid, fmt::format("logit_bias: token id {} is outside the "
+                                                       "vocabulary [0, {})",
+                                                       t, info_.n_vocab));
+    }
+  }
+  if (req.n < 1 || req.n > cfg_.kv.max_num_seqs) {
+    return refuse(
+        SubmitError::kInvalid,
+        fmt::format("n must be in [1, {}] (--max-num-seqs), got {}", cfg_.kv.max_num_seqs, req.n));
+  }
   if (req.logprobs > 20) {
     return refuse(SubmitError::kInvalid,
                   fmt::format("logprobs must be at most 20, got {}", req.logprobs));
@@ -468,7 +500,13 @@ std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
   r->sampler = std::make_unique<Sampler>(req.sampling, info_.n_vocab);
   r->decoder = std::make_unique<tokenizer::StreamDecoder>(*tok_);
   r->stops = std::make_unique<StopStrings>(req.stop);
+  if (req.grammar) {
+    auto g = RequestGrammar::create(req.grammar, vocab_trie_->get(), req.grammar_prefix);
+    if (!g) return refuse(SubmitError::kInvalid, "structured output: " + g.error());
+    r->grammar = std::move(g).value();
+  }
   r->gamma = cfg_.speculative_draft_tokens;
+  r->forks_pending = req.n - 1;
   r->req = std::move(req);
   r->cb = std::move(cb);
   {
@@ -490,8 +528,9 @@ std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
       ++refusals_;
       return SubmitFailure{SubmitError::kInvalid, fmt::format("request id {} is in use", id)};
     }
-    r->sid = next_sid_++;
-    live_.emplace(id, r->sid);
+    r->sid = next_sid_;
+    next_sid_ += r->req.n;
+    live_.emplace(id, Live{r->sid, r->req.n, r->req.n});
     incoming_.push_back(std::move(r));
   }
   cv_.notify_one();
@@ -503,7 +542,7 @@ void EngineImpl::cancel(RequestId id) {
     std::lock_guard lk(mu_);
     const auto it = live_.find(id);
     if (it == live_.end()) return;
-    cancels_.push_back(it->second);
+    for (int32_t i = 0; i < it->second.n; ++i) cancels_.push_back(it->second.first + i);
   }
   cv_.notify_one();
 }
@@ -591,6 +630,7 @@ void EngineImpl::loop() {
     for (auto& r : incoming) {
       const kv::SeqId sid = r->sid;
       sched_->add(sid, r->req.prompt, regimes_[r->regime].store.get());
+      sched_->find(sid)->forks = r->forks_pending;
       m_.prompt_tokens += static_cast<int64_t>(r->req.prompt.size());
       reqs_.emplace(sid, std::move(r));
     }
@@ -653,6 +693,7 @@ void EngineImpl::draft() {
     if (n < 1) continue;
     r.undrafted = 0;
     drafter_->propose(s->id, s->tokens, n, s->draft);
+    if (r.grammar) r.grammar->trim_drafts(s->draft);  // never verify what the grammar rejects
   }
   m_.drafter_seconds += seconds(t0, Clock::now());
 }
@@ -758,18 +799,26 @@ void EngineImpl::sample(const ScheduledSeq& sc, float* logits) {
   Request& r = *reqs_.at(s.id);
   const auto n_vocab = static_cast<size_t>(info_.n_vocab);
   const bool want_raw = r.req.logprobs >= 0;
+  TokenConstraint* gc = r.grammar ? r.grammar->constraint() : nullptr;
   if (sc.n_draft == 0) {
+    if (r.forks_pending > 0) fork_row_.assign(logits, logits + n_vocab);
     if (want_raw) raw_.assign(logits, logits + n_vocab);
-    const int32_t tok = r.sampler->sample(logits, s.tokens);
+    const int32_t tok = r.sampler->sample(logits, s.tokens, gc);
     if (Status st = sched_->commit(sc, sc.n_tokens); !st) {
       finish(r, "error", st.error());
       return;
     }
+    if (r.forks_pending > 0) {
+      if (!fork_choices(r, fork_row_.data())) return;
+      if (want_raw) raw_.assign(fork_row_.begin(), fork_row_.end());
+    }
+    if (!grammar_accept(r, tok)) return;
     (void)emit(r, s, tok, want_raw ? raw_.data() : nullptr);
     return;
   }
   // Verify drafts in order: row i holds the logits after the decode token and i drafts
-  // (s.draft stays as scheduled until commit below).
+  // (s.draft stays as scheduled until commit below). With a grammar, row i is masked with the
+  // state after the i accepted drafts: each verified token advances it before the next row.
   int64_t accepted = 0;
   std::vector<int32_t> out_tokens;
   std::vector<std::vector<float>> out_raw;
@@ -778,10 +827,13 @@ void EngineImpl::sample(const ScheduledSeq& sc, float* logits) {
     float* row = logits + static_cast<size_t>(i) * n_vocab;
     if (want_raw) out_raw.emplace_back(row, row + n_vocab);
     if (i == sc.n_draft) {  // every draft accepted: the bonus token
-      out_tokens.push_back(r.sampler->sample(row, history));
+      out_tokens.push_back(r.sampler->sample(row, history, gc));
+      if (!grammar_accept(r, out_tokens.back())) return;
       break;
     }
-    const DraftVerdict v = r.sampler->verify(row, history, s.draft[static_cast<size_t>(i)]);
+    const DraftVerdict v =
+        r.sampler->verify(row, history, s.draft[static_cast<size_t>(i)], nullptr, gc);
+    if (!grammar_accept(r, v.token)) return;
     out_tokens.push_back(v.token);
     history.push_back(v.token);
     if (!v.accepted) break;
@@ -809,8 +861,57 @@ void EngineImpl::sample(const ScheduledSeq& sc, float* logits) {
   }
 }
 
+bool EngineImpl::fork_choices(Request& r, const float* row) {
+  const auto n_vocab = static_cast<size_t>(info_.n_vocab);
+  const bool want_raw = r.req.logprobs >= 0;
+  std::vector<float> logits;
+  for (int32_t i = 1; i < r.req.n; ++i) {
+    const kv::SeqId sid = r.sid + static_cast<kv::SeqId>(i);
+    if (Status st = sched_->fork(r.sid, sid); !st) {
+      finish(r, "error", st.error());  // also finishes the choices not forked yet
+      return false;
+    }
+    --r.forks_pending;
+    auto c = std::make_unique<Request>();
+    c->rid = r.rid;
+    c->sid = sid;
+    c->index = i;
+    c->req = r.req;
+    c->req.sampling.seed = r.req.sampling.seed + static_cast<uint64_t>(i);
+    c->cb = r.cb;
+    c->max_tokens = r.max_tokens;
+    c->regime = r.regime;
+    c->submitted = r.submitted;
+    c->first_scheduled = r.first_scheduled;
+    c->scheduled_once = r.scheduled_once;
+    c->gamma = r.gamma;
+    c->sampler = std::make_unique<Sampler>(c->req.sampling, info_.n_vocab);
+    c->decoder = std::make_unique<tokenizer::StreamDecoder>(*tok_);
+    c->stops = std::make_unique<StopStrings>(c->req.stop);
+    if (r.grammar) c->grammar = r.grammar->fork();  // the state before the first token
+    Request& child = *c;
+    reqs_.emplace(sid, std::move(c));
+    Sequence& s = *sched_->find(sid);
+    logits.assign(row, row + n_vocab);
+    if (want_raw) raw_.assign(row, row + n_vocab);
+    const int32_t tok = child.sampler->sample(
+        logits.data(), s.tokens, child.grammar ? child.grammar->constraint() : nullptr);
+    if (!grammar_accept(child, tok)) continue;
+    (void)emit(child, s, tok, want_raw ? raw_.data() : nullptr);
+  }
+  return true;
+}
+
+bool EngineImpl::grammar_accept(Request& r, int32_t tok) {
+  if (!r.grammar) return true;
+  if (tok != Sampler::kNoConstrainedToken && r.grammar->accept(tok)) return true;
+  finish(r, "error", "structured output: no token of the vocabulary can continue the grammar");
+  return false;
+}
+
 bool EngineImpl::emit(Request& r, Sequence& s, int32_t tok, float* raw) {
   TokenEvent ev;
+  ev.index = r.index;
   ev.token = tok;
   const int32_t n_vocab = info_.n_vocab;
   if (raw != nullptr) {  // a copy of the row's raw logits: turned into log-probabilities here
@@ -852,6 +953,7 @@ bool EngineImpl::emit(Request& r, Sequence& s, int32_t tok, float* raw) {
 
 void EngineImpl::finish(Request& r, const std::string& reason, const std::string& error) {
   FinishEvent fe;
+  fe.index = r.index;
   fe.finish_reason = reason;
   fe.error = error;
   if (reason == "stop" || reason == "length") {
@@ -875,16 +977,35 @@ void EngineImpl::finish(Request& r, const std::string& reason, const std::string
   m.accepted_tokens = r.accepted_tokens;
   if (sched_->find(r.sid) != nullptr) (void)sched_->finish(r.sid);
   if (drafter_) drafter_->release(r.sid);
-  ++m_.requests_finished;
+  // Choices that never forked (choice 0 ended before its prompt was computed) end with it.
+  const int32_t ending = 1 + r.forks_pending;
+  bool last = false;
   {
     std::lock_guard lk(mu_);
-    live_.erase(r.rid);
+    if (const auto it = live_.find(r.rid); it != live_.end()) {
+      it->second.unfinished -= ending;
+      if (it->second.unfinished <= 0) {
+        live_.erase(it);
+        last = true;
+      }
+    }
   }
+  if (last) ++m_.requests_finished;
   auto cb = std::move(r.cb.on_finish);
   const kv::SeqId sid = r.sid;
-  reqs_.erase(sid);   // r is gone from here on
+  const int32_t first_unforked = r.req.n - r.forks_pending;  // choices fork in index order
+  reqs_.erase(sid);                                          // r is gone from here on
   publish_metrics();  // gauges read in on_finish already show this request gone
-  if (cb) cb(fe);
+  if (cb) {
+    cb(fe);
+    for (int32_t i = first_unforked; i < first_unforked + ending - 1; ++i) {
+      FinishEvent other = fe;
+      other.index = i;
+      other.tail_text.clear();
+      other.metrics.generated_tokens = 0;
+      cb(other);
+    }
+  }
 }
 
 void EngineImpl::publish_metrics() {

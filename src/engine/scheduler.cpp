@@ -153,10 +153,12 @@ SchedulerOutput Scheduler::schedule() {
   }
   // Then waiting sequences in FCFS order; one that does not fit blocks those behind it. None is
   // admitted in a step that had to preempt (blocks are short).
-  while (out.preempted.empty() && !waiting_.empty() && budget > 0 &&
-         static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
+  int64_t slots = 0;  // running sequences and the choices they will fork
+  for (const kv::SeqId id : running_) slots += 1 + seqs_.at(id)->forks;
+  while (out.preempted.empty() && !waiting_.empty() && budget > 0 && slots < cfg_.max_num_seqs) {
     const kv::SeqId id = waiting_.front();
     Sequence& s = *seqs_.at(id);
+    if (slots + 1 + s.forks > cfg_.max_num_seqs) break;
     const auto n_known = static_cast<int64_t>(s.tokens.size());
     const int64_t n_hold = tokens_to_hold_at_start(s);
     const auto first = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(n_hold));
@@ -168,6 +170,7 @@ SchedulerOutput Scheduler::schedule() {
     s.status = SeqStatus::kRunning;
     waiting_.pop_front();
     running_.push_back(id);
+    slots += 1 + s.forks;
     const int64_t n = chunk_for(s, budget);
     if (n == 0) continue;
     out.scheduled.push_back({.seq = &s, .n_tokens = n, .sample = s.computed + n == n_known});
@@ -187,6 +190,25 @@ Status Scheduler::commit(const ScheduledSeq& sc, int64_t n_verified) {
   }
   s.computed += n_verified;
   return store.mark_computed(s.id, s.computed);
+}
+
+Status Scheduler::fork(kv::SeqId parent, kv::SeqId child) {
+  assert(seqs_.count(child) == 0);
+  Sequence& p = *seqs_.at(parent);
+  assert(p.status == SeqStatus::kRunning && p.forks > 0 && !p.in_prompt());
+  for (int g = 0; g < p.store->n_groups(); ++g) {
+    if (!p.store->manager(g).has_sequence(parent)) continue;
+    if (Status st = p.store->manager(g).fork(parent, child); !st) return st;
+  }
+  auto c = std::make_unique<Sequence>(p);
+  c->id = child;
+  c->arrival = next_arrival_++;
+  c->forks = 0;
+  c->draft.clear();
+  --p.forks;
+  running_.push_back(child);
+  seqs_.emplace(child, std::move(c));
+  return {};
 }
 
 void Scheduler::append_token(kv::SeqId id, int32_t token) {

@@ -97,7 +97,15 @@ class Compiler {
   Result<Grammar> compile() {
     const auto top = value(root_, "#", 0);
     if (!top) return Error{error_};
-    g_.set_root(*top);
+    uint32_t root = *top;
+    if (!o_.prefix.empty() || !o_.suffix.empty()) {
+      Seq framed = g_.literal(o_.prefix);
+      framed.push_back(Grammar::ref(root));
+      const Seq tail = g_.literal(o_.suffix);
+      framed.insert(framed.end(), tail.begin(), tail.end());
+      root = g_.add_rule({framed});
+    }
+    g_.set_root(root);
     if (Status s = g_.check(); !s.ok()) return Error{s.error()};
     return std::move(g_);
   }

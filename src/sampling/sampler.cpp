@@ -19,6 +19,12 @@ Status SamplingParams::validate() const {
   if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) {
     return Error{fmt::format("repetition_penalty must be > 0, got {}", repetition_penalty)};
   }
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) return Error{fmt::format("logit_bias: token id {} is negative", id)};
+    if (!std::isfinite(bias) || std::fabs(bias) > 100.0f) {
+      return Error{fmt::format("logit_bias of token {} must be in [-100, 100], got {}", id, bias)};
+    }
+  }
   if (!std::isfinite(presence_penalty) || std::fabs(presence_penalty) > 2.0f) {
     return Error{fmt::format("presence_penalty must be in [-2, 2], got {}", presence_penalty)};
   }
@@ -51,6 +57,9 @@ Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
     : params_(params), n_vocab_(n_vocab), rng_(params.seed) {}
 
 void Sampler::apply_penalties(float* logits, std::span<const int32_t> history) {
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id >= 0 && id < n_vocab_) logits[id] += bias;  // -100 / +100: as good as banned / forced
+  }
   const bool any = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                    params_.frequency_penalty != 0.0f;
   if (!any || history.empty() || params_.penalty_last_n == 0) return;

@@ -9,7 +9,9 @@
 
 namespace bie::server {
 
-using nlohmann::json;
+// Request bodies are parsed keeping the client's key order: a tool's or a response schema's
+// properties are rendered and generated in the order their author wrote them.
+using json = nlohmann::ordered_json;
 
 bool valid_utf8(std::string_view s) {
   return tokenizer::unicode::valid_prefix_len(s) == s.size();
@@ -183,7 +185,7 @@ std::optional<ApiError> read_messages(const json& body, ParsedRequest& r) {
           return wrong_type(cat + ".function.arguments", "a JSON string", *a);
         }
       }
-      msg.extra["tool_calls"] = nlohmann::ordered_json::parse(tc->dump());
+      msg.extra["tool_calls"] = *tc;
       if (m.find("content") == m.end() || m["content"].is_null()) msg.extra["content"] = nullptr;
     }
     r.messages.push_back(std::move(msg));
@@ -415,6 +417,35 @@ std::optional<ApiError> read_stop(const json& body, int32_t max_stop,
   return std::nullopt;
 }
 
+// logit_bias: {"<token id>": bias in [-100, 100], ...} (OpenAI: keys are token ids as strings).
+std::optional<ApiError> read_logit_bias(const json& body,
+                                        std::vector<std::pair<int32_t, float>>& out) {
+  const json* lb = field(body, "logit_bias");
+  if (lb == nullptr) return std::nullopt;
+  if (!lb->is_object()) return wrong_type("logit_bias", "an object of token id -> bias", *lb);
+  for (const auto& [key, value] : lb->items()) {
+    const std::string at = "logit_bias." + key;
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        key.find_first_not_of("0123456789") == std::string::npos;
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (id < 0 || id > INT32_MAX) {
+      return bad_request(
+          "'logit_bias' keys must be token ids (non-negative integers as strings), "
+          "got \"" +
+              key + "\"",
+          "logit_bias", "invalid_value");
+    }
+    if (!value.is_number()) return wrong_type(at, "a number", value);
+    const double b = value.get<double>();
+    if (!std::isfinite(b) || b < -100.0 || b > 100.0) {
+      return bad_request(fmt::format("'{}' must be in [-100, 100], got {}", at, b), "logit_bias",
+                         "invalid_value");
+    }
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> check_json_shape(std::string_view body, const ParseLimits& limits) {
@@ -474,12 +505,9 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, Endpo
   auto max_tokens = rd.integer("max_tokens", 1, max_len);
   if (auto mct = rd.integer("max_completion_tokens", 1, max_len)) max_tokens = mct;
   if (max_tokens) r.max_tokens = static_cast<int32_t>(*max_tokens);
-  if (const json* lb = field(j, "logit_bias"); lb != nullptr && !(lb->is_object() && lb->empty())) {
-    return bad_request("'logit_bias' is not supported yet", "logit_bias", "invalid_value");
-  }
-  if (auto n = rd.integer("n", 1, 1 << 20); n && *n != 1) {
-    return bad_request("only n = 1 is supported", "n", "invalid_value");
-  }
+  if (auto e = read_logit_bias(j, s.logit_bias)) return *e;
+  // n choices share the prompt's KV blocks; the engine caps n at --max-num-seqs.
+  if (auto n = rd.integer("n", 1, 128)) r.engine.n = static_cast<int32_t>(*n);
   r.stream = rd.boolean("stream").value_or(false);
   r.engine.ignore_eos = rd.boolean("ignore_eos").value_or(false);  // extension (as vLLM)
   // Extension: the KV regime to run in (one the server offers, e.g. "f16" or "int8").
@@ -498,8 +526,11 @@ std::variant<ParsedRequest, ApiError> parse_request(std::string_view body, Endpo
       r.logprobs = true;
       r.top_logprobs = static_cast<int32_t>(*lp);
     }
-    if (rd.boolean("echo").value_or(false)) {
-      return bad_request("'echo' is not supported", "echo", "invalid_value");
+    r.echo = rd.boolean("echo").value_or(false);
+    if (r.echo && r.logprobs) {
+      // The prompt's tokens are not scored (their logits are never computed).
+      return bad_request("'echo' together with 'logprobs' is not supported", "echo",
+                         "invalid_value");
     }
   } else {
     r.logprobs = rd.boolean("logprobs").value_or(false);

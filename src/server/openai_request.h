@@ -33,16 +33,17 @@ struct ParsedRequest {
   bool logprobs = false;              // any logprobs asked for
   int32_t top_logprobs = 0;           // alternatives per token
   std::optional<int32_t> max_tokens;  // absent: the endpoint's default
+  bool echo = false;                  // completions: the prompt's text before the completion
   EngineRequest engine;               // sampling, stop, logprobs (prompt filled in later)
   // Chat tools (OpenAI "tools", validated: each {"type": "function", "function": {"name", ...}}).
-  nlohmann::json tools;  // null when absent or empty
+  nlohmann::ordered_json tools;  // null when absent or empty (keys in the client's order)
   enum class ToolChoice { kAuto, kNone, kRequired, kFunction };
   ToolChoice tool_choice = ToolChoice::kAuto;
   std::string tool_choice_name;  // kFunction: the function's name (one of tools)
   bool parallel_tool_calls = true;
   // response_format: "text" (default), "json_object" or "json_schema" (schema below).
   std::string response_format = "text";
-  nlohmann::json response_schema;  // json_schema's "schema" object
+  nlohmann::ordered_json response_schema;  // json_schema's "schema" object (client's order)
 };
 
 struct ParseLimits {

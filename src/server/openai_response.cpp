@@ -137,7 +137,7 @@ json chunk_envelope(const ResponseContext& ctx, json choice, bool with_usage_nul
 json full_response(const ResponseContext& ctx, const std::string& text,
                    const std::string& finish_reason, const Usage& usage,
                    std::span<const TokenEvent> events, std::span<const ToolCall> tool_calls) {
-  json choice = {{"index", 0},
+  json choice = {{"index", ctx.choice},
                  {"logprobs", logprobs_for(ctx, events)},
                  {"finish_reason", finish_or_null(finish_reason)}};
   const bool chat = ctx.endpoint == Endpoint::kChat;
@@ -164,7 +164,7 @@ json stream_chunk(const ResponseContext& ctx, const std::string& text,
                   std::span<const TokenEvent> events, const std::string& finish_reason,
                   bool first_chat_chunk, bool with_usage_null) {
   const bool chat = ctx.endpoint == Endpoint::kChat;
-  json choice = {{"index", 0},
+  json choice = {{"index", ctx.choice},
                  {"logprobs", events.empty() ? json(nullptr) : logprobs_for(ctx, events)},
                  {"finish_reason", finish_or_null(finish_reason)}};
   if (chat) {
@@ -180,7 +180,7 @@ json stream_chunk(const ResponseContext& ctx, const std::string& text,
 
 json tool_calls_chunk(const ResponseContext& ctx, std::span<const ToolCall> calls,
                       bool with_usage_null) {
-  json choice = {{"index", 0},
+  json choice = {{"index", ctx.choice},
                  {"logprobs", nullptr},
                  {"finish_reason", nullptr},
                  {"delta", {{"tool_calls", tool_calls_json(calls, /*indexed=*/true)}}}};

@@ -26,6 +26,7 @@ struct ResponseContext {
   std::string model_sha256;
   bool logprobs = false;
   const tokenizer::Tokenizer* tok = nullptr;  // token texts for logprobs
+  int32_t choice = 0;                         // the choice's "index" (n > 1)
 };
 
 struct Usage {

@@ -1,5 +1,6 @@
 #include "bie/server/server.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -18,7 +19,9 @@
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/request_stream.h"
+#include "server/responses_api.h"
 #include "server/server_metrics.h"
+#include "server/structured_output.h"
 #include "server/tool_calls.h"
 
 namespace bie::server {
@@ -70,6 +73,9 @@ struct Flight {
   ToolCallSyntax tool_syntax = ToolCallSyntax::kNone;
   std::string forced_prefix;
   bool parallel_tool_calls = true;
+  int32_t n = 1;           // choices
+  bool responses = false;  // /v1/responses: written as a Response object / its events
+  std::string echo;  // completions with echo: the prompt's text, sent before each choice's text
   // Written on the engine thread by the callbacks (read after finish, under the stream's lock).
   std::atomic<double> ttft{-1.0};
 };
@@ -92,7 +98,9 @@ struct Server::Impl {
   [[nodiscard]] bool check_access(const HttpRequest& req, HttpExchange& ex) const;
   void dispatch(const HttpRequest& req, HttpExchange& ex);
   void kv_policy(const HttpRequest& req, HttpExchange& ex);
-  void handle_generate(const HttpRequest& req, HttpExchange& ex, Endpoint ep);
+  void handle_generate(const HttpRequest& req, HttpExchange& ex, Endpoint ep,
+                       bool responses = false);
+  void handle_responses(const HttpRequest& req, HttpExchange& ex);
   [[nodiscard]] std::optional<ApiError> tokenize(Engine& eng, ParsedRequest& p,
                                                  std::vector<int32_t>& out, Flight& fl) const;
   void stream_response(HttpExchange& ex, Engine& eng, Flight& fl, RequestStream& rs);
@@ -162,7 +170,7 @@ std::optional<ApiError> Server::Impl::tokenize(Engine& eng, ParsedRequest& p,
                                ") has no tool-call syntax; pass one that has with --chat-template",
                            "tools", "tools_unsupported");
       }
-      ro.tools = nlohmann::ordered_json::parse(p.tools.dump());
+      ro.tools = p.tools;
       fl.tool_syntax = tool_syntax;
       fl.parallel_tool_calls = p.parallel_tool_calls;
       if (p.tool_choice != ParsedRequest::ToolChoice::kAuto) {
@@ -213,18 +221,23 @@ void Server::Impl::log_finish(const Flight& fl, const FinishEvent& f) const {
 }
 
 void Server::Impl::whole_response(HttpExchange& ex, Engine& eng, Flight& fl, RequestStream& rs) {
-  std::string text;
-  std::vector<TokenEvent> all, batch;
-  std::optional<FinishEvent> fin;
-  bool gone = false;
-  while (!fin) {
-    fin = rs.take(batch, kPollInterval);
+  const auto n = static_cast<size_t>(fl.n);
+  std::vector<std::string> texts(n);
+  std::vector<std::vector<TokenEvent>> events(n);
+  std::vector<std::optional<FinishEvent>> fins(n);
+  std::vector<TokenEvent> batch;
+  std::vector<FinishEvent> finished;
+  bool gone = false, done = false;
+  while (!done) {
+    done = rs.take(batch, finished, kPollInterval);
     for (TokenEvent& e : batch) {
-      text += e.text;
-      all.push_back(std::move(e));
+      const auto i = static_cast<size_t>(e.index);
+      texts[i] += e.text;
+      events[i].push_back(std::move(e));
     }
+    for (FinishEvent& f : finished) fins[static_cast<size_t>(f.index)] = std::move(f);
     // A client that went away frees its slot now, not after max_tokens more tokens.
-    if (!fin && !gone && ex.client_gone()) {
+    if (!done && !gone && ex.client_gone()) {
       gone = true;
       rs.mark_client_gone();
       eng.cancel(fl.id);
@@ -234,93 +247,166 @@ void Server::Impl::whole_response(HttpExchange& ex, Engine& eng, Flight& fl, Req
     ex.force_close();
     return send_error(ex, bad_request("the client closed the connection", {}, "client_gone"));
   }
-  if (fin->finish_reason == "error") {
-    send_error(ex, internal_error("generation failed: " + fin->error));
-    return;
+  for (const std::optional<FinishEvent>& f : fins) {
+    if (f->finish_reason == "error") {
+      return send_error(ex, internal_error("generation failed: " + f->error));
+    }
+    if (f->finish_reason == "cancelled" && shutting_down.load()) {
+      return send_error(ex, unavailable("the server is shutting down"));
+    }
   }
-  if (fin->finish_reason == "cancelled" && shutting_down.load()) {
-    send_error(ex, unavailable("the server is shutting down"));
-    return;
+  if (!fins[0]->metrics.kv_regime.empty()) fl.ctx.kv_regime = fins[0]->metrics.kv_regime;
+  Usage u{fl.prompt_tokens, 0, fins[0]->metrics.cached_tokens};
+  for (const auto& ev : events) u.completion_tokens += static_cast<int64_t>(ev.size());
+  json out;
+  for (size_t i = 0; i < n; ++i) {
+    std::string text = fl.echo + std::move(texts[i]) + fins[i]->tail_text;
+    std::string reason = fins[i]->finish_reason;
+    ToolCallParse calls;
+    if (fl.tool_syntax != ToolCallSyntax::kNone) {
+      const std::string prefix = n > 1 ? fmt::format("{}_{}", fl.id, i) : std::to_string(fl.id);
+      calls = parse_tool_calls(fl.tool_syntax, fl.forced_prefix + text, prefix);
+      finish_tool_calls(fl, calls, reason);
+      text = calls.content;
+    }
+    ResponseContext ctx = fl.ctx;
+    ctx.choice = static_cast<int32_t>(i);
+    if (fl.responses) return send_json(ex, 200, response_object(ctx, text, calls.calls, reason, u));
+    json one = full_response(ctx, text, reason, u, events[i], calls.calls);
+    if (i == 0) {
+      out = std::move(one);
+    } else {
+      out["choices"].push_back(std::move(one["choices"][0]));
+    }
   }
-  text += fin->tail_text;
-  if (!fin->metrics.kv_regime.empty()) fl.ctx.kv_regime = fin->metrics.kv_regime;
-  Usage u{fl.prompt_tokens, static_cast<int64_t>(all.size()), fin->metrics.cached_tokens};
-  std::string reason = fin->finish_reason;
-  ToolCallParse calls;
-  if (fl.tool_syntax != ToolCallSyntax::kNone) {
-    calls = parse_tool_calls(fl.tool_syntax, fl.forced_prefix + text, std::to_string(fl.id));
-    finish_tool_calls(fl, calls, reason);
-    text = calls.content;
-  }
-  send_json(ex, 200, full_response(fl.ctx, text, reason, u, all, calls.calls));
+  send_json(ex, 200, out);
 }
 
 void Server::Impl::stream_response(HttpExchange& ex, Engine& eng, Flight& fl, RequestStream& rs) {
   const auto gone = [&] {
     rs.mark_client_gone();
     eng.cancel(fl.id);
-    // The engine still sends its finish event; wait for it so no callback outlives us.
+    // The engine still sends its finish events; wait for them so no callback outlives us.
     std::vector<TokenEvent> drop;
-    while (!rs.take(drop, kPollInterval)) {
+    std::vector<FinishEvent> drop_fins;
+    while (!rs.take(drop, drop_fins, kPollInterval)) {
     }
   };
   if (!ex.begin_chunked(200, "text/event-stream",
                         {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}})) {
     return gone();
   }
-  bool first = true;
-  std::vector<TokenEvent> batch;
-  auto last_write = Clock::now();
-  // With tools, text streams as content until a call starts; the call is sent whole.
-  std::optional<ToolCallStream> calls;
-  if (fl.tool_syntax != ToolCallSyntax::kNone) {
-    calls.emplace(fl.tool_syntax, std::to_string(fl.id));
-    (void)calls->feed(fl.forced_prefix);
-  }
-  for (;;) {
-    std::optional<FinishEvent> fin = rs.take(batch, kPollInterval);
-    std::string text;
-    for (const TokenEvent& e : batch) text += e.text;
-    if (calls) text = calls->feed(text);
-    if (!batch.empty() && (!text.empty() || first || !calls)) {
-      if (!ex.write_chunk(
-              sse_frame(stream_chunk(fl.ctx, text, batch, "", first, fl.include_usage)))) {
-        if (!fin) gone();
-        return;
-      }
-      first = false;
-      last_write = Clock::now();
+  // Per choice: whether its first chunk went out, and with tools the call parser (text streams
+  // as content until a call starts; the call is sent whole).
+  struct Choice {
+    ResponseContext ctx;
+    bool first = true;
+    std::optional<ToolCallStream> calls;
+  };
+  std::vector<Choice> choices(static_cast<size_t>(fl.n));
+  for (size_t i = 0; i < choices.size(); ++i) {
+    Choice& c = choices[i];
+    c.ctx = fl.ctx;
+    c.ctx.choice = static_cast<int32_t>(i);
+    if (fl.tool_syntax != ToolCallSyntax::kNone) {
+      const std::string prefix =
+          choices.size() > 1 ? fmt::format("{}_{}", fl.id, i) : std::to_string(fl.id);
+      c.calls.emplace(fl.tool_syntax, prefix);
+      (void)c.calls->feed(fl.forced_prefix);
     }
-    if (fin) {
-      if (!fin->metrics.kv_regime.empty()) fl.ctx.kv_regime = fin->metrics.kv_regime;
-      std::string out;
-      if (fin->finish_reason == "error") {
-        out += sse_frame(json::parse(internal_error("generation failed: " + fin->error).body()));
-      } else if (calls) {
-        std::string rest = calls->feed(fin->tail_text);
-        ToolCallParse parsed = calls->finish();
-        std::string reason = fin->finish_reason;
+  }
+  std::optional<ResponseEvents> rev;  // /v1/responses: its events instead of chunks
+  if (fl.responses) {
+    rev.emplace(fl.ctx);
+    if (!ex.write_chunk(rev->start())) return gone();
+  }
+  if (!fl.echo.empty()) {
+    std::string out;
+    for (Choice& c : choices)
+      out += sse_frame(stream_chunk(c.ctx, fl.echo, {}, "", false, fl.include_usage));
+    if (!ex.write_chunk(out)) return gone();
+  }
+  std::vector<TokenEvent> batch;
+  std::vector<FinishEvent> finished;
+  auto last_write = Clock::now();
+  int64_t generated = 0, cached = 0;
+  for (;;) {
+    const bool done = rs.take(batch, finished, kPollInterval);
+    std::string out;
+    // New tokens, one chunk per choice that has some (in the order they came).
+    for (size_t b = 0; b < batch.size();) {
+      const int32_t idx = batch[b].index;
+      size_t e = b;
+      std::string text;
+      while (e < batch.size() && batch[e].index == idx) text += batch[e++].text;
+      Choice& c = choices[static_cast<size_t>(idx)];
+      if (c.calls) text = c.calls->feed(text);
+      if (rev) {
+        out += rev->text(text);
+      } else if (!text.empty() || c.first || !c.calls) {
+        const std::span<const TokenEvent> evs(batch.data() + b, e - b);
+        out += sse_frame(stream_chunk(c.ctx, text, evs, "", c.first, fl.include_usage));
+        c.first = false;
+      }
+      b = e;
+    }
+    for (const FinishEvent& f : finished) {
+      Choice& c = choices[static_cast<size_t>(f.index)];
+      generated += f.metrics.generated_tokens;
+      if (f.index == 0) cached = f.metrics.cached_tokens;
+      if (!f.metrics.kv_regime.empty()) c.ctx.kv_regime = f.metrics.kv_regime;
+      if (f.finish_reason == "error") {
+        out += sse_frame(json::parse(internal_error("generation failed: " + f.error).body()));
+      } else if (rev) {
+        std::string reason = f.finish_reason;
+        ToolCallParse parsed;
+        std::string rest = f.tail_text;
+        if (c.calls) {
+          rest = c.calls->feed(f.tail_text);
+          parsed = c.calls->finish();
+          finish_tool_calls(fl, parsed, reason);
+          rest += parsed.content;
+        }
+        out += rev->text(rest);
+        out += rev->finish(
+            parsed.calls, reason,
+            Usage{fl.prompt_tokens, f.metrics.generated_tokens, f.metrics.cached_tokens});
+      } else if (c.calls) {
+        std::string rest = c.calls->feed(f.tail_text);
+        ToolCallParse parsed = c.calls->finish();
+        std::string reason = f.finish_reason;
         finish_tool_calls(fl, parsed, reason);
         rest += parsed.content;
-        if (!rest.empty() || first) {
-          out += sse_frame(stream_chunk(fl.ctx, rest, {}, "", first, fl.include_usage));
-          first = false;
+        if (!rest.empty() || c.first) {
+          out += sse_frame(stream_chunk(c.ctx, rest, {}, "", c.first, fl.include_usage));
+          c.first = false;
         }
         if (!parsed.calls.empty()) {
-          out += sse_frame(tool_calls_chunk(fl.ctx, parsed.calls, fl.include_usage));
+          out += sse_frame(tool_calls_chunk(c.ctx, parsed.calls, fl.include_usage));
         }
-        out += sse_frame(stream_chunk(fl.ctx, "", {}, reason, false, fl.include_usage));
+        out += sse_frame(stream_chunk(c.ctx, "", {}, reason, false, fl.include_usage));
       } else {
         out += sse_frame(
-            stream_chunk(fl.ctx, fin->tail_text, {}, fin->finish_reason, first, fl.include_usage));
+            stream_chunk(c.ctx, f.tail_text, {}, f.finish_reason, c.first, fl.include_usage));
+        c.first = false;
       }
+    }
+    if (done && rev) {
+      if (ex.write_chunk(out)) ex.end_chunked();
+      return;
+    }
+    if (done) {
       if (fl.include_usage) {
-        Usage u{fl.prompt_tokens, fin->metrics.generated_tokens, fin->metrics.cached_tokens};
-        out += sse_frame(usage_chunk(fl.ctx, u));
+        Usage u{fl.prompt_tokens, generated, cached};
+        out += sse_frame(usage_chunk(choices[0].ctx, u));
       }
       out += kSseDone;
       if (ex.write_chunk(out)) ex.end_chunked();
       return;
+    }
+    if (!out.empty()) {
+      if (!ex.write_chunk(out)) return gone();
+      last_write = Clock::now();
     }
     // A client that closed its socket is seen at once; one that only stopped reading is seen
     // when a write fails, so nothing new for a while sends an SSE comment (also while the
@@ -333,7 +419,22 @@ void Server::Impl::stream_response(HttpExchange& ex, Engine& eng, Flight& fl, Re
   }
 }
 
-void Server::Impl::handle_generate(const HttpRequest& req, HttpExchange& res, Endpoint ep) {
+// /v1/responses: the body becomes the equivalent chat request, answered as a Response.
+void Server::Impl::handle_responses(const HttpRequest& req, HttpExchange& ex) {
+  ParseLimits limits;
+  if (!valid_utf8(req.body)) {
+    return send_error(ex, bad_request("the request body is not valid UTF-8", {}, "invalid_utf8"));
+  }
+  if (auto e = check_json_shape(req.body, limits)) return send_error(ex, *e);
+  auto chat = responses_to_chat(req.body);
+  if (auto* e = std::get_if<ApiError>(&chat)) return send_error(ex, *e);
+  HttpRequest as_chat = req;
+  as_chat.body = std::move(std::get<std::string>(chat));
+  handle_generate(as_chat, ex, Endpoint::kChat, /*responses=*/true);
+}
+
+void Server::Impl::handle_generate(const HttpRequest& req, HttpExchange& res, Endpoint ep,
+                                   bool responses) {
   const Clock::time_point arrived = Clock::now();
   Engine* eng = engine.load();
   if (eng == nullptr) return send_error(res, unavailable("the model is still loading"));
@@ -351,15 +452,12 @@ void Server::Impl::handle_generate(const HttpRequest& req, HttpExchange& res, En
                                          model_name + "')",
                                      "model", "model_not_found"));
   }
-  // Never an unconstrained generation for a request that asked for a format.
-  if (p.response_format != "text") {
-    return send_error(res, bad_request("response_format '" + p.response_format +
-                                           "' is not enforced by this server yet",
-                                       "response_format", "unsupported_response_format"));
-  }
   auto fl = std::make_shared<Flight>();
   std::vector<int32_t> prompt;
   if (auto e = tokenize(*eng, p, prompt, *fl)) return send_error(res, *e);
+  // Structured output and forced tool calls: enforced by the grammar, or a 400.
+  auto og = output_grammar(p, fl->tool_syntax, fl->forced_prefix);
+  if (auto* e = std::get_if<ApiError>(&og)) return send_error(res, *e);
   if (prompt.empty()) return send_error(res, bad_request("the prompt is empty", "prompt"));
   const int64_t max_len = eng->model_info().max_model_len;
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
@@ -380,7 +478,11 @@ void Server::Impl::handle_generate(const HttpRequest& req, HttpExchange& res, En
   fl->prompt_tokens = n_prompt;
   fl->include_usage = p.stream && p.include_usage;
   fl->ctx.endpoint = ep;
-  fl->ctx.id = (ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(fl->id);
+  fl->responses = responses;
+  fl->ctx.id = (responses               ? "resp_"
+                : ep == Endpoint::kChat ? "chatcmpl-"
+                                        : "cmpl-") +
+               std::to_string(fl->id);
   fl->ctx.created = std::chrono::duration_cast<std::chrono::seconds>(
                         std::chrono::system_clock::now().time_since_epoch())
                         .count();
@@ -391,10 +493,16 @@ void Server::Impl::handle_generate(const HttpRequest& req, HttpExchange& res, En
 
   EngineRequest er = std::move(p.engine);
   er.prompt = std::move(prompt);
+  er.grammar = std::get<OutputGrammar>(og).grammar;
+  er.grammar_prefix = std::get<OutputGrammar>(og).prefix;
   er.max_tokens = static_cast<int32_t>(max_tokens);
   fl->ctx.kv_regime = eng->kv_regime_for(er);
 
-  auto rs = std::make_shared<RequestStream>();
+  fl->n = er.n;
+  if (p.echo) {
+    fl->echo = p.prompt_is_tokens ? eng->tokenizer().decode(er.prompt) : p.prompt_text;
+  }
+  auto rs = std::make_shared<RequestStream>(er.n);
   RequestCallbacks cb;
   auto last_token = std::make_shared<Clock::time_point>();
   cb.on_token = [this, fl, rs, last_token](const TokenEvent& ev) {
@@ -410,7 +518,7 @@ void Server::Impl::handle_generate(const HttpRequest& req, HttpExchange& res, En
     return rs->push_token(ev);
   };
   cb.on_finish = [this, fl, rs](const FinishEvent& f) {
-    metrics.observe_e2e(seconds_since(fl->arrived));
+    if (f.index == 0) metrics.observe_e2e(seconds_since(fl->arrived));
     log_finish(*fl, f);
     rs->push_finish(f);
   };
@@ -545,6 +653,7 @@ void Server::Impl::dispatch(const HttpRequest& req, HttpExchange& ex) {
   if (path == "/v1/chat/completions") {
     return route({"POST"}, [&] { handle_generate(req, ex, Endpoint::kChat); });
   }
+  if (path == "/v1/responses") return route({"POST"}, [&] { handle_responses(req, ex); });
   send_error(ex, not_found("no route " + m + " " + path, {}, "unknown_route"));
 }
 

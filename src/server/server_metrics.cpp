@@ -66,7 +66,7 @@ std::string escape_label_value(std::string_view v) {
 
 std::string_view route_label(std::string_view path) {
   static constexpr std::string_view kRoutes[] = {
-      "/v1/completions", "/v1/chat/completions", "/v1/models",         "/health",
+      "/v1/completions", "/v1/chat/completions", "/v1/responses",      "/v1/models", "/health",
       "/metrics",        "/admin/kv-policy",     "/admin/prefix-cache"};
   for (std::string_view r : kRoutes) {
     if (path == r) return r;

@@ -6,7 +6,8 @@
 
 namespace bie::server {
 
-using nlohmann::json;
+// ordered: a call's arguments keep the order the model wrote them in (the schema's order).
+using json = nlohmann::ordered_json;
 
 namespace {
 

@@ -121,8 +121,8 @@ def test_bad_tools_are_400(server):
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
          "tool_choice"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
-         "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}},
+         "response_format.json_schema.schema"),
     ]
     for extra, param in cases:
         r = requests.post(url, json={**base, **extra}, timeout=30)

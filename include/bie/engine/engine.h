@@ -24,6 +24,9 @@ class Tokenizer;
 namespace bie::kv {
 class KvEventSink;
 }
+namespace bie::grammar {
+class Grammar;
+}
 
 namespace bie {
 
@@ -88,6 +91,7 @@ struct TopLogprob {
 
 // One generated token, as streamed.
 struct TokenEvent {
+  int32_t index = 0;  // the choice it belongs to (0..n-1)
   int32_t token = 0;
   std::string text;  // the text that became final with this token (UTF-8 complete; may be empty)
   float logprob = 0.0f;         // log-softmax of the raw logits (when logprobs requested)
@@ -112,6 +116,7 @@ struct RequestMetrics {
 };
 
 struct FinishEvent {
+  int32_t index = 0;          // the choice that finished (0..n-1)
   std::string finish_reason;  // "stop" (EOS or stop string), "length", "cancelled", "error"
   std::string error;          // set when finish_reason == "error"
   std::string tail_text;      // text held back at the end (flushed decoder), may be empty
@@ -121,7 +126,8 @@ struct FinishEvent {
 struct RequestCallbacks {
   // Return false to cancel the request (e.g. the client went away).
   std::function<bool(const TokenEvent&)> on_token;
-  // Called exactly once per accepted request, last.
+  // Called exactly once per choice of an accepted request (n times for n choices), last for
+  // that choice.
   std::function<void(const FinishEvent&)> on_finish;
 };
 
@@ -135,6 +141,15 @@ struct EngineRequest {
   // The KV regime to run in (a format name among the engine's regimes, e.g. "int8"); empty: the
   // length policy, else the default. The kill switch overrides it.
   std::string kv_cache_dtype;
+  // Structured output (docs/structured-output.md): every generated token keeps the output inside
+  // this grammar, and EOS comes only where the grammar is complete. Immutable and shared; null:
+  // unconstrained. grammar_prefix: bytes the grammar has matched before the first generated
+  // token (the prompt already ends with them, e.g. a forced tool call's opening).
+  std::shared_ptr<const grammar::Grammar> grammar;
+  std::string grammar_prefix;
+  // Choices (OpenAI's n): the prompt is computed once, then n - 1 sequences fork from it and
+  // share its KV blocks copy-on-write. Choice i samples with seed + i. 1..max_num_seqs.
+  int32_t n = 1;
 };
 
 using RequestId = uint64_t;
@@ -237,7 +252,8 @@ class Engine {
   [[nodiscard]] virtual std::string kv_regime_for(const EngineRequest& req) const = 0;
   [[nodiscard]] virtual KvPolicyInfo kv_policy() const = 0;
 
-  // Queues a request. On success on_finish will be called exactly once (also on shutdown).
+  // Queues a request. On success on_finish will be called exactly once per choice (also on
+  // shutdown).
   [[nodiscard]] virtual std::optional<SubmitFailure> submit(RequestId id, EngineRequest req,
                                                             RequestCallbacks cb) = 0;
   // Asks the engine to stop a request; its on_finish comes with "cancelled". Unknown ids are

@@ -63,6 +63,12 @@ class Scheduler {
   // accepted drafts) are computed; full blocks among them enter the prefix cache, rejected draft
   // positions are rolled back (FP16 window blocks only). Sampled tokens come via append_token.
   [[nodiscard]] Status commit(const ScheduledSeq& sc, int64_t n_verified);
+  // Starts `child` as a copy of running `parent` sharing every KV block (ref counts + 1; the
+  // partly filled last block is copied on the first append): one of n choices. Takes one of
+  // parent's forks.
+  // note: call only with a new id, after parent's prompt is computed (commit) and before a
+  // token is appended to it.
+  [[nodiscard]] Status fork(kv::SeqId parent, kv::SeqId child);
   // Appends a sampled token to a running sequence (its blocks are taken at the next schedule()).
   void append_token(kv::SeqId id, int32_t token);
 

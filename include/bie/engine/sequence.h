@@ -25,6 +25,9 @@ struct Sequence {
   int64_t preemptions = 0;
   std::vector<int32_t> draft;     // speculative proposals for after tokens (this step only)
   PagedKvStore* store = nullptr;  // the KV regime's store holding its blocks
+  // Choices still to fork from this sequence once its prompt is computed (n > 1); admission
+  // counts them as running.
+  int32_t forks = 0;
   SeqStatus status = SeqStatus::kWaiting;
   [[nodiscard]] int64_t n_generated() const {
     return static_cast<int64_t>(tokens.size()) - n_prompt;

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "bie/common/result.h"
 #include "bie/grammar/grammar.h"
@@ -19,6 +20,8 @@ struct JsonSchemaOptions {
   int max_depth = 32;            // nesting of schemas ($ref expansion included)
   int64_t max_repeat = 10'000;   // largest finite maxLength / maxItems / minLength / minItems
   int max_fraction_digits = 15;  // digits after '.' in a number
+  // Literal bytes around the JSON value (e.g. a tool call's "<tool_call>\n" ... "\n</tool_call>").
+  std::string prefix, suffix;
 };
 
 // The grammar for `schema` (response_format json_schema). Errors name the keyword and where it

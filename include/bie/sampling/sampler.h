@@ -7,6 +7,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bie/common/result.h"
@@ -24,6 +25,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // subtracted per occurrence
   int32_t penalty_last_n = 64;      // how many recent tokens the penalties look at; -1 = all
   uint64_t seed = 0xB1E5EED;        // same seed, same output
+  // OpenAI's logit_bias: added to the token's logit before every other step (the penalties
+  // included); each bias in [-100, 100]. Ids must be below the vocabulary size (the engine checks).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // Error naming the first out-of-range field, e.g. "top_p must be in (0, 1], got 1.5".
   [[nodiscard]] Status validate() const;
