@@ -200,10 +200,11 @@ TEST_P(KvMemoryTruth, StorageReservesAndCommitsWhatBiePlanSays) {
 
 INSTANTIATE_TEST_SUITE_P(
     Regimes, KvMemoryTruth,
-    ::testing::Values(Case{"smollm2", "f16", 4096}, Case{"smollm2", "int8", 4096},
-                      Case{"smollm2", "fp8_e4m3", 4096}, Case{"smollm2", "int4_asym", 4096},
+    ::testing::Values(Case{"smollm2", "f16", 4096}, Case{"smollm2", "int8", 4096, 0},
+                      Case{"smollm2", "fp8_e4m3", 4096}, Case{"smollm2", "int4_asym", 4096, 0},
+                      Case{"smollm2", "int4_asym_g64", 4096},
                       Case{"smollm2", "int4_channel", 4096, 0}, Case{"gemma3", "f16", 2048},
-                      Case{"gemma3", "int4_asym", 2048}),
+                      Case{"gemma3", "int4_asym", 2048, 0}, Case{"gemma3", "int8", 2048, 0}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return std::string(i.param.model) + "_" + i.param.dtype;
     });
