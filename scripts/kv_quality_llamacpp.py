@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llama.cpp's KV-cache quantisation quality on the same model, text and windows as `bie quality`.
 
-    /opt/bieref/bin/python scripts/kv_quality_llamacpp.py \
+    /work/.venv-ref/bin/python scripts/kv_quality_llamacpp.py \
         --model ~/.cache/bie/models/SmolLM2-135M-Instruct.Q4_1.gguf \
         --text /work/shared/data/tinyshakespeare.txt --ctx 2048,8192 --chunks 4 --json
 
@@ -28,7 +28,7 @@ import numpy as np
 try:
     import llama_cpp
 except ImportError:  # pragma: no cover
-    sys.exit("kv_quality_llamacpp: llama_cpp not importable; use /opt/bieref/bin/python")
+    sys.exit("kv_quality_llamacpp: llama_cpp not importable; use /work/.venv-ref/bin/python")
 
 KV_TYPES = {
     "f16": llama_cpp.GGML_TYPE_F16,
@@ -161,6 +161,10 @@ def main() -> None:
     # wants one, replaces the first token of each window, as llama-perplexity does).
     tokens = probe.tokenize(text, add_bos=False, special=False)
     bos = int(llama_cpp.llama_vocab_bos(vocab)) if add_bos else None
+    if bos is not None:
+        # llama-perplexity tokenizes with add_special: BOS in front of the text, and then the first
+        # token of every window overwritten with BOS (measure); `bie quality` does the same.
+        tokens = [bos] + tokens
     log(f"{len(tokens)} tokens; add_bos {add_bos}")
     del probe
 

@@ -29,7 +29,8 @@ constexpr double kAvx2RelTol = 2e-6;
 const KvFormat kAllFormats[] = {
     {KvType::kF16, 0},          {KvType::kFp8E4M3, 0},      {KvType::kInt8, 0},
     {KvType::kInt4Asym, 32},    {KvType::kInt4Asym, 64},    {KvType::kInt4Asym, 128},
-    {KvType::kInt4Channel, 16}, {KvType::kInt4Channel, 32},
+    {KvType::kInt4Channel, 16}, {KvType::kInt4Channel, 32}, {KvType::kInt4Channel, 64},
+    {KvType::kInt8Channel, 16}, {KvType::kInt8Channel, 64},
 };
 
 std::vector<float> randn(size_t n, uint32_t seed, float sigma = 1.0f) {
@@ -57,7 +58,7 @@ std::vector<float> outlier_keys(int n_tok, int d, uint32_t seed) {
 
 // Tokens per store call: whole tiles for per-channel formats.
 int store_unit(KvFormat f) {
-  return f.type == KvType::kInt4Channel ? f.group : 1;
+  return planner::is_per_channel(f) ? f.group : 1;
 }
 
 std::vector<uint8_t> store_all(const KvFormatTraits& tr, KvFormat f, int d, const float* x,
@@ -100,7 +101,7 @@ TEST(KvFormatSize, EqualsPlannerForEveryFormatAndHeadDim) {
       const uint64_t per = planner::bytes_per_head_token(f, d);
       EXPECT_EQ(kv_tile_bytes(f, d, 16 * store_unit(f)), 16 * store_unit(f) * per)
           << planner::kv_format_name(f) << " d=" << d;
-      if (f.type != KvType::kInt4Channel) {
+      if (!planner::is_per_channel(f)) {
         EXPECT_EQ(kv_tile_bytes(f, d, 1), per) << planner::kv_format_name(f) << " d=" << d;
       } else {
         EXPECT_EQ(kv_tile_bytes(f, d, f.group), f.group * per) << planner::kv_format_name(f);
@@ -237,6 +238,26 @@ TEST(KvFormatLayout, Int4ChannelHandComputed) {
   EXPECT_EQ(s[1], 15.0f + 32.0f + 5.0f - 4.5f);
 }
 
+TEST(KvFormatLayout, Int8ChannelHandComputed) {
+  // d = 4, T = 2. Channels: [0, 255] -> (1, 0); [1, 511] -> (2, 1); [10, 10] -> (0, 10);
+  // [-3, 48] -> (0.2, -3), 48 -> code 255. Row t: byte c = channel c.
+  const KvFormat f{KvType::kInt8Channel, 2};
+  ASSERT_TRUE(planner::check_kv_format(f, 4).ok());
+  const float x[8] = {0.0f, 1.0f, 10.0f, -3.0f, 255.0f, 511.0f, 10.0f, 48.0f};
+  std::vector<uint8_t> b = store_all(*kv_traits_scalar(f.type), f, 4, x, 2);
+  ASSERT_EQ(b.size(), 24u);
+  ASSERT_EQ(b.size(), 2 * planner::bytes_per_head_token(f, 4));
+  const uint16_t params[8] = {0x3C00, 0x0000, 0x4000, 0x3C00, 0x0000, 0x4900, 0x3266, 0xC200};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(u16_at(b, 2 * i), params[i]) << i;
+  const uint8_t rows[8] = {0, 0, 0, 0, 255, 255, 0, 255};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(b[16 + i], rows[i]) << i;
+  const std::vector<float> y = load_all(*kv_traits_scalar(f.type), f, 4, b.data(), 2);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(y[i], x[i]) << i;
+  EXPECT_NEAR(y[7], 48.0f, 0.02f);  // fp16 scale 0.19995
+  EXPECT_EQ(planner::kv_format_name(f), "int8_channel_t2");
+  EXPECT_EQ(kv_tile_bytes({KvType::kInt8Channel, 64}, 128, 64), 64u * 136u);  // q8_0's 8.5 bits
+}
+
 TEST(KvFormatLayout, F16IsPlainHalves) {
   const KvFormat f{KvType::kF16, 0};
   const float x[8] = {1.0f, -2.0f, 0.5f, 65504.0f, 0.0f, 3.0f, -0.25f, 1.0f / 3.0f};
@@ -261,6 +282,8 @@ double roundtrip_bound(KvFormat f, double x, double lo, double hi) {
       return std::fabs(x) / 16.0 + amax / 448.0 * std::pow(2.0, -10) + amax * 2 * fp16_eps;
     case KvType::kInt8:
       return amax / 127.0 / 2.0 + amax * 2 * fp16_eps;
+    case KvType::kInt8Channel:  // half a step of (hi - lo) / 255, plus the rounded zero point
+      return (hi - lo) / 255.0 / 2.0 + (hi - lo + std::fabs(lo)) * 2 * fp16_eps;
     default:  // int4: half a step of (hi - lo) / 15, plus the rounded zero point
       return (hi - lo) / 15.0 / 2.0 + (hi - lo + std::fabs(lo)) * 2 * fp16_eps;
   }
@@ -278,7 +301,7 @@ void check_roundtrip(KvFormat f, int d, const std::vector<float>& x, int n_tok) 
       if (f.type == KvType::kInt4Asym) {
         c_lo = c / f.group * f.group;
         c_hi = c_lo + f.group;
-      } else if (f.type == KvType::kInt4Channel) {
+      } else if (planner::is_per_channel(f)) {
         t_lo = t / f.group * f.group;
         t_hi = t_lo + f.group;
         c_lo = c;
@@ -354,7 +377,7 @@ struct RunCase {
 
 // Runs of rows inside a tile of n_tile rows: single rows, partial and whole blocks, odd lengths.
 std::vector<RunCase> runs_for(KvFormat f, int n_tile) {
-  if (f.type == KvType::kInt4Channel) {
+  if (planner::is_per_channel(f)) {
     const int T = f.group;
     return {{0, 1}, {0, T}, {1, T - 1}, {T / 2, 1}, {3, T - 5}, {T - 1, 1}};
   }
@@ -368,7 +391,7 @@ double meta_amax(KvFormat f, const std::vector<float>& k, int d, int t, int c) {
   if (f.type == KvType::kInt4Asym) {
     c_lo = c / f.group * f.group;
     c_hi = c_lo + f.group;
-  } else if (f.type == KvType::kInt4Channel) {
+  } else if (planner::is_per_channel(f)) {
     t_lo = t / f.group * f.group;
     t_hi = t_lo + f.group;
     c_lo = c;
@@ -387,7 +410,7 @@ double meta_amax(KvFormat f, const std::vector<float>& k, int d, int t, int c) {
 // dot and axpy of `tr` against the dequantised rows (load) in double precision.
 void check_fused_vs_reference(const KvFormatTraits& tr, KvFormat f, int d, double rel_tol) {
   if (!planner::check_kv_format(f, d).ok()) return;
-  const int n_tile = f.type == KvType::kInt4Channel ? f.group : 48;
+  const int n_tile = planner::is_per_channel(f) ? f.group : 48;
   const std::vector<float> x = outlier_keys(n_tile, d, 100 + d);
   const std::vector<uint8_t> b = store_all(*kv_traits_scalar(f.type), f, d, x.data(), n_tile);
   const std::vector<float> k = load_all(*kv_traits_scalar(f.type), f, d, b.data(), n_tile);
@@ -446,6 +469,8 @@ TEST(KvFormatFused, Avx2DotAndAxpyMatchDequantisedReference) {
                            kAvx2RelTol);
   check_fused_vs_reference(*kv_traits_avx2(KvType::kInt4Channel), {KvType::kInt4Channel, 16}, 48,
                            kAvx2RelTol);
+  check_fused_vs_reference(*kv_traits_avx2(KvType::kInt8Channel), {KvType::kInt8Channel, 16}, 40,
+                           kAvx2RelTol);
 }
 
 // AVX2 against scalar directly, every kernel, on the same packed bytes.
@@ -456,7 +481,7 @@ TEST(KvFormatAvx2, MatchesScalarEveryKernel) {
       if (!planner::check_kv_format(f, d).ok()) continue;
       const KvFormatTraits& sc = *kv_traits_scalar(f.type);
       const KvFormatTraits& av = *kv_traits_avx2(f.type);
-      const int n_tile = f.type == KvType::kInt4Channel ? f.group : 40;
+      const int n_tile = planner::is_per_channel(f) ? f.group : 40;
       const std::vector<float> x = randn(static_cast<size_t>(n_tile) * d, 30 + d, 3.0f);
       const std::vector<uint8_t> bs = store_all(sc, f, d, x.data(), n_tile);
       const std::vector<uint8_t> ba = store_all(av, f, d, x.data(), n_tile);

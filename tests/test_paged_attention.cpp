@@ -147,6 +147,7 @@ const Case kCases[] = {
     {"int4_asym_g64", "int4_asym_g64", true},
     {"int4_channel_t16", "int4_asym_g64", true},
     {"int8", "fp8_e4m3", true},
+    {"int8_channel_t16", "int8", false},
 };
 
 // Largest |a - b| over all elements.
@@ -488,6 +489,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(CacheCase{"f16", "f16", 128, false},
                       CacheCase{"int4_asym_g64", "int4_asym_g64", 128, true},
                       CacheCase{"int4_channel_t16", "int4_asym_g64", 32, false},
+                      CacheCase{"int8_channel_t16", "int8", 32, false},
                       CacheCase{"int8", "int8", 0, true}, CacheCase{"f16", "f16", 128, false, 300},
                       CacheCase{"int4_asym_g64", "int4_asym_g64", 128, false, 512},
                       CacheCase{"int8", "int8", 0, false, 33}));

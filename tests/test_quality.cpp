@@ -1,6 +1,7 @@
 // bie quality: regime spelling, the per-position statistics on hand-computed values, the whole
 // measurement on SmolLM2 with a tiny context (f16 against itself is exact, int8 is close but not
-// equal, perplexity matches token-by-token decoding), and the CLI's errors.
+// equal, perplexity matches token-by-token decoding), the default 4-bit regime's KLD on a short
+// Qwen2.5-Coder-1.5B window, and the CLI's errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,14 +29,19 @@ QualityRegime regime(const std::string& spec, planner::KvLayoutFlags base = {}) 
 }
 
 TEST(QualityRegimes, NamesResolveLikeKvCacheDtype) {
-  EXPECT_EQ(regime("int8").layout.k, (KvFormat{KvType::kInt8, 0}));
+  EXPECT_EQ(regime("int8").layout.k, (KvFormat{KvType::kInt8Channel, 64}));
+  EXPECT_EQ(regime("int8").layout.v, (KvFormat{KvType::kInt8, 0}));
   EXPECT_FALSE(regime("int8").layout.rotate);
   const QualityRegime q4 = regime("int4_asym");
-  EXPECT_EQ(q4.layout.k, (KvFormat{KvType::kInt4Asym, 64}));
+  EXPECT_EQ(q4.layout.k, (KvFormat{KvType::kInt4Channel, 64}));
   EXPECT_EQ(q4.layout.v, (KvFormat{KvType::kInt4Asym, 64}));
+  EXPECT_EQ(q4.layout.block_size, 64);
   EXPECT_TRUE(q4.layout.rotate);
   EXPECT_EQ(q4.spec, "int4_asym");
-  const QualityRegime plain = regime("int4_asym-rotate");
+  const QualityRegime old = regime("int4_asym_g64");
+  EXPECT_EQ(old.layout.k, (KvFormat{KvType::kInt4Asym, 64}));
+  EXPECT_TRUE(old.layout.rotate);
+  const QualityRegime plain = regime("int4_asym_g64-rotate");
   EXPECT_EQ(plain.layout.k, (KvFormat{KvType::kInt4Asym, 64}));
   EXPECT_FALSE(plain.layout.rotate);
   EXPECT_TRUE(regime("int8+rotate").layout.rotate);
@@ -110,6 +116,7 @@ tokenizer::Tokenizer* QualitySmolLM2::tok_ = nullptr;
 TEST_F(QualitySmolLM2, F16AgainstItselfIsExactAndInt8IsClose) {
   planner::KvLayoutFlags small;
   small.window_tokens = 32;  // most of a 128-token window in the body format, 2 chunks
+  small.block_size = 16;
   QualityConfig cfg;
   cfg.regimes = {regime("f16", small), regime("k=f16:v=f16", small), regime("int8", small)};
   cfg.ctx_sizes = {128};
@@ -187,6 +194,44 @@ TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
   }
   const double expect = std::exp(nll / 30.0);
   EXPECT_NEAR(rep->regimes[0].ppl[0].ppl(), expect, 1e-4 * expect);
+}
+
+// ---- the default 4-bit regime on Qwen2.5 ------------------------------------------------------
+
+// Qwen2.5 keys carry bias channels ~80x the others; the old default (rotated int4_asym_g64 keys)
+// collapsed there (PPL 14 -> 6,475, docs/kv-quality.md). One 512-token window of
+// tinyshakespeare, second half scored: the default 4-bit regime must stay within the 4-bit bar
+// (mean KLD <= 0.02 against f16; the old recipe, rotated g64 keys, gives 1.67 here: PPL 34.9 ->
+// 137, seen failing once). The tighter bar for this
+// model, 0.01, is missed at 2k (0.013, docs/kv-quality.md), so it is not what this test holds.
+// ~1 min on 2 idle cores.
+TEST(QualityQwen15B, Default4BitRegimeStaysUnderTheKldBar) {
+  const std::string path = test::models_dir() + "/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+  BIE_REQUIRE_FILE(path);
+  auto m = load_model(path);
+  ASSERT_TRUE(m.ok()) << m.error();
+  auto tok = tokenizer::Tokenizer::from_gguf((*m)->file());
+  ASSERT_TRUE(tok.ok()) << tok.error();
+  std::string text = test::read_file(test::source_dir() + "/../shared/data/tinyshakespeare.txt");
+  if (text.empty()) text = test::read_file("/work/shared/data/tinyshakespeare.txt");
+  ASSERT_GT(text.size(), 8000u) << "tinyshakespeare.txt not found next to the checkout";
+  text.resize(8000);
+  QualityConfig cfg;
+  cfg.regimes = {regime("f16"), regime("int4_asym")};
+  cfg.ctx_sizes = {512};
+  cfg.windows = 1;
+  cfg.batch = 128;
+  cfg.prompts = 0;
+  cfg.needle_ctx = {};
+  ThreadPool pool(2);
+  auto rep = measure_kv_quality(**m, *tok, text, cfg, pool);
+  ASSERT_TRUE(rep.ok()) << rep.error();
+  ASSERT_EQ(rep->regimes.size(), 2u);
+  const PplStats& q4 = rep->regimes[1].ppl[0];
+  EXPECT_EQ(q4.n_scored, 255);
+  EXPECT_GT(q4.mean_kld(), 0.0);  // the body really is quantised
+  EXPECT_LE(q4.mean_kld(), 0.02) << "PPL " << rep->regimes[0].ppl[0].ppl() << " -> " << q4.ppl();
+  EXPECT_LE(std::fabs(rep->delta_ppl_pct(1, 0)), 2.0);
 }
 
 // ---- CLI ------------------------------------------------------------------------------------

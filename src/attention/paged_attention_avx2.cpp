@@ -351,6 +351,46 @@ void chan_score(int d, const uint8_t* tile, int rows, const float* const* q, flo
   });
 }
 
+// int8_channel: as int4_channel, with one code byte per channel.
+template <int R>
+void chan8_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
+  alignas(32) float qs[R][kMaxHeadDim];
+  float zt[R];
+  __m256 vz[R];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) vz[r] = _mm256_setzero_ps();
+  for (int c = 0; c < d; c += 8) {
+    __m256 sc, zc;
+    load8_params(tile + 4 * c, &sc, &zc);
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 qc = _mm256_loadu_ps(q[r] + c);
+      _mm256_store_ps(qs[r] + c, _mm256_mul_ps(qc, sc));
+      vz[r] = _mm256_fmadd_ps(qc, zc, vz[r]);
+    }
+  }
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) zt[r] = hsum(vz[r]);
+  const float* qp[R];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) qp[r] = qs[r];
+  const size_t rb = static_cast<size_t>(d);
+  for_row_groups<R>(rows, [&](int j0, auto jt) {
+    constexpr int J = decltype(jt)::value;
+    const uint8_t* row = tile + kv::detail::chan8_row_offset(d, j0);
+    dot_rows<R, J, 1>(
+        d / 8, qp,
+        [&](int i, int t, __m256* v) {
+          v[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i * rb + 8 * t))));
+        },
+        [](int t, int) { return 8 * t; },
+        [&](int r, __m128 x) {
+          store_lanes<J>(s + r * ss + j0, _mm_add_ps(x, _mm_set1_ps(zt[r])));
+        });
+  });
+}
+
 template <int R>
 void score_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* const* q,
              float* s, int ss) {
@@ -366,6 +406,8 @@ void score_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
       return int4_score<R>(d, bv.gk.group, tile, rows, q, s, ss);
     case KvType::kInt4Channel:
       return chan_score<R>(d, tile, rows, q, s, ss);
+    case KvType::kInt8Channel:
+      return chan8_score<R>(d, tile, rows, q, s, ss);
     default:
       assert(false);
   }
@@ -606,6 +648,8 @@ void accum_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
       return int4_accum<R>(d, bv.gv.group, tile, rows, p, ps, acc);
     case KvType::kInt4Channel:
       return chan_accum<R>(d, tile, rows, p, ps, acc);
+    case KvType::kInt8Channel:  // a key format (resolve_kv_layout refuses it for V): reference
+      return detail::generic_kernels().accum(bv, tile, rows, p, ps, acc, R);
     default:
       assert(false);
   }

@@ -397,8 +397,20 @@ Result<QualityReport> measure_kv_quality(Model& model, const tokenizer::Tokenize
   }
 
   QualityRun run(model, *geom, tok, cfg, pool, progress);
+  // llama-perplexity tokenizes with add_special: a model that wants BOS gets one in front of the
+  // text, then the first token of every window is overwritten with BOS (set_bos). The same
+  // windows here, so the two engines score the same tokens figure for figure.
+  std::vector<int32_t> ppl_tokens;
+  const bool bos_first = tok.vocab().data().add_bos && tok.bos() >= 0;
+  if (bos_first) {
+    ppl_tokens.reserve(tokens.size() + 1);
+    ppl_tokens.push_back(tok.bos());
+    ppl_tokens.insert(ppl_tokens.end(), tokens.begin(), tokens.end());
+  }
   for (size_t ci = 0; ci < cfg.ctx_sizes.size(); ++ci) {
-    if (Status s = run.perplexity(tokens, ci, rep); !s) return Error{s.error()};
+    if (Status s = run.perplexity(bos_first ? ppl_tokens : tokens, ci, rep); !s) {
+      return Error{s.error()};
+    }
   }
   if (cfg.prompts > 0) {
     if (Status s = run.continuations(tokens, rep); !s) return Error{s.error()};

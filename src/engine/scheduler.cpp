@@ -55,8 +55,7 @@ int64_t Scheduler::chunk_for(const Sequence& s, int64_t budget) const {
   int64_t n = std::min({remaining, budget, cfg_.chunked_prefill_size});
   if (n <= 0) return 0;
   const planner::KvLayout& l = s.store->layout();
-  const bool per_channel =
-      l.k.type == planner::KvType::kInt4Channel || l.v.type == planner::KvType::kInt4Channel;
+  const bool per_channel = planner::is_per_channel(l.k) || planner::is_per_channel(l.v);
   if (per_channel && n < remaining) {
     // A body block of a per-channel format is written as a whole tile: a chunk that is not the
     // last ends on a block boundary (the last one ends in the FP16 window).

@@ -168,14 +168,15 @@ struct Int4Params {
   uint16_t scale, zero;
   float s, z, inv;
 };
-Int4Params int4_params(const float* x, int count, int64_t stride) {
+// `levels` = largest code (15 for 4 bits, 255 for int8_channel).
+Int4Params int4_params(const float* x, int count, int64_t stride, float levels = 15.0f) {
   float mn = x[0], mx = x[0];
   for (int k = 1; k < count; ++k) {
     mn = std::min(mn, x[k * stride]);
     mx = std::max(mx, x[k * stride]);
   }
   Int4Params p{};
-  p.scale = fp32_to_fp16((mx - mn) / 15.0f);
+  p.scale = fp32_to_fp16((mx - mn) / levels);
   p.zero = fp32_to_fp16(mn);
   p.s = fp16_to_fp32(p.scale);
   p.z = fp16_to_fp32(p.zero);
@@ -184,6 +185,9 @@ Int4Params int4_params(const float* x, int count, int64_t stride) {
 }
 inline int int4_code(const Int4Params& p, float v) {
   return static_cast<int>(std::clamp(std::nearbyint((v - p.z) * p.inv), 0.0f, 15.0f));
+}
+inline int int8_chan_code(const Int4Params& p, float v) {
+  return static_cast<int>(std::clamp(std::nearbyint((v - p.z) * p.inv), 0.0f, 255.0f));
 }
 
 void int4_store(const KvRowGeom& g, const float* x, void* tile, int t0, int n) {
@@ -323,6 +327,63 @@ void chan_axpy(const KvRowGeom& g, const float* p, const void* tile, int t0, int
   }
 }
 
+// ---- int8_channel: tile of T tokens, (scale, zero) per channel, one code byte per value --------
+
+void chan8_store(const KvRowGeom& g, const float* x, void* tile, int t0, int n) {
+  const int d = g.head_dim, T = g.group;
+  assert(t0 == 0 && n == T);  // scales span the whole tile
+  (void)t0;
+  (void)n;
+  auto* base = static_cast<uint8_t*>(tile);
+  for (int c = 0; c < d; ++c) {
+    const Int4Params p = int4_params(x + c, T, d, 255.0f);
+    store_fp16(base + 4 * c, p.scale);
+    store_fp16(base + 4 * c + 2, p.zero);
+    for (int t = 0; t < T; ++t) {
+      base[detail::chan8_row_offset(d, t) + c] =
+          static_cast<uint8_t>(int8_chan_code(p, x[static_cast<int64_t>(t) * d + c]));
+    }
+  }
+}
+
+void chan8_load(const KvRowGeom& g, const void* tile, int t0, int n, float* y) {
+  const int d = g.head_dim;
+  const auto* base = static_cast<const uint8_t*>(tile);
+  for (int j = 0; j < n; ++j) {
+    const uint8_t* row = base + detail::chan8_row_offset(d, t0 + j);
+    for (int c = 0; c < d; ++c) {
+      y[static_cast<int64_t>(j) * d + c] =
+          load_fp16(base + 4 * c) * static_cast<float>(row[c]) + load_fp16(base + 4 * c + 2);
+    }
+  }
+}
+
+void chan8_dot(const KvRowGeom& g, const float* q, const void* tile, int t0, int n, float* scores) {
+  const int d = g.head_dim;
+  const auto* base = static_cast<const uint8_t*>(tile);
+  for (int j = 0; j < n; ++j) {
+    const uint8_t* row = base + detail::chan8_row_offset(d, t0 + j);
+    float s = 0.0f;
+    for (int c = 0; c < d; ++c) {
+      s += q[c] *
+           (load_fp16(base + 4 * c) * static_cast<float>(row[c]) + load_fp16(base + 4 * c + 2));
+    }
+    scores[j] = s;
+  }
+}
+
+void chan8_axpy(const KvRowGeom& g, const float* p, const void* tile, int t0, int n, float* acc) {
+  const int d = g.head_dim;
+  const auto* base = static_cast<const uint8_t*>(tile);
+  for (int j = 0; j < n; ++j) {
+    const uint8_t* row = base + detail::chan8_row_offset(d, t0 + j);
+    for (int c = 0; c < d; ++c) {
+      acc[c] += p[j] * (load_fp16(base + 4 * c) * static_cast<float>(row[c]) +
+                        load_fp16(base + 4 * c + 2));
+    }
+  }
+}
+
 constexpr KvFormatTraits kScalar[] = {
     {planner::KvType::kF16, "f16", false, f16_store, f16_load, f16_dot, f16_axpy},
     {planner::KvType::kFp8E4M3, "fp8_e4m3", false, scaled_store<Fp8Codec>, scaled_load<Fp8Codec>,
@@ -332,6 +393,8 @@ constexpr KvFormatTraits kScalar[] = {
     {planner::KvType::kInt4Asym, "int4_asym", false, int4_store, int4_load, int4_dot, int4_axpy},
     {planner::KvType::kInt4Channel, "int4_channel", true, chan_store, chan_load, chan_dot,
      chan_axpy},
+    {planner::KvType::kInt8Channel, "int8_channel", true, chan8_store, chan8_load, chan8_dot,
+     chan8_axpy},
 };
 
 }  // namespace
@@ -355,7 +418,7 @@ const KvFormatTraits* kv_traits(planner::KvType type) {
 bool kv_format_supported(planner::KvFormat f) {
   if (kv_traits_scalar(f.type) == nullptr) return false;
   if (f.type == planner::KvType::kInt4Asym) return f.group == 32 || f.group == 64 || f.group == 128;
-  if (f.type == planner::KvType::kInt4Channel) return f.group > 0;
+  if (planner::is_per_channel(f)) return f.group > 0;
   return true;
 }
 
@@ -373,6 +436,9 @@ size_t kv_tile_bytes(planner::KvFormat f, int head_dim, int n_tokens) {
     case planner::KvType::kInt4Channel:
       assert(n_tokens % f.group == 0);
       return static_cast<size_t>(n_tokens / f.group) * detail::chan_tile_bytes(head_dim, f.group);
+    case planner::KvType::kInt8Channel:
+      assert(n_tokens % f.group == 0);
+      return static_cast<size_t>(n_tokens / f.group) * detail::chan8_tile_bytes(head_dim, f.group);
     default:
       return 0;
   }

@@ -33,6 +33,11 @@ inline __m256 load8_e4m3_div256(const uint8_t* p) {
                                  _mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x7F)), 7));
   return _mm256_cvtph_ps(h);
 }
+// 8 uint8 codes -> 8 fp32.
+inline __m256 load8_u8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 // 8 int8 codes -> 8 fp32.
 inline __m256 load8_i8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(
@@ -342,6 +347,61 @@ void chan_axpy(const KvRowGeom& g, const float* p, const void* tile, int t0, int
   }
 }
 
+// ---- int8_channel --------------------------------------------------------------------------
+
+void chan8_dot(const KvRowGeom& g, const float* q, const void* tile, int t0, int n, float* scores) {
+  const int d = g.head_dim;
+  if (d % 16 != 0 || d > kMaxHeadDim)
+    return scalar_of(KvType::kInt8Channel).dot(g, q, tile, t0, n, scores);
+  const auto* base = static_cast<const uint8_t*>(tile);
+  // As int4_channel: qs = q * scale per channel, the zero points folded into one constant.
+  alignas(32) float qs[kMaxHeadDim];
+  __m256 vz = _mm256_setzero_ps();
+  for (int c = 0; c < d; c += 8) {
+    __m256 sc, zc;
+    load8_params(base + 4 * c, &sc, &zc);
+    const __m256 qc = _mm256_loadu_ps(q + c);
+    _mm256_store_ps(qs + c, _mm256_mul_ps(qc, sc));
+    vz = _mm256_fmadd_ps(qc, zc, vz);
+  }
+  const float zterm = hsum(vz);
+  for (int j = 0; j < n; ++j) {
+    const uint8_t* row = base + chan8_row_offset(d, t0 + j);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 16) {
+      a0 = _mm256_fmadd_ps(_mm256_load_ps(qs + c), load8_u8(row + c), a0);
+      a1 = _mm256_fmadd_ps(_mm256_load_ps(qs + c + 8), load8_u8(row + c + 8), a1);
+    }
+    scores[j] = hsum(_mm256_add_ps(a0, a1)) + zterm;
+  }
+}
+
+void chan8_axpy(const KvRowGeom& g, const float* p, const void* tile, int t0, int n, float* acc) {
+  const int d = g.head_dim;
+  if (d % 32 != 0) return scalar_of(KvType::kInt8Channel).axpy(g, p, tile, t0, n, acc);
+  const auto* base = static_cast<const uint8_t*>(tile);
+  float psum = 0.0f;
+  for (int j = 0; j < n; ++j) psum += p[j];
+  const __m256 vp = _mm256_set1_ps(psum);
+  // acc_c += scale_c * sum_j p_j n_jc + zero_c * sum_j p_j, 32 channels at a time.
+  for (int c0 = 0; c0 < d; c0 += 32) {
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+    for (int j = 0; j < n; ++j) {
+      const __m256 w = _mm256_set1_ps(p[j]);
+      const uint8_t* row = base + chan8_row_offset(d, t0 + j) + c0;
+      for (int m = 0; m < 4; ++m) a[m] = _mm256_fmadd_ps(w, load8_u8(row + 8 * m), a[m]);
+    }
+    for (int m = 0; m < 4; ++m) {
+      const int c = c0 + 8 * m;
+      __m256 sc, zc;
+      load8_params(base + 4 * c, &sc, &zc);
+      _mm256_storeu_ps(
+          acc + c, _mm256_fmadd_ps(sc, a[m], _mm256_fmadd_ps(zc, vp, _mm256_loadu_ps(acc + c))));
+    }
+  }
+}
+
 }  // namespace
 
 const KvFormatTraits* kv_traits_avx2_table(KvType type) {
@@ -355,6 +415,8 @@ const KvFormatTraits* kv_traits_avx2_table(KvType type) {
        scalar_of(KvType::kInt4Asym).load, int4_dot, int4_axpy},
       {KvType::kInt4Channel, "int4_channel", true, scalar_of(KvType::kInt4Channel).store,
        scalar_of(KvType::kInt4Channel).load, chan_dot, chan_axpy},
+      {KvType::kInt8Channel, "int8_channel", true, scalar_of(KvType::kInt8Channel).store,
+       scalar_of(KvType::kInt8Channel).load, chan8_dot, chan8_axpy},
   };
   for (const KvFormatTraits& t : kTable) {
     if (t.type == type) return &t;

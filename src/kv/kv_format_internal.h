@@ -40,6 +40,13 @@ inline size_t chan_row_offset(int d, int t) {
 inline size_t chan_tile_bytes(int d, int T) {
   return chan_row_offset(d, T);
 }
+// int8_channel: the same, with d code bytes per row.
+inline size_t chan8_row_offset(int d, int t) {
+  return 4 * static_cast<size_t>(d) + static_cast<size_t>(t) * static_cast<size_t>(d);
+}
+inline size_t chan8_tile_bytes(int d, int T) {
+  return chan8_row_offset(d, T);
+}
 
 // The AVX2 table (defined in kv_format_avx2.cpp); nullptr for unsupported types.
 const KvFormatTraits* kv_traits_avx2_table(planner::KvType type);

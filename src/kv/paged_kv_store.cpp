@@ -47,7 +47,7 @@ Status check_config(const PagedKvStoreConfig& cfg) {
       return Error{
           fmt::format("paged KV cache: no kernels for KV format {}", planner::kv_format_name(f))};
     }
-    if (f.type == planner::KvType::kInt4Channel) {
+    if (planner::is_per_channel(f)) {
       // Its scales span a tile, and a block is written or re-quantised as one tile.
       if (f.group != l.block_size) {
         return Error{fmt::format("paged KV cache: {} needs tiles of the block size ({} tokens)",

@@ -41,7 +41,7 @@ Status check_kv_layout(const ModelGeometry& g, const KvLayout& layout) {
     return Error{fmt::format("window tokens must be in 0..1048576, got {}", layout.window_tokens)};
   }
   for (KvFormat f : {layout.k, layout.v}) {
-    if (f.type == KvType::kInt4Channel && layout.block_size % f.group != 0) {
+    if (is_per_channel(f) && layout.block_size % f.group != 0) {
       return Error{fmt::format("{}: its token group must divide the block size {}",
                                kv_format_name(f), layout.block_size)};
     }

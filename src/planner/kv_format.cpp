@@ -35,6 +35,8 @@ std::string kv_format_name(KvFormat f) {
       return fmt::format("int4_asym_g{}", f.group);
     case KvType::kInt4Channel:
       return fmt::format("int4_channel_t{}", f.group);
+    case KvType::kInt8Channel:
+      return fmt::format("int8_channel_t{}", f.group);
     case KvType::kQ8_0:
       return "q8_0";
     case KvType::kQ4_0:
@@ -45,10 +47,10 @@ std::string kv_format_name(KvFormat f) {
 
 Result<KvFormat> parse_kv_format(std::string_view name, int int4_group, int block_size) {
   const auto bad = [&](std::string_view why) {
-    return Error{
-        fmt::format("unknown KV cache dtype '{}'{}; expected f16, fp8_e4m3, int8, "
-                    "int4_asym[_g32|_g64|_g128], int4_channel[_tN], q8_0 or q4_0",
-                    name, why)};
+    return Error{fmt::format(
+        "unknown KV cache dtype '{}'{}; expected f16, fp8_e4m3, int8, "
+        "int4_asym[_g32|_g64|_g128], int4_channel[_tN], int8_channel[_tN], q8_0 or q4_0",
+        name, why)};
   };
   if (name == "f16" || name == "fp16" || name == "float16") return KvFormat{KvType::kF16, 0};
   if (name == "fp8" || name == "fp8_e4m3") return KvFormat{KvType::kFp8E4M3, 0};
@@ -57,6 +59,7 @@ Result<KvFormat> parse_kv_format(std::string_view name, int int4_group, int bloc
   if (name == "q4_0") return KvFormat{KvType::kQ4_0, 0};
   constexpr std::string_view kAsym = "int4_asym";
   constexpr std::string_view kChan = "int4_channel";
+  constexpr std::string_view kChan8 = "int8_channel";
   if (name.substr(0, kAsym.size()) == kAsym) {
     std::string_view rest = name.substr(kAsym.size());
     int g = int4_group;
@@ -71,8 +74,10 @@ Result<KvFormat> parse_kv_format(std::string_view name, int int4_group, int bloc
     }
     return KvFormat{KvType::kInt4Asym, g};
   }
-  if (name.substr(0, kChan.size()) == kChan) {
-    std::string_view rest = name.substr(kChan.size());
+  const bool chan4 = name.substr(0, kChan.size()) == kChan;
+  if (chan4 || name.substr(0, kChan8.size()) == kChan8) {
+    const std::string_view base = chan4 ? kChan : kChan8;
+    std::string_view rest = name.substr(base.size());
     int t = block_size;
     if (!rest.empty()) {
       if (rest.substr(0, 2) != "_t") return bad("");
@@ -81,9 +86,9 @@ Result<KvFormat> parse_kv_format(std::string_view name, int int4_group, int bloc
       t = *v;
     }
     if (t <= 0 || t > 4096) {
-      return Error{fmt::format("int4_channel token group must be in 1..4096, got {}", t)};
+      return Error{fmt::format("{} token group must be in 1..4096, got {}", base, t)};
     }
-    return KvFormat{KvType::kInt4Channel, t};
+    return KvFormat{chan4 ? KvType::kInt4Channel : KvType::kInt8Channel, t};
   }
   return bad("");
 }
@@ -109,6 +114,13 @@ Status check_kv_format(KvFormat f, int head_dim) {
             fmt::format("{} needs an even head_dim with 4*head_dim a multiple of {}, "
                         "got head_dim {}",
                         kv_format_name(f), f.group, head_dim)};
+      }
+      return {};
+    case KvType::kInt8Channel:
+      // Per head-token: head_dim data bytes + 4*head_dim/T metadata bytes.
+      if (f.group <= 0 || (4 * head_dim) % f.group != 0) {
+        return Error{fmt::format("{} needs 4*head_dim a multiple of {}, got head_dim {}",
+                                 kv_format_name(f), f.group, head_dim)};
       }
       return {};
     case KvType::kQ8_0:
@@ -137,6 +149,8 @@ uint64_t bytes_per_head_token(KvFormat f, int head_dim) {
     case KvType::kInt4Channel:
       // A group of T tokens x d channels stores T*d/2 data bytes and d (scale, zero) pairs.
       return d / 2 + (2 * kFp16Bytes * d) / static_cast<uint64_t>(f.group);
+    case KvType::kInt8Channel:
+      return d + (2 * kFp16Bytes * d) / static_cast<uint64_t>(f.group);
     case KvType::kQ8_0:
       return d / kGgmlBlock * 34;
     case KvType::kQ4_0:
@@ -147,7 +161,7 @@ uint64_t bytes_per_head_token(KvFormat f, int head_dim) {
 
 bool uses_fp16_sink_window(KvFormat f) {
   return f.type == KvType::kFp8E4M3 || f.type == KvType::kInt8 || f.type == KvType::kInt4Asym ||
-         f.type == KvType::kInt4Channel;
+         f.type == KvType::kInt4Channel || f.type == KvType::kInt8Channel;
 }
 
 }  // namespace bie::planner

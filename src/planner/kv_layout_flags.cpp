@@ -5,27 +5,37 @@
 namespace bie::planner {
 
 Result<KvLayout> resolve_kv_layout(const KvLayoutFlags& f) {
-  if (f.block_size < 1 || f.block_size > 4096) {
+  if (f.block_size < 0 || f.block_size > 4096) {
     return Error{fmt::format("--paged-block-size must be in 1..4096, got {}", f.block_size)};
   }
+  // The default 4-bit recipe (int4 / int4_asym): KIVI keys over 64-token tiles, a tile being one
+  // paged block, so it picks the block size unless --paged-block-size says otherwise.
+  const bool default4 = f.dtype == "int4" || f.dtype == "int4_asym";
+  // int8 likewise: 8-bit KIVI keys over the block, V int8 per token.
+  const bool default8 = f.dtype == "int8";
   KvLayout l;
-  l.block_size = f.block_size;
+  l.block_size = f.block_size > 0 ? f.block_size : default4 || default8 ? kDefault4BitTile : 16;
   l.sink_tokens = f.sink_tokens;
   l.window_tokens = f.window_tokens;
   const auto parse = [&](const std::string& flag, const std::string& name) -> Result<KvFormat> {
-    auto r = parse_kv_format(name, f.group_size, f.block_size);
+    auto r = parse_kv_format(name, f.group_size, l.block_size);
     if (!r) return Error{fmt::format("{}: {}", flag, r.error())};
     return r;
   };
-  if (f.dtype == "int4_channel") {
+  if (f.dtype == "int4_channel" || default4) {
     auto k = parse("--kv-cache-dtype", "int4_channel");
     if (!k) return Error{k.error()};
     auto v = parse("--kv-cache-dtype", "int4_asym");
     if (!v) return Error{v.error()};
     l.k = *k;
     l.v = *v;
+  } else if (default8) {
+    auto k = parse("--kv-cache-dtype", "int8_channel");
+    if (!k) return Error{k.error()};
+    l.k = *k;
+    l.v = KvFormat{KvType::kInt8, 0};
   } else {
-    auto both = parse("--kv-cache-dtype", f.dtype == "int4" ? "int4_asym" : f.dtype);
+    auto both = parse("--kv-cache-dtype", f.dtype);
     if (!both) return Error{both.error()};
     l.k = l.v = *both;
   }
@@ -39,12 +49,15 @@ Result<KvLayout> resolve_kv_layout(const KvLayoutFlags& f) {
     if (!v) return Error{v.error()};
     l.v = *v;
   }
-  if (l.v.type == KvType::kInt4Channel) {
+  if (is_per_channel(l.v)) {
     return Error{
-        "--kv-cache-dtype-v: int4_channel is a key format (per-channel scales); use "
-        "int4_asym for values"};
+        "--kv-cache-dtype-v: int4_channel / int8_channel are key formats (per-channel scales); "
+        "use int4_asym or int8 for values"};
   }
-  l.rotate = f.rotate.value_or(l.k.type == KvType::kInt4Asym);
+  // Rotation: on for int4_asym keys (it halves their error) and for the default 4-bit recipe's
+  // per-channel keys (a small gain: docs/kv-quality.md); --kv-rotate / --no-kv-rotate override.
+  l.rotate = f.rotate.value_or(l.k.type == KvType::kInt4Asym ||
+                               (default4 && l.k.type == KvType::kInt4Channel));
   return l;
 }
 

@@ -53,30 +53,36 @@ struct KvChannelParams {
 };
 static_assert(sizeof(KvChannelParams) == 4);
 
+// int8_channel_tT (8-bit KIVI keys): a tile of exactly T tokens x d channels is
+//   KvChannelParams params[d];      // per channel c: value = scale[c] * n + zero[c], n in 0..255
+//   uint8_t rows[T][d];             // row t: byte c = channel c
+// = 4*d + T*d bytes = T * planner::bytes_per_head_token (the planner requires T | 4d).
+
 // ---- geometry ------------------------------------------------------------------------------
 
 // What the kernels need to walk a tile: head width and the format's group
-// (int4_asym: values per group; int4_channel: tokens per tile; others: unused).
+// (int4_asym: values per group; int4_channel / int8_channel: tokens per tile; others: unused).
 struct KvRowGeom {
   int head_dim = 0;
   int group = 0;
 };
 
-// Whether this module implements `f` (f16, fp8_e4m3, int8, int4_asym g32/64/128, int4_channel);
+// Whether this module implements `f` (f16, fp8_e4m3, int8, int4_asym g32/64/128, int4_channel,
+// int8_channel);
 // q8_0 / q4_0 are the planner's llama.cpp comparison entries and have no kernels here.
 [[nodiscard]] bool kv_format_supported(planner::KvFormat f);
 
-// Bytes of a tile of n_tokens rows. Per-token formats: n_tokens * row bytes. int4_channel:
+// Bytes of a tile of n_tokens rows. Per-token formats: n_tokens * row bytes. Per-channel:
 // n_tokens must be a multiple of T. Equals n_tokens * planner::bytes_per_head_token(f, d).
 // note: call only if kv_format_supported(f) and planner::check_kv_format(f, head_dim).ok()
 [[nodiscard]] size_t kv_tile_bytes(planner::KvFormat f, int head_dim, int n_tokens);
 
 // ---- kernels -------------------------------------------------------------------------------
 // `tile` points at the first row of the tile (per-token formats) or the tile's params
-// (int4_channel); t0, n select rows [t0, t0 + n) of it.
+// (int4_channel, int8_channel); t0, n select rows [t0, t0 + n) of it.
 
 // Quantises x[n, head_dim] (fp32) into rows [t0, t0 + n).
-// int4_channel: only whole tiles (t0 == 0, n == T): its scales span the tile.
+// Per-channel formats: only whole tiles (t0 == 0, n == T): their scales span the tile.
 using KvStoreFn = void (*)(const KvRowGeom& g, const float* x, void* tile, int t0, int n);
 // Dequantises rows [t0, t0 + n) into y[n, head_dim]. Reference for tests and tools only;
 // attention must use dot/axpy.

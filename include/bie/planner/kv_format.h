@@ -20,12 +20,15 @@ enum class KvType : uint8_t {
                  // tokens
   kQ8_0,         // llama.cpp block_q8_0: 32 values in 34 B (comparison only)
   kQ4_0,         // llama.cpp block_q4_0: 32 values in 18 B (comparison only)
+  kInt8Channel,  // KIVI-style 8-bit keys: 1 B per value + fp16 (scale, zero) per channel per
+                 // `group` tokens
 };
 
 struct KvFormat {
   KvType type = KvType::kF16;
   // kInt4Asym: values per (scale, zero) group along head_dim (32, 64 or 128).
-  // kInt4Channel: tokens per per-channel (scale, zero) group; equals the paged block size.
+  // kInt4Channel, kInt8Channel: tokens per per-channel (scale, zero) group; equals the paged
+  // block size.
   // Other types: 0.
   int group = 0;
 
@@ -34,12 +37,18 @@ struct KvFormat {
 
 inline constexpr KvFormat kKvF16{KvType::kF16, 0};
 
+// Per-channel (KIVI) key formats: metadata spans a tile of `group` tokens = one paged block, so
+// a body block is written whole and a chunk that is not a prompt's last ends on a block boundary.
+[[nodiscard]] inline bool is_per_channel(KvFormat f) {
+  return f.type == KvType::kInt4Channel || f.type == KvType::kInt8Channel;
+}
+
 // Canonical spelling, e.g. "f16", "int4_asym_g64", "int4_channel_t16", "q8_0".
 [[nodiscard]] std::string kv_format_name(KvFormat f);
 
 // Parses a user-facing name: f16 | fp16 | fp8 | fp8_e4m3 | int8 | int4_asym[_gN] |
-// int4_channel[_tN] | q8_0 | q4_0. `int4_group` is used for a bare "int4_asym", `block_size` for a
-// bare "int4_channel".
+// int4_channel[_tN] | int8_channel[_tN] | q8_0 | q4_0. `int4_group` is used for a bare
+// "int4_asym", `block_size` for a bare "int4_channel" / "int8_channel".
 [[nodiscard]] Result<KvFormat> parse_kv_format(std::string_view name, int int4_group = 64,
                                                int block_size = 16);
 

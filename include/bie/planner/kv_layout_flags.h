@@ -17,20 +17,29 @@ struct KvLayoutFlags {
   std::string dtype_k;        // empty: from dtype
   std::string dtype_v;
   int group_size = 64;  // int4_asym values per group when a name has no _gN
-  int block_size = 16;
+  int block_size = 0;   // 0: kDefault4BitTile for the default 4-bit recipe, else 16
   int sink_tokens = 8;
   int window_tokens = 128;
   std::optional<bool> rotate;  // --kv-rotate / --no-kv-rotate; unset: on for int4_asym keys
 };
 
+// Tokens per paged block, and so per KIVI key tile, of the default 4-bit recipe.
+inline constexpr int kDefault4BitTile = 64;
+
 // Rules:
-//  * --kv-cache-dtype int4_asym (or int4) is BIE's default 4-bit recipe: K and V int4_asym_g<group>
-//    with the Hadamard rotation of K and Q on. It costs exactly what llama.cpp's q4_0 costs at
-//    d = 64/128 (Llama-3-8B: 36 KiB per token); on SmolLM2 the rotation halves plain g64's mean
-//    KLD against f16 (0.069 -> 0.036, docs/kv-quality.md). int4_channel selects the KIVI-style
-//    recipe: K int4_channel_t<block> (per-channel scales over a block; the best measured 4-bit
-//    quality, KLD 0.012, at 17 % more bytes than q4_0) and V int4_asym_g<group>.
-//  * The rotation defaults to on whenever K is int4_asym; --kv-rotate / --no-kv-rotate override.
+//  * --kv-cache-dtype int4_asym (or int4) is BIE's default 4-bit recipe: K int4_channel_t<block>
+//    (KIVI keys: fp16 scale and zero per channel over each block) and V int4_asym_g<group>, with
+//    blocks of kDefault4BitTile = 64 tokens unless --paged-block-size is given: 4.5 bits per value
+//    over K and V at g64, what llama.cpp's q4_0 costs (Llama-3-8B: 36 KiB per token). Per-token
+//    key groups collapse on Qwen2.5, whose keys carry bias channels ~80x the others
+//    (docs/kv-quality.md "Why the old int4_asym collapsed on Qwen2.5"); per-channel scales do not.
+//    The old recipe (rotated g64 keys) is spelled --kv-cache-dtype int4_asym_g64.
+//    int4_channel: the same KIVI recipe with the ordinary block size (16 unless given).
+//  * --kv-cache-dtype int8: K int8_channel_t<block> (8.5 bits, q8_0's bytes) and V int8 (8.125),
+//    blocks of kDefault4BitTile tokens unless given; per-token int8 keys lose 5x to q8_0 on
+//    Qwen2.5 for the same reason. --kv-cache-dtype-k int8 gives the per-token format.
+//  * The rotation defaults to on whenever K is int4_asym, and for the default 4-bit recipe's keys;
+//    --kv-rotate / --no-kv-rotate override.
 //  * --kv-cache-dtype-k / -v are taken literally and override --kv-cache-dtype.
 //  * Other names: parse_kv_format.
 // Errors name the flag and the accepted spellings.
