@@ -14,7 +14,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "bie/engine/generate.h"
-#include "bie/kv/contiguous_kv_cache.h"
+#include "support/contiguous_kv_cache.h"
 #include "bie/kv/kv_format.h"
 #include "bie/kv/kv_format_rotate.h"
 #include "bie/model/model.h"

@@ -11,7 +11,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "bie/engine/generate.h"
-#include "bie/kv/contiguous_kv_cache.h"
+#include "support/contiguous_kv_cache.h"
 #include "bie/model/model.h"
 #include "support/paths.h"
 

@@ -15,7 +15,7 @@
 #include "bie/backend/cpu_features.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/engine/generate.h"
-#include "bie/kv/contiguous_kv_cache.h"
+#include "support/contiguous_kv_cache.h"
 #include "bie/kv/kv_format.h"
 #include "bie/kv/kv_format_rotate.h"
 #include "bie/kv/paged_kv_cache.h"

@@ -64,7 +64,7 @@ class DeviceBuffer {
 
 // A view of `rows` rows of `cols` elements of `type` in a buffer, rows `row_bytes` apart (a
 // quantised weight row is quant::row_size(type, cols) bytes or more). Weights: rows = n_out,
-// cols = n_in. Activations: F32 [tokens, width]. Token ids and positions: I32 [1, n].
+// cols = n_in. Activations: F32 [tokens, width]. Token ids and positions: I32 [n, 1].
 struct Tensor {
   DeviceBuffer* buffer = nullptr;
   size_t offset = 0;  // bytes from the buffer's start to row 0
@@ -221,7 +221,7 @@ class Backend {
   // y[t] = W x[t] for each of x's rows, with the kernel family `path` names (see MatmulPath: the
   // path decides a token's rounding). W is a weight view [n_out, n_in] of a quant type.
   virtual void matmul(const Tensor& w, const Tensor& x, const Tensor& y, MatmulPath path) = 0;
-  // out[i] = table row ids[i] (dequantised to F32) * scale. ids: I32 [1, n].
+  // out[i] = table row ids[i] (dequantised to F32) * scale. ids: I32 [n, 1].
   virtual void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out,
                         float scale = 1.0f) = 0;
   // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (w: F32 [1, cols]); out may be x. Per-head q/k
@@ -234,7 +234,7 @@ class Backend {
   // gate = silu(gate) * up, or gelu(gate) * up (GELU's tanh form as ggml's CPU geglu computes it).
   virtual void silu_mul(const Tensor& gate, const Tensor& up) = 0;
   virtual void gelu_mul(const Tensor& gate, const Tensor& up) = 0;
-  // cs[i] = interleaved (cos, sin) of position pos[i] (cs: F32 [n, n_rot]; pos: I32 [1, n]).
+  // cs[i] = interleaved (cos, sin) of position pos[i] (cs: F32 [n, n_rot]; pos: I32 [n, 1]).
   virtual void rope_cache(const RopeConfig& rope, const Tensor& pos, const Tensor& cs) = 0;
   // Rotates the n_heads heads of head_dim values of each row of x with row i of cs.
   virtual void rope(const RopeConfig& rope, const Tensor& cs, const Tensor& x, int n_heads,

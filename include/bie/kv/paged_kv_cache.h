@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "bie/attention/paged_attention.h"
 #include "bie/kv/block_manager.h"
 #include "bie/kv/kv_cache.h"
 #include "bie/kv/paged_kv_store.h"

@@ -1,6 +1,7 @@
-// ContiguousKvCache: the foundation's simple cache — one sequence, FP16 K and V in contiguous
-// arrays sized for max_tokens up front ([n_layer, max_tokens, kv_dim] each). Replaced by the
-// paged cache for serving; kept as the reference the paged cache is tested against.
+// ContiguousKvCache (tests only): the foundation's simple cache — one sequence, FP16 K and V in
+// contiguous arrays sized for max_tokens up front ([n_layer, max_tokens, kv_dim] each), attention
+// by dense_attention. The product uses the paged cache; this is the reference it is tested
+// against.
 #pragma once
 
 #include <cstdint>

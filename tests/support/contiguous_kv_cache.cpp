@@ -1,4 +1,4 @@
-#include "bie/kv/contiguous_kv_cache.h"
+#include "support/contiguous_kv_cache.h"
 
 #include <fmt/format.h>
 
