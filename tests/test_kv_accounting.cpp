@@ -1,7 +1,7 @@
 // One accounting: what the engine's KV cache allocates equals what the planner predicts.
 #include <gtest/gtest.h>
 
-#include "bie/kv/contiguous_kv_cache.h"
+#include "support/contiguous_kv_cache.h"
 #include "bie/model/model.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/model_geometry.h"

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/engine/generate.h"
 #include "bie/engine/quality.h"
 #include "bie/kv/paged_kv_cache.h"
@@ -127,7 +128,7 @@ TEST_F(QualitySmolLM2, F16AgainstItselfIsExactAndInt8IsClose) {
   cfg.continuation_tokens = 8;
   cfg.needle_depths = {50};
   cfg.needle_ctx = {128};
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   auto rep = measure_kv_quality(*model_, *tok_, text_, cfg, pool);
   ASSERT_TRUE(rep.ok()) << rep.error();
   ASSERT_EQ(rep->regimes.size(), 3u);  // "f16" is the baseline, not run twice
@@ -163,7 +164,7 @@ TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
   cfg.batch = 32;
   cfg.prompts = 0;
   cfg.needle_ctx = {};
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   auto rep = measure_kv_quality(*model_, *tok_, text_, cfg, pool);
   ASSERT_TRUE(rep.ok()) << rep.error();
   ASSERT_EQ(rep->regimes[0].ppl[0].n_scored, 2 * 15);
@@ -223,7 +224,7 @@ TEST(QualityQwen15B, Default4BitRegimeStaysUnderTheKldBar) {
   cfg.batch = 128;
   cfg.prompts = 0;
   cfg.needle_ctx = {};
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   auto rep = measure_kv_quality(**m, *tok, text, cfg, pool);
   ASSERT_TRUE(rep.ok()) << rep.error();
   ASSERT_EQ(rep->regimes.size(), 2u);

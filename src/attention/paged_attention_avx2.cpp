@@ -15,7 +15,7 @@
 
 #include "bie/attention/paged_attention.h"
 #include "bie/backend/simd_avx2.h"
-#include "kv/kv_format_internal.h"
+#include "bie/kv/kv_layout.h"
 
 namespace bie::attention {
 
@@ -209,7 +209,7 @@ inline __m128 load4_f16_strided(const uint8_t* p, size_t stride) {
 // (dense_attention's arithmetic, bit for bit).
 template <int R>
 void f16_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
-  const size_t rb = kv::detail::row_bytes_f16(d);
+  const size_t rb = kv::row_bytes_f16(d);
   for_row_groups<R>(rows, [&](int j0, auto jt) {
     constexpr int J = decltype(jt)::value;
     const uint8_t* row = tile + j0 * rb;
@@ -223,7 +223,7 @@ void f16_score(int d, const uint8_t* tile, int rows, const float* const* q, floa
 // int8 / fp8: codes times q, then the row scale.
 template <int R, bool kFp8>
 void scaled_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
-  const size_t rb = kv::detail::row_bytes_scaled(d);
+  const size_t rb = kv::row_bytes_scaled(d);
   const __m128 unit = _mm_set1_ps(kFp8 ? 256.0f : 1.0f);
   for_row_groups<R>(rows, [&](int j0, auto jt) {
     constexpr int J = decltype(jt)::value;
@@ -245,7 +245,7 @@ template <int R>
 void int4_score(int d, int G, const uint8_t* tile, int rows, const float* const* q, float* s,
                 int ss) {
   const int half = G / 2, ng = d / G;
-  const size_t gb = kv::detail::group_bytes_int4(G), rb = kv::detail::row_bytes_int4(d, G);
+  const size_t gb = kv::group_bytes_int4(G), rb = kv::row_bytes_int4(d, G);
   float qsum[R][kMaxHeadDim / 32];
   BIE_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -340,7 +340,7 @@ void chan_score(int d, const uint8_t* tile, int rows, const float* const* q, flo
   const size_t rb = static_cast<size_t>(half);
   for_row_groups<R>(rows, [&](int j0, auto jt) {
     constexpr int J = decltype(jt)::value;
-    const uint8_t* row = tile + kv::detail::chan_row_offset(d, j0);
+    const uint8_t* row = tile + kv::chan_row_offset(d, j0);
     dot_rows<R, J, 2>(
         half / 8, qp,
         [&](int i, int t, __m256* v) { load8_nibbles(row + i * rb + 8 * t, v, v + 1); },
@@ -377,7 +377,7 @@ void chan8_score(int d, const uint8_t* tile, int rows, const float* const* q, fl
   const size_t rb = static_cast<size_t>(d);
   for_row_groups<R>(rows, [&](int j0, auto jt) {
     constexpr int J = decltype(jt)::value;
-    const uint8_t* row = tile + kv::detail::chan8_row_offset(d, j0);
+    const uint8_t* row = tile + kv::chan8_row_offset(d, j0);
     dot_rows<R, J, 1>(
         d / 8, qp,
         [&](int i, int t, __m256* v) {
@@ -457,7 +457,7 @@ constexpr int kAccVecs = R >= 4 ? 2 : 4;
 template <int R>
 void f16_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, float* const* acc) {
   constexpr int N = kAccVecs<R>;
-  const size_t rb = kv::detail::row_bytes_f16(d);
+  const size_t rb = kv::row_bytes_f16(d);
   for (int c0 = 0; c0 < d; c0 += 8 * N) {
     int c[N];
     for (int n = 0; n < N; ++n) c[n] = c0 + 8 * n;
@@ -481,7 +481,7 @@ void f16_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, flo
 
 template <int R, bool kFp8>
 void scaled_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, float* const* acc) {
-  const size_t rb = kv::detail::row_bytes_scaled(d);
+  const size_t rb = kv::row_bytes_scaled(d);
   const float unit = kFp8 ? 256.0f : 1.0f;
   float w[R][64];  // p times the row scale, for the block's rows (block_size <= 64 fused)
   for (int j = 0; j < rows; ++j) {
@@ -515,7 +515,7 @@ template <int R>
 void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int ps,
                 float* const* acc) {
   const int half = G / 2, ng = d / G;
-  const size_t gb = kv::detail::group_bytes_int4(G), rb = kv::detail::row_bytes_int4(d, G);
+  const size_t gb = kv::group_bytes_int4(G), rb = kv::row_bytes_int4(d, G);
   float w[R][64];
   // Row offsets for gathering 8 rows' (scale, zero) pairs at once.
   const __m256i rowoff = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
@@ -618,7 +618,7 @@ void chan_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, fl
     accum_vecs<R, 2>(
         rows, t, c,
         [&](int j, int, __m256* v) {
-          load8_nibbles(tile + kv::detail::chan_row_offset(d, j) + k, v, v + 1);
+          load8_nibbles(tile + kv::chan_row_offset(d, j) + k, v, v + 1);
         },
         [&](int r, int j) { return p[r * ps + j]; });
   }

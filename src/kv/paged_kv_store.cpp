@@ -6,6 +6,8 @@
 #include <cassert>
 #include <cstring>
 
+#include "bie/attention/paged_attention.h"
+#include "bie/backend/thread_pool.h"
 #include "bie/kv/kv_format_rotate.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/model_geometry.h"
@@ -147,6 +149,8 @@ Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreCon
   }
   return c;
 }
+
+PagedKvStore::~PagedKvStore() = default;
 
 PagedKvStore::PagedKvStore(const PagedKvStoreConfig& cfg) : cfg_(cfg) {
   const int d = cfg_.geometry.head_dim;

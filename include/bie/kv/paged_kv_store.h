@@ -31,9 +31,13 @@
 #include <string>
 #include <vector>
 
-#include "bie/attention/paged_attention.h"
 #include "bie/kv/block_manager.h"
+#include "bie/kv/kv_format.h"
 #include "bie/kv/kv_cache.h"
+
+namespace bie::attention {
+struct PagedBlockView;  // bie/attention/paged_attention.h
+}  // namespace bie::attention
 
 namespace bie {
 
@@ -69,6 +73,10 @@ class PagedKvStore {
                                                                  int64_t max_tokens,
                                                                  int64_t max_num_seqs,
                                                                  int64_t chunk_tokens);
+
+  ~PagedKvStore();
+  PagedKvStore(const PagedKvStore&) = delete;
+  PagedKvStore& operator=(const PagedKvStore&) = delete;
 
   [[nodiscard]] const KvGeometry& geometry() const { return cfg_.geometry; }
   [[nodiscard]] const planner::KvLayout& layout() const { return cfg_.layout; }

@@ -1,6 +1,7 @@
-// ContiguousKvCache: the foundation's simple cache — one sequence, FP16 K and V in contiguous
-// arrays sized for max_tokens up front ([n_layer, max_tokens, kv_dim] each). Replaced by the
-// paged cache for serving; kept as the reference the paged cache is tested against.
+// ContiguousKvCache (tests only): the foundation's simple cache — one sequence, FP16 K and V in
+// contiguous arrays sized for max_tokens up front ([n_layer, max_tokens, kv_dim] each), attention
+// by dense_attention. The product uses the paged cache; this is the reference it is tested
+// against.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,7 @@ class ContiguousKvCache final : public KvCache {
   [[nodiscard]] Status append(int64_t n) override;
   void store(int il, int64_t pos0, int64_t n, const float* k, const float* v) override;
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
-              ThreadPool& pool, int64_t window = 0) override;
+              Backend& backend, int64_t window = 0) override;
   [[nodiscard]] Status truncate(int64_t n) override;
 
   // What the cache holds in memory; equals planner::contiguous_kv_bytes(f16, f16, max_tokens, 1)
