@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "bie/backend/cpu_features.h"
 #include "bie/backend/matmul.h"
+#include "bie/common/cpu_features.h"
 #include "bie/quant/traits.h"
 
 namespace bie {

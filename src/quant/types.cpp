@@ -3,7 +3,7 @@
 #include <array>
 #include <cctype>
 
-#include "bie/backend/cpu_features.h"
+#include "bie/common/cpu_features.h"
 #include "bie/gguf/ggml_type_info.h"
 #include "bie/quant/traits.h"
 #include "quant/quant_internal.h"

@@ -7,7 +7,7 @@
 #include <new>
 
 #include "backend/cpu/matmul_kernels.h"
-#include "bie/backend/cpu_features.h"
+#include "bie/common/cpu_features.h"
 #include "bie/quant/traits.h"
 
 namespace bie {

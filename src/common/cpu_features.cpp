@@ -1,4 +1,4 @@
-#include "bie/backend/cpu_features.h"
+#include "bie/common/cpu_features.h"
 
 namespace bie {
 
