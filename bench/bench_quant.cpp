@@ -161,12 +161,15 @@ BENCHMARK(BM_MatmulDecode)->Apply(MatmulDecodeArgs)->UseRealTime()->Unit(benchma
 
 // Qwen2.5-Coder-1.5B Q4_K_M shapes (hidden 1536, ffn 8960; Q4_K and Q6_K) on every ISA the
 // machine has: decode of 1 token and a batched decode of 16 (MatmulPath::kDecode, cold weights),
-// and a 512-token prefill (kAuto). Arg 4: Isa; arg 5: 0 decode, 1 prefill.
+// and a 512-token prefill (kAuto). Arg 4: Isa; arg 5: 0 decode, 1 prefill, 2 decode as separate
+// calls of kMaxMatvecTokens (4) tokens each, i.e. the weights read once per group of 4 (what
+// kDecode did before it read them once per call).
 void BM_MatmulIsa(benchmark::State& state) {
   const auto type = static_cast<GgmlType>(state.range(0));
   const int64_t n_in = state.range(1), n_out = state.range(2), n_tokens = state.range(3);
   const auto isa = static_cast<bie::Isa>(state.range(4));
-  const bool prefill = state.range(5) != 0;
+  const bool prefill = state.range(5) == 1;
+  const bool grouped = state.range(5) == 2;
   if (bie::set_isa(isa) != isa) {
     state.SkipWithError("ISA not available");
     return;
@@ -182,7 +185,14 @@ void BM_MatmulIsa(benchmark::State& state) {
   size_t i = 0;
   for (auto _ : state) {
     const bie::WeightView view{type, n_in, n_out, ws[i].data(), bie::quant::row_size(type, n_in)};
-    bie::matmul(view, x.data(), n_tokens, y.data(), p, scratch, path);
+    if (grouped) {
+      for (int64_t t = 0; t < n_tokens; t += 4) {
+        bie::matmul(view, x.data() + t * n_in, std::min<int64_t>(4, n_tokens - t),
+                    y.data() + t * n_out, p, scratch, path);
+      }
+    } else {
+      bie::matmul(view, x.data(), n_tokens, y.data(), p, scratch, path);
+    }
     benchmark::ClobberMemory();
     i = i + 1 == copies ? 0 : i + 1;
   }
@@ -193,7 +203,9 @@ void BM_MatmulIsa(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(n_tokens) * static_cast<double>(state.iterations()),
                          benchmark::Counter::kIsRate);
   state.SetLabel(std::string(bie::quant::type_name(type)) + " " + std::string(bie::isa_name(isa)) +
-                 (prefill ? " prefill" : " decode"));
+                 (prefill   ? " prefill"
+                  : grouped ? " decode, calls of 4"
+                            : " decode"));
 }
 
 void MatmulIsaArgs(benchmark::internal::Benchmark* b) {
@@ -206,6 +218,7 @@ void MatmulIsaArgs(benchmark::internal::Benchmark* b) {
     for (int isa : {1, 2}) {
       for (int n_tokens : {1, 16})
         b->Args({static_cast<int>(s.type), s.n_in, s.n_out, n_tokens, isa, 0});
+      b->Args({static_cast<int>(s.type), s.n_in, s.n_out, 16, isa, 2});
       b->Args({static_cast<int>(s.type), s.n_in, s.n_out, 512, isa, 1});
     }
   }
