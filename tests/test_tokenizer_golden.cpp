@@ -185,5 +185,28 @@ TEST(TokenizerGolden, Gemma3MatchesLlamaCpp) {
   check_cases(*g);
 }
 
+// Qwen2.5-Coder (BPE `gpt2`, pre `qwen2`, 151,936 ids): the real-size models' tokenizer.
+class TokenizerGoldenQwen : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TokenizerGoldenQwen, MatchesLlamaCpp) {
+  const std::string name = GetParam();
+  ASSERT_TRUE(std::filesystem::exists(golden_path(name))) << golden_path(name) << " missing";
+  BIE_REQUIRE_FILE(test::golden_model_path(name));
+  auto g = load(name, test::golden_model_path(name));
+  ASSERT_NE(g, nullptr);
+  check_model_header(*g);
+  check_cases(*g);
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, TokenizerGoldenQwen,
+                         ::testing::Values("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           std::string s = i.param;
+                           for (char& c : s) {
+                             if (c == '.' || c == '-') c = '_';
+                           }
+                           return s;
+                         });
+
 }  // namespace
 }  // namespace bie::tokenizer

@@ -23,6 +23,20 @@ inline std::string smollm2_path() {
 inline std::string gemma3_path() {
   return models_dir() + "/gemma-3-270m-q4_k_m.gguf";
 }
+inline std::string qwen05_path() {
+  return models_dir() + "/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+}
+inline std::string qwen15_path() {
+  return models_dir() + "/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+}
+// The model file of a golden folder's name (tests/golden/<name>/).
+inline std::string golden_model_path(const std::string& name) {
+  if (name == "smollm2") return smollm2_path();
+  if (name == "gemma3") return gemma3_path();
+  if (name == "qwen2.5-coder-0.5b") return qwen05_path();
+  if (name == "qwen2.5-coder-1.5b") return qwen15_path();
+  return models_dir() + "/unknown-golden-model-" + name;
+}
 
 // A test whose model or golden file is missing fails, naming `make models`: a checkout without
 // the models must not pass by skipping. BIE_ALLOW_MISSING_MODELS=1 turns the failure into a skip
