@@ -250,6 +250,32 @@ TEST(Matmul, NamedPathsGiveEachTokenTheSameBitsWhateverTheBatch) {
   }
 }
 
+// The AVX-512 decode kernels give the AVX2 kernels' bits (the same integer partition and float
+// order), so a token computed on either ISA's decode path is the same token.
+TEST(Matmul, Avx512DecodeGivesTheAvx2Bits) {
+  if (best_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  ThreadPool pool(2);
+  MatmulScratch scratch;
+  for (G type : {G::Q4_K, G::Q6_K}) {
+    const Matrix m = make_matrix(type, 2304, 45, 11);
+    for (int64_t n_tokens : {1, 3, 16}) {
+      const auto x = make_acts(2304, n_tokens, 12);
+      std::vector<float> y2(static_cast<size_t>(n_tokens * 45)), y5(y2.size());
+      {
+        IsaScope scope(Isa::kAvx2);
+        matmul(m.view(), x.data(), n_tokens, y2.data(), pool, scratch, MatmulPath::kDecode);
+      }
+      {
+        IsaScope scope(Isa::kAvx512);
+        matmul(m.view(), x.data(), n_tokens, y5.data(), pool, scratch, MatmulPath::kDecode);
+      }
+      for (size_t i = 0; i < y2.size(); ++i) {
+        ASSERT_EQ(y2[i], y5[i]) << quant::type_name(type) << " tokens=" << n_tokens << " i=" << i;
+      }
+    }
+  }
+}
+
 TEST(CpuFeatures, IsaChoiceIsClampedToTheMachineAndFollowedByTheTraits) {
   const Isa saved = active_isa();
   EXPECT_EQ(set_isa(Isa::kAvx512), best_isa());  // never above what the machine has

@@ -26,6 +26,7 @@
 #include <cstring>
 
 #include "backend/cpu/matmul_kernels.h"
+#include "bie/common/simd_avx2.h"
 #include "bie/quant/blocks.h"
 #include "bie/quant/traits.h"
 
@@ -68,6 +69,15 @@ inline __m512i spread4(int g) {
   return _mm512_mask_blend_epi16(0xFF00FF00u, lo, hi);
 }
 
+// 16 int32 lanes -> the 8 of the AVX2 kernels: lane k of a 256-bit madd covers bytes 4k..4k+3 of
+// a 32-byte piece, and lanes k and k + 8 here cover the same bytes of the two pieces of one
+// 64-byte register. Integer sums are exact, so after this fold every float operation (and the
+// final horizontal sum) is the AVX2 kernels' own, in their order: the AVX-512 and AVX2 decode
+// paths give the same bits (the engine may compute one token on either path).
+inline __m256i fold(__m512i v) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
 // ---- Q4_K --------------------------------------------------------------------------------------
 struct KQ4 {
   using Block = BlockQ4_K;
@@ -82,7 +92,7 @@ struct KQ4 {
   }
   template <int T>
   [[gnu::always_inline]] static void superblock(const Block& x, const BlockQ8_K* const y[T],
-                                                __m512 acc[T]) {
+                                                __m256 acc[T]) {
     uint32_t u[3];
     std::memcpy(u, x.scales, 12);
     constexpr uint32_t kLow6 = 0x3F3F3F3F, kLow4 = 0x0F0F0F0F, kLow2 = 0x03030303;
@@ -119,9 +129,10 @@ struct KQ4 {
       const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums));
       const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums + 8));
       const __m128i msum = _mm_madd_epi16(mins, _mm_hadd_epi16(bs_lo, bs_hi));  // per 32
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_set1_ps(d * y[t]->d), acc[t]);
-      acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi128_si512(msum)),
-                                _mm512_set1_ps(dmin * y[t]->d), acc[t]);
+      const __m256i i8 = fold(isum[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i8), _mm256_set1_ps(d * y[t]->d), acc[t]);
+      acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_zextsi128_si256(msum)),
+                                _mm256_set1_ps(dmin * y[t]->d), acc[t]);
     }
   }
 };
@@ -132,7 +143,7 @@ struct KQ6 {
   static void reorder(BlockQ8_K&) {}
   template <int T>
   [[gnu::always_inline]] static void superblock(const Block& x, const BlockQ8_K* const y[T],
-                                                __m512 acc[T]) {
+                                                __m256 acc[T]) {
     const __m256i sc16 =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
     const __m512i sc = _mm512_zextsi256_si512(sc16);
@@ -168,9 +179,8 @@ struct KQ6 {
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(y[t]->bsums)), 5);
-      acc[t] = _mm512_fmadd_ps(
-          _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[t], _mm512_zextsi256_si512(off))),
-          _mm512_set1_ps(d * y[t]->d), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(fold(isum[t]), off)),
+                               _mm256_set1_ps(d * y[t]->d), acc[t]);
     }
   }
 };
@@ -180,11 +190,11 @@ template <typename KF, int R, int T>
 void matvec_k(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_row_bytes, float* y) {
   using Block = typename KF::Block;
   const int64_t nb = w.n_in / kQKK;
-  __m512 acc[R][T];
+  __m256 acc[R][T];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i) {
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) acc[i][t] = _mm512_setzero_ps();
+    for (int t = 0; t < T; ++t) acc[i][t] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ8_K* yb[T];
@@ -203,7 +213,7 @@ void matvec_k(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_ro
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
 #pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) y[t * w.n_out + r + i] = _mm512_reduce_add_ps(acc[i][t]);
+    for (int i = 0; i < R; ++i) y[t * w.n_out + r + i] = simd::hsum(acc[i][t]);
   }
 }
 
