@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "bie/backend/cpu_features.h"
+#include "bie/common/cpu_features.h"
 #include "bie/kv/kv_format.h"
 #include "bie/kv/kv_format_rotate.h"
 

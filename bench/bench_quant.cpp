@@ -2,6 +2,7 @@
 //   build/bie_kernel_bench --benchmark_filter=VecDot
 //   build/bie_kernel_bench --benchmark_filter=Matmul --benchmark_repetitions=3
 //   build/bie_kernel_bench --benchmark_filter=MatmulDecode   (1-4 tokens; warm and cold weights)
+//   build/bie_kernel_bench --benchmark_filter=MatmulIsa      (Qwen2.5-1.5B shapes, per ISA)
 // VecDot reports weight bytes/s; Matmul reports weight bytes/s (the decode bound) and GFLOP/s
 // (2 * n_in * n_out * n_tokens per call).
 #include <benchmark/benchmark.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "bie/backend/matmul.h"
+#include "bie/common/cpu_features.h"
 #include "bie/quant/traits.h"
 
 namespace {
@@ -156,5 +158,71 @@ void MatmulDecodeArgs(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_MatmulDecode)->Apply(MatmulDecodeArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// Qwen2.5-Coder-1.5B Q4_K_M shapes (hidden 1536, ffn 8960; Q4_K and Q6_K) on every ISA the
+// machine has: decode of 1 token and a batched decode of 16 (MatmulPath::kDecode, cold weights),
+// and a 512-token prefill (kAuto). Arg 4: Isa; arg 5: 0 decode, 1 prefill, 2 decode as separate
+// calls of kMaxMatvecTokens (4) tokens each, i.e. the weights read once per group of 4 (what
+// kDecode did before it read them once per call).
+void BM_MatmulIsa(benchmark::State& state) {
+  const auto type = static_cast<GgmlType>(state.range(0));
+  const int64_t n_in = state.range(1), n_out = state.range(2), n_tokens = state.range(3);
+  const auto isa = static_cast<bie::Isa>(state.range(4));
+  const bool prefill = state.range(5) == 1;
+  const bool grouped = state.range(5) == 2;
+  if (bie::set_isa(isa) != isa) {
+    state.SkipWithError("ISA not available");
+    return;
+  }
+  const auto w = quantize(type, random_floats(static_cast<size_t>(n_in * n_out), 3), n_in);
+  const size_t copies = prefill ? 1 : std::max<size_t>(1, (size_t{96} << 20) / w.size());
+  std::vector<std::vector<uint8_t>> ws(copies, w);
+  const auto x = random_floats(static_cast<size_t>(n_in * n_tokens), 4);
+  std::vector<float> y(static_cast<size_t>(n_out * n_tokens));
+  bie::MatmulScratch scratch;
+  bie::ThreadPool& p = pool(2);
+  const bie::MatmulPath path = prefill ? bie::MatmulPath::kAuto : bie::MatmulPath::kDecode;
+  size_t i = 0;
+  for (auto _ : state) {
+    const bie::WeightView view{type, n_in, n_out, ws[i].data(), bie::quant::row_size(type, n_in)};
+    if (grouped) {
+      for (int64_t t = 0; t < n_tokens; t += 4) {
+        bie::matmul(view, x.data() + t * n_in, std::min<int64_t>(4, n_tokens - t),
+                    y.data() + t * n_out, p, scratch, path);
+      }
+    } else {
+      bie::matmul(view, x.data(), n_tokens, y.data(), p, scratch, path);
+    }
+    benchmark::ClobberMemory();
+    i = i + 1 == copies ? 0 : i + 1;
+  }
+  bie::set_isa(bie::best_isa());
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(w.size()));
+  state.counters["tok/s"] =
+      benchmark::Counter(static_cast<double>(n_tokens) * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(bie::quant::type_name(type)) + " " + std::string(bie::isa_name(isa)) +
+                 (prefill   ? " prefill"
+                  : grouped ? " decode, calls of 4"
+                            : " decode"));
+}
+
+void MatmulIsaArgs(benchmark::internal::Benchmark* b) {
+  struct Shape {
+    GgmlType type;
+    int n_in, n_out;
+  };
+  const Shape shapes[] = {{GgmlType::Q4_K, 1536, 8960}, {GgmlType::Q6_K, 8960, 1536}};
+  for (const Shape& s : shapes) {
+    for (int isa : {1, 2}) {
+      for (int n_tokens : {1, 16})
+        b->Args({static_cast<int>(s.type), s.n_in, s.n_out, n_tokens, isa, 0});
+      b->Args({static_cast<int>(s.type), s.n_in, s.n_out, 16, isa, 2});
+      b->Args({static_cast<int>(s.type), s.n_in, s.n_out, 512, isa, 1});
+    }
+  }
+}
+BENCHMARK(BM_MatmulIsa)->Apply(MatmulIsaArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace

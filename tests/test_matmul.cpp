@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "bie/backend/cpu_features.h"
 #include "bie/backend/matmul.h"
+#include "bie/common/cpu_features.h"
 #include "bie/quant/traits.h"
 
 namespace bie {
@@ -85,31 +85,57 @@ double error_bound(const Matrix& m, const float* x, int64_t r) {
   return bound + kSumOrderRelTol * abs_sum + 1e-6;
 }
 
+// Every kernel ISA this machine has (scalar, AVX2, AVX-512): each test runs all of them, so the
+// AVX2 and scalar paths are checked on AVX-512 machines too.
+std::vector<Isa> machine_isas() {
+  std::vector<Isa> v;
+  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (static_cast<int>(i) <= static_cast<int>(best_isa())) v.push_back(i);
+  }
+  return v;
+}
+
+// Sets the active ISA for a scope (tests only; the kernels run on this thread's pool).
+class IsaScope {
+ public:
+  explicit IsaScope(Isa isa) : saved_(active_isa()) { EXPECT_EQ(set_isa(isa), isa); }
+  ~IsaScope() { set_isa(saved_); }
+  IsaScope(const IsaScope&) = delete;
+  IsaScope& operator=(const IsaScope&) = delete;
+
+ private:
+  Isa saved_;
+};
+
 const G kTypes[] = {G::F32,  G::F16,  G::BF16, G::Q4_0, G::Q4_1, G::Q5_0, G::Q5_1,
                     G::Q8_0, G::Q2_K, G::Q3_K, G::Q4_K, G::Q5_K, G::Q6_K};
 
 TEST(Matmul, MatchesFp64ReferenceAllTypesShapesThreads) {
   ThreadPool pool1(1), pool2(2);
   MatmulScratch scratch;
-  for (G type : kTypes) {
-    for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{256, 37}, {512, 64}, {768, 9}}) {
-      const Matrix m = make_matrix(type, n_in, n_out, static_cast<uint32_t>(n_out + n_in),
-                                   /*pad=*/n_out == 9 ? 16 : 0);
-      for (int64_t n_tokens : {1, 3, 17, 64}) {
-        const auto x = make_acts(n_in, n_tokens, static_cast<uint32_t>(n_tokens));
-        for (ThreadPool* pool : {&pool1, &pool2}) {
-          std::vector<float> y(static_cast<size_t>(n_tokens * n_out), NAN);
-          matmul(m.view(), x.data(), n_tokens, y.data(), *pool, scratch);
-          for (int64_t t = 0; t < n_tokens; ++t) {
-            for (int64_t r = 0; r < n_out; ++r) {
-              double ref = 0;
-              for (int64_t k = 0; k < n_in; ++k)
-                ref += static_cast<double>(m.deq[r * n_in + k]) * x[t * n_in + k];
-              const double got = y[t * n_out + r];
-              ASSERT_NEAR(got, ref, error_bound(m, x.data() + t * n_in, r))
-                  << quant::type_name(type) << " n_in=" << n_in << " n_out=" << n_out
-                  << " tokens=" << n_tokens << " threads=" << pool->size() << " t=" << t
-                  << " r=" << r;
+  for (Isa isa : machine_isas()) {
+    IsaScope scope(isa);
+    SCOPED_TRACE(isa_name(isa));
+    for (G type : kTypes) {
+      for (auto [n_in, n_out] : {std::pair<int64_t, int64_t>{256, 37}, {512, 64}, {768, 9}}) {
+        const Matrix m = make_matrix(type, n_in, n_out, static_cast<uint32_t>(n_out + n_in),
+                                     /*pad=*/n_out == 9 ? 16 : 0);
+        for (int64_t n_tokens : {1, 3, 17, 64}) {
+          const auto x = make_acts(n_in, n_tokens, static_cast<uint32_t>(n_tokens));
+          for (ThreadPool* pool : {&pool1, &pool2}) {
+            std::vector<float> y(static_cast<size_t>(n_tokens * n_out), NAN);
+            matmul(m.view(), x.data(), n_tokens, y.data(), *pool, scratch);
+            for (int64_t t = 0; t < n_tokens; ++t) {
+              for (int64_t r = 0; r < n_out; ++r) {
+                double ref = 0;
+                for (int64_t k = 0; k < n_in; ++k)
+                  ref += static_cast<double>(m.deq[r * n_in + k]) * x[t * n_in + k];
+                const double got = y[t * n_out + r];
+                ASSERT_NEAR(got, ref, error_bound(m, x.data() + t * n_in, r))
+                    << quant::type_name(type) << " n_in=" << n_in << " n_out=" << n_out
+                    << " tokens=" << n_tokens << " threads=" << pool->size() << " t=" << t
+                    << " r=" << r;
+              }
             }
           }
         }
@@ -154,7 +180,11 @@ void expect_matches_vec_dot(G type, int64_t n_in, int64_t n_out, int64_t n_token
 
 TEST(Matmul, TiledPathMatchesVecDot) {
   ThreadPool pool(2);
-  for (G type : kTypes) expect_matches_vec_dot(type, 512, 45, 13, pool);
+  for (Isa isa : machine_isas()) {
+    IsaScope scope(isa);
+    SCOPED_TRACE(isa_name(isa));
+    for (G type : kTypes) expect_matches_vec_dot(type, 512, 45, 13, pool);
+  }
 }
 
 // Decode shapes: every token count of the matvec path and the first tiled one; n_out = 45 and
@@ -162,12 +192,30 @@ TEST(Matmul, TiledPathMatchesVecDot) {
 // 4, more than one 64-block chunk) and 9 super-blocks exercise the block tails.
 TEST(Matmul, DecodePathMatchesVecDot) {
   ThreadPool pool1(1), pool2(2);
-  for (G type : kTypes) {
-    const int64_t n_in = quant::block_size(type) == 256 ? 2304 : 2144;
-    for (int64_t n_tokens : {1, 2, 3, 4, 5}) {
-      for (int64_t n_out : {45, 46}) {
-        expect_matches_vec_dot(type, n_in, n_out, n_tokens, n_out == 45 ? pool1 : pool2);
+  for (Isa isa : machine_isas()) {
+    IsaScope scope(isa);
+    SCOPED_TRACE(isa_name(isa));
+    for (G type : kTypes) {
+      const int64_t n_in = quant::block_size(type) == 256 ? 2304 : 2144;
+      for (int64_t n_tokens : {1, 2, 3, 4, 5}) {
+        for (int64_t n_out : {45, 46}) {
+          expect_matches_vec_dot(type, n_in, n_out, n_tokens, n_out == 45 ? pool1 : pool2);
+        }
       }
+    }
+  }
+}
+
+// The formats of the shipped models at model-like sizes: many rows (several row chunks per
+// thread), a batched decode of 16 tokens (four token groups over each chunk), an odd row count.
+TEST(Matmul, DecodePathMatchesVecDotManyRowsAndTokens) {
+  ThreadPool pool(2);
+  for (Isa isa : machine_isas()) {
+    IsaScope scope(isa);
+    SCOPED_TRACE(isa_name(isa));
+    for (G type : {G::Q4_K, G::Q6_K, G::Q5_0, G::Q8_0, G::Q4_1}) {
+      const int64_t n_in = quant::block_size(type) == 256 ? 1536 : 1504;
+      for (int64_t n_tokens : {1, 16}) expect_matches_vec_dot(type, n_in, 1031, n_tokens, pool);
     }
   }
 }
@@ -178,24 +226,76 @@ TEST(Matmul, DecodePathMatchesVecDot) {
 TEST(Matmul, NamedPathsGiveEachTokenTheSameBitsWhateverTheBatch) {
   ThreadPool pool(2);
   MatmulScratch scratch;
-  for (G type : kTypes) {
-    const int64_t n_in = quant::block_size(type) == 256 ? 512 : 544, n_out = 45, n_tokens = 11;
-    const Matrix m = make_matrix(type, n_in, n_out, 9);
-    const auto x = make_acts(n_in, n_tokens, 10);
-    for (MatmulPath path : {MatmulPath::kDecode, MatmulPath::kPrefill}) {
-      std::vector<float> all(static_cast<size_t>(n_tokens * n_out));
-      matmul(m.view(), x.data(), n_tokens, all.data(), pool, scratch, path);
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        std::vector<float> one(static_cast<size_t>(n_out));
-        matmul(m.view(), x.data() + t * n_in, 1, one.data(), pool, scratch, path);
-        for (int64_t r = 0; r < n_out; ++r) {
-          ASSERT_EQ(one[static_cast<size_t>(r)], all[static_cast<size_t>(t * n_out + r)])
-              << quant::type_name(type) << (path == MatmulPath::kDecode ? " decode" : " prefill")
-              << " t=" << t << " r=" << r;
+  for (Isa isa : machine_isas()) {
+    IsaScope scope(isa);
+    SCOPED_TRACE(isa_name(isa));
+    for (G type : kTypes) {
+      const int64_t n_in = quant::block_size(type) == 256 ? 512 : 544, n_out = 45, n_tokens = 11;
+      const Matrix m = make_matrix(type, n_in, n_out, 9);
+      const auto x = make_acts(n_in, n_tokens, 10);
+      for (MatmulPath path : {MatmulPath::kDecode, MatmulPath::kPrefill}) {
+        std::vector<float> all(static_cast<size_t>(n_tokens * n_out));
+        matmul(m.view(), x.data(), n_tokens, all.data(), pool, scratch, path);
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          std::vector<float> one(static_cast<size_t>(n_out));
+          matmul(m.view(), x.data() + t * n_in, 1, one.data(), pool, scratch, path);
+          for (int64_t r = 0; r < n_out; ++r) {
+            ASSERT_EQ(one[static_cast<size_t>(r)], all[static_cast<size_t>(t * n_out + r)])
+                << quant::type_name(type) << (path == MatmulPath::kDecode ? " decode" : " prefill")
+                << " t=" << t << " r=" << r;
+          }
         }
       }
     }
   }
+}
+
+// The AVX-512 decode kernels give the AVX2 kernels' bits (the same integer partition and float
+// order), so a token computed on either ISA's decode path is the same token.
+TEST(Matmul, Avx512DecodeGivesTheAvx2Bits) {
+  if (best_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  ThreadPool pool(2);
+  MatmulScratch scratch;
+  for (G type : {G::Q4_K, G::Q6_K}) {
+    const Matrix m = make_matrix(type, 2304, 45, 11);
+    for (int64_t n_tokens : {1, 3, 16}) {
+      const auto x = make_acts(2304, n_tokens, 12);
+      std::vector<float> y2(static_cast<size_t>(n_tokens * 45)), y5(y2.size());
+      {
+        IsaScope scope(Isa::kAvx2);
+        matmul(m.view(), x.data(), n_tokens, y2.data(), pool, scratch, MatmulPath::kDecode);
+      }
+      {
+        IsaScope scope(Isa::kAvx512);
+        matmul(m.view(), x.data(), n_tokens, y5.data(), pool, scratch, MatmulPath::kDecode);
+      }
+      for (size_t i = 0; i < y2.size(); ++i) {
+        ASSERT_EQ(y2[i], y5[i]) << quant::type_name(type) << " tokens=" << n_tokens << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(CpuFeatures, IsaChoiceIsClampedToTheMachineAndFollowedByTheTraits) {
+  const Isa saved = active_isa();
+  EXPECT_EQ(set_isa(Isa::kAvx512), best_isa());  // never above what the machine has
+  EXPECT_EQ(set_isa(Isa::kScalar), Isa::kScalar);
+  EXPECT_FALSE(has_avx2());
+  EXPECT_FALSE(has_avx512());
+  EXPECT_EQ(quant::traits_avx2(G::Q4_K), nullptr);
+  EXPECT_EQ(quant::traits(G::Q4_K), quant::traits_scalar(G::Q4_K));
+  if (static_cast<int>(best_isa()) >= static_cast<int>(Isa::kAvx2)) {
+    EXPECT_EQ(set_isa(Isa::kAvx2), Isa::kAvx2);
+    EXPECT_TRUE(has_avx2());
+    EXPECT_FALSE(has_avx512());
+    EXPECT_NE(quant::traits(G::Q4_K), quant::traits_scalar(G::Q4_K));
+  }
+  set_isa(saved);
+  EXPECT_EQ(isa_from_name("avx2"), Isa::kAvx2);
+  EXPECT_EQ(isa_from_name("avx512"), Isa::kAvx512);
+  EXPECT_EQ(isa_from_name("scalar"), Isa::kScalar);
+  EXPECT_EQ(isa_from_name("sse"), std::nullopt);
+  EXPECT_NE(isa_report().find(std::string(isa_name(active_isa()))), std::string::npos);
 }
 
 TEST(Matmul, ScratchIsReusedOnceWarm) {

@@ -12,8 +12,8 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "bie/attention/paged_attention.h"
-#include "bie/backend/cpu_features.h"
 #include "bie/backend/thread_pool.h"
+#include "bie/common/cpu_features.h"
 #include "bie/engine/generate.h"
 #include "support/contiguous_kv_cache.h"
 #include "bie/kv/kv_format.h"

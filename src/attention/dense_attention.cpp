@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "bie/backend/cpu_features.h"
+#include "bie/common/cpu_features.h"
 #include "bie/quant/fp16.h"
 
 namespace bie::attention {

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "bie/attention/dense_attention.h"
-#include "bie/backend/simd_avx2.h"
+#include "bie/common/simd_avx2.h"
 
 namespace bie::attention {
 

@@ -14,7 +14,7 @@
 #include <type_traits>
 
 #include "bie/attention/paged_attention.h"
-#include "bie/backend/simd_avx2.h"
+#include "bie/common/simd_avx2.h"
 #include "bie/kv/kv_layout.h"
 
 namespace bie::attention {

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 
+#include "bie/common/cpu_features.h"
 #include "bie/engine/model_path.h"
 #include "bie/gguf/ggml_type_info.h"
 #include "bie/gguf/gguf_file.h"
@@ -96,6 +97,7 @@ int info(const std::string& model_arg, bool show_tensors) {
              meta_str(f, "tokenizer.ggml.eos_token_id"),
              meta_str(f, "tokenizer.ggml.add_bos_token"));
   fmt::print("chat template   {}\n", f.find("tokenizer.chat_template") ? "yes" : "no");
+  fmt::print("cpu kernels     {}\n", isa_report());
   if (show_tensors) {
     for (const auto& t : f.tensors()) {
       const auto ti = gguf::ggml_type_info(t.type);

@@ -6,7 +6,7 @@
 #include <cassert>
 #include <cmath>
 
-#include "bie/backend/cpu_features.h"
+#include "bie/common/cpu_features.h"
 #include "kv/kv_format_internal.h"
 
 namespace bie::kv {

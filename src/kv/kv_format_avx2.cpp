@@ -10,7 +10,7 @@
 #include <cassert>
 #include <cstring>
 
-#include "bie/backend/simd_avx2.h"
+#include "bie/common/simd_avx2.h"
 #include "kv/kv_format_internal.h"
 
 namespace bie::kv::detail {

@@ -5,7 +5,7 @@
 #include <cassert>
 #include <cmath>
 
-#include "bie/backend/cpu_features.h"
+#include "bie/common/cpu_features.h"
 
 namespace bie::kv {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "bie/backend/simd_avx2.h"
+#include "bie/common/simd_avx2.h"
 #include "bie/quant/blocks.h"
 #include "quant/quant_internal.h"
 

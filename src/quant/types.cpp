@@ -3,7 +3,7 @@
 #include <array>
 #include <cctype>
 
-#include "bie/backend/cpu_features.h"
+#include "bie/common/cpu_features.h"
 #include "bie/gguf/ggml_type_info.h"
 #include "bie/quant/traits.h"
 #include "quant/quant_internal.h"
@@ -80,8 +80,8 @@ const TypeTraits* traits_scalar(GgmlType type) {
 }
 
 const TypeTraits* traits_avx2(GgmlType type) {
-  static const TypeTraits* const table = has_avx2() ? avx2_table() : nullptr;
-  return lookup(table, type);
+  // Not cached: the active ISA may be lowered at run time (set_isa, for tests).
+  return has_avx2() ? lookup(avx2_table(), type) : nullptr;
 }
 
 const TypeTraits* traits(GgmlType type) {

@@ -7,7 +7,7 @@
 #include <new>
 
 #include "backend/cpu/matmul_kernels.h"
-#include "bie/backend/cpu_features.h"
+#include "bie/common/cpu_features.h"
 #include "bie/quant/traits.h"
 
 namespace bie {
@@ -97,29 +97,64 @@ void MatmulScratch::reserve(size_t activation_bytes, int n_threads, size_t panel
 
 namespace {
 
-// Matrix-vector kernels for 1 <= n_tokens <= kMaxMatvecTokens. False if the type has none.
+// The matrix-vector kernels of the active ISA for a weight type (plan.supported is false when
+// it has none): AVX-512 where the machine has it and the type has such kernels, else AVX2.
+struct MatvecOps {
+  cpu::MatvecPlan plan;
+  void (*prepare)(quant::GgmlType, int64_t, const float*, uint8_t*) = nullptr;
+  void (*rows)(const WeightView&, const uint8_t*, size_t, int64_t, int64_t, int64_t,
+               float*) = nullptr;
+};
+
+MatvecOps matvec_ops(const WeightView& w) {
+  if (has_avx512()) {
+    const cpu::MatvecPlan p = cpu::avx512_matvec_plan(w.type, w.n_in);
+    if (p.supported) return {p, cpu::avx512_matvec_prepare, cpu::avx512_matvec_rows};
+  }
+  if (has_avx2()) {
+    const cpu::MatvecPlan p = cpu::avx2_matvec_plan(w.type, w.n_in);
+    if (p.supported) return {p, cpu::avx2_matvec_prepare, cpu::avx2_matvec_rows};
+  }
+  return {};
+}
+
+// Matrix-vector kernels over any number of tokens, the weights read once per call: threads take
+// chunks of rows, and each chunk (small enough to stay in L2) is dotted with every group of up
+// to kMaxMatvecTokens tokens before the next chunk is read. A token's sums do not depend on its
+// group (the kernels build each (row, token) sum in one fixed order), so its bits do not depend
+// on the batch. False if the type has no matvec kernels.
 bool matvec_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
                  MatmulScratch& scratch) {
-  if (!has_avx2() || n_tokens > cpu::kMaxMatvecTokens) return false;
-  const cpu::MatvecPlan plan = cpu::avx2_matvec_plan(w.type, w.n_in);
-  if (!plan.supported) return false;
+  const MatvecOps ops = matvec_ops(w);
+  if (!ops.plan.supported) return false;
+  const size_t arb = ops.plan.act_row_bytes;
   const int nth = pool.size();
-  auto* acts = static_cast<uint8_t*>(
-      scratch.activations(plan.act_row_bytes * static_cast<size_t>(n_tokens)));
-  // A few rows of n_in values: not worth waking the pool.
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    cpu::avx2_matvec_prepare(w.type, w.n_in, x + t * w.n_in,
-                             acts + static_cast<size_t>(t) * plan.act_row_bytes);
+  auto* acts = static_cast<uint8_t*>(scratch.activations(arb * static_cast<size_t>(n_tokens)));
+  if (n_tokens <= cpu::kMaxMatvecTokens) {
+    // A few rows of n_in values: not worth waking the pool.
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      ops.prepare(w.type, w.n_in, x + t * w.n_in, acts + static_cast<size_t>(t) * arb);
+    }
+  } else {
+    const MatvecOps* op = &ops;
+    const WeightView* wp = &w;
+    pool.run_on_all([op, wp, x, n_tokens, arb, acts](int ith, int nt) {
+      const auto [t0, t1] = split(n_tokens, 1, ith, nt);
+      for (int64_t t = t0; t < t1; ++t) {
+        op->prepare(wp->type, wp->n_in, x + t * wp->n_in, acts + static_cast<size_t>(t) * arb);
+      }
+    });
   }
   struct Job {
     const WeightView* w;
+    const MatvecOps* ops;
     const uint8_t* acts;
     size_t act_row_bytes;
     int64_t n_tokens;
     float* y;
     int64_t chunk_rows;
     std::atomic<int64_t> next;
-  } job{&w, acts, plan.act_row_bytes, n_tokens, y, matvec_chunk_rows(w, nth), {0}};
+  } job{&w, &ops, acts, arb, n_tokens, y, matvec_chunk_rows(w, nth), {0}};
   Job* jp = &job;
   pool.run_on_all([jp](int, int) {
     // Threads take contiguous chunks of rows as they come free, so a thread slowed by
@@ -128,7 +163,11 @@ bool matvec_path(const WeightView& w, const float* x, int64_t n_tokens, float* y
       const int64_t r0 = jp->next.fetch_add(jp->chunk_rows, std::memory_order_relaxed);
       if (r0 >= jp->w->n_out) break;
       const int64_t r1 = std::min(jp->w->n_out, r0 + jp->chunk_rows);
-      cpu::avx2_matvec_rows(*jp->w, jp->acts, jp->act_row_bytes, jp->n_tokens, r0, r1, jp->y);
+      for (int64_t t = 0; t < jp->n_tokens; t += cpu::kMaxMatvecTokens) {
+        const int64_t nt = std::min<int64_t>(cpu::kMaxMatvecTokens, jp->n_tokens - t);
+        jp->ops->rows(*jp->w, jp->acts + static_cast<size_t>(t) * jp->act_row_bytes,
+                      jp->act_row_bytes, nt, r0, r1, jp->y + t * jp->w->n_out);
+      }
     }
   });
   return true;
@@ -219,19 +258,14 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
   assert(w.row_bytes >= quant::row_size(w.type, w.n_in));
   switch (path) {
     case MatmulPath::kDecode:
-      if (has_avx2() && cpu::avx2_matvec_plan(w.type, w.n_in).supported) {
-        for (int64_t t = 0; t < n_tokens; t += cpu::kMaxMatvecTokens) {
-          const int64_t nt = std::min<int64_t>(cpu::kMaxMatvecTokens, n_tokens - t);
-          (void)matvec_path(w, x + t * w.n_in, nt, y + t * w.n_out, pool, scratch);
-        }
-        return;
-      }
+      if (matvec_path(w, x, n_tokens, y, pool, scratch)) return;
       break;
     case MatmulPath::kPrefill:
       if (tile_path(w, x, n_tokens, y, pool, scratch)) return;
       break;
     case MatmulPath::kAuto:
-      if (matvec_path(w, x, n_tokens, y, pool, scratch)) return;
+      if (n_tokens <= cpu::kMaxMatvecTokens && matvec_path(w, x, n_tokens, y, pool, scratch))
+        return;
       if (n_tokens >= kMinTileTokens && tile_path(w, x, n_tokens, y, pool, scratch)) return;
       break;
   }

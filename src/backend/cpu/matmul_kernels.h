@@ -53,4 +53,13 @@ void avx2_matvec_prepare(quant::GgmlType type, int64_t n_in, const float* x, uin
 void avx2_matvec_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
                       int64_t n_tokens, int64_t r0, int64_t r1, float* y);
 
+// ---- AVX-512 twins of the matvec kernels (matvec_avx512.cpp) --------------------------------
+// Same contract as the avx2_matvec_* functions (own activation layout: prepare with the same
+// ISA's function). note: call these only if has_avx512().
+
+[[nodiscard]] MatvecPlan avx512_matvec_plan(quant::GgmlType type, int64_t n_in);
+void avx512_matvec_prepare(quant::GgmlType type, int64_t n_in, const float* x, uint8_t* acts);
+void avx512_matvec_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
+                        int64_t n_tokens, int64_t r0, int64_t r1, float* y);
+
 }  // namespace bie::cpu
