@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "bie/backend/matmul_path.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/quant/types.h"
 
@@ -55,16 +56,7 @@ class MatmulScratch {
 // y[t * n_out + r] = sum_k W[r][k] * x[t * n_in + k] for t < n_tokens; x and y fp32 row-major.
 // Activations are first converted to the weight type's vec_dot_type (as ggml does), so results
 // track llama.cpp's. note: call only if quant::is_supported(w.type), n_in is a multiple of the
-// type's block size, and x/y do not overlap.
-//
-// Which kernel computes a token decides its rounding, and the kernels differ in summation order.
-// So that a token's result never depends on what else is in the batch (a sequence decoded alone
-// or among 15 others, a prompt prefilled in one chunk or several), callers name the token class:
-//   kDecode:  matrix-vector kernels, in groups of up to 4 tokens (each token's sums identical to
-//             running it alone);
-//   kPrefill: the tiled kernels for any token count (each token's sums independent of the count);
-//   kAuto:    whichever is fastest for n_tokens (benchmarks and kernels tests).
-enum class MatmulPath : uint8_t { kAuto, kDecode, kPrefill };
+// type's block size, and x/y do not overlap. `path`: see MatmulPath.
 
 void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
             MatmulScratch& scratch, MatmulPath path = MatmulPath::kAuto);

@@ -1,0 +1,173 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "bie/backend/ops.h"
+#include "bie/quant/traits.h"
+
+namespace bie {
+
+namespace {
+
+// Host memory: owned (aligned, zero-filled) or a view of memory someone else owns.
+class CpuBuffer final : public DeviceBuffer {
+ public:
+  CpuBuffer(uint64_t backend_id, size_t size, void* host, bool owned)
+      : DeviceBuffer(backend_id, size, host), owned_(owned) {}
+  ~CpuBuffer() override {
+    if (owned_) std::free(host_ptr());
+  }
+
+ private:
+  bool owned_;
+};
+
+float* f32(const Tensor& t) {
+  return static_cast<float*>(t.host());
+}
+
+// A row-wise job goes to the pool from 4 rows and 2048 values on (one decode token runs inline,
+// as the small jobs of a decode step would only pay the pool's wake-up).
+constexpr int64_t kMinParallelRows = 4;
+constexpr int64_t kMinParallelValues = 2048;
+
+ops::RopeParams rope_params(const RopeConfig& r) {
+  ops::RopeParams p;
+  p.n_rot = r.n_rot;
+  p.freq_base = r.freq_base;
+  p.freq_scale = r.freq_scale;
+  p.neox = r.neox;
+  p.freq_factors = r.freq_factors.empty() ? nullptr : f32(r.freq_factors);
+  return p;
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int n_threads) : pool_(n_threads > 0 ? n_threads : default_thread_count()) {}
+
+CpuBackend::~CpuBackend() = default;
+
+template <class Fn>
+void CpuBackend::for_rows(int64_t rows, int64_t cols, Fn&& fn) {
+  if (rows < kMinParallelRows || rows * cols < kMinParallelValues) {
+    for (int64_t r = 0; r < rows; ++r) fn(r);
+    return;
+  }
+  pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r) fn(r);
+  });
+}
+
+Result<std::unique_ptr<DeviceBuffer>> CpuBackend::alloc(size_t bytes) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = rounded == 0 ? nullptr : std::aligned_alloc(64, rounded);
+  if (rounded != 0 && p == nullptr) {
+    return Error{fmt::format("cpu backend: out of memory allocating {} bytes", bytes)};
+  }
+  if (p != nullptr) std::memset(p, 0, rounded);
+  return std::unique_ptr<DeviceBuffer>(std::make_unique<CpuBuffer>(id(), bytes, p, true));
+}
+
+Result<std::unique_ptr<DeviceBuffer>> CpuBackend::upload_weights(std::span<const uint8_t> bytes) {
+  // A view of the caller's (mmapped) bytes: the CPU kernels read weights in place.
+  return std::unique_ptr<DeviceBuffer>(
+      std::make_unique<CpuBuffer>(id(), bytes.size(), const_cast<uint8_t*>(bytes.data()), false));
+}
+
+void CpuBackend::upload(const Tensor& dst, const void* src) {
+  if (dst.bytes() != 0) std::memcpy(dst.host(), src, dst.bytes());
+}
+
+void CpuBackend::download(const Tensor& src, void* dst) {
+  if (src.bytes() != 0) std::memcpy(dst, src.host(), src.bytes());
+}
+
+void CpuBackend::matmul(const Tensor& w, const Tensor& x, const Tensor& y, MatmulPath path) {
+  const WeightView wv{w.type, w.cols, w.rows, w.host(), w.row_bytes};
+  bie::matmul(wv, f32(x), x.rows, f32(y), pool_, scratch_, path);
+}
+
+void CpuBackend::get_rows(const Tensor& table, const Tensor& ids, const Tensor& out, float scale) {
+  const quant::TypeTraits* tr = quant::traits(table.type);
+  const auto* base = static_cast<const uint8_t*>(table.host());
+  const auto* id = static_cast<const int32_t*>(ids.host());
+  const int64_t n = table.cols;
+  for_rows(out.rows, n, [&](int64_t i) {
+    float* y = f32(out) + i * (static_cast<int64_t>(out.row_bytes) / 4);
+    tr->to_float(base + static_cast<size_t>(id[i]) * table.row_bytes, y, n);
+    if (scale != 1.0f) {
+      for (int64_t c = 0; c < n; ++c) y[c] *= scale;
+    }
+  });
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, const Tensor& out, float eps) {
+  const float* wp = f32(w);
+  const auto xs = static_cast<int64_t>(x.row_bytes / 4);
+  const auto os = static_cast<int64_t>(out.row_bytes / 4);
+  for_rows(x.rows, x.cols,
+           [&](int64_t r) { ops::rms_norm(f32(x) + r * xs, wp, f32(out) + r * os, x.cols, eps); });
+}
+
+void CpuBackend::add(const Tensor& x, const Tensor& y) {
+  const auto xs = static_cast<int64_t>(x.row_bytes / 4);
+  const int64_t ys = y.rows == 1 ? 0 : static_cast<int64_t>(y.row_bytes / 4);
+  for_rows(x.rows, x.cols,
+           [&](int64_t r) { ops::add_inplace(f32(x) + r * xs, f32(y) + r * ys, x.cols); });
+}
+
+void CpuBackend::scale(const Tensor& x, float s) {
+  const auto xs = static_cast<int64_t>(x.row_bytes / 4);
+  for_rows(x.rows, x.cols, [&](int64_t r) {
+    float* p = f32(x) + r * xs;
+    for (int64_t c = 0; c < x.cols; ++c) p[c] *= s;
+  });
+}
+
+void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up) {
+  const auto gs = static_cast<int64_t>(gate.row_bytes / 4);
+  const auto us = static_cast<int64_t>(up.row_bytes / 4);
+  for_rows(gate.rows, gate.cols, [&](int64_t r) {
+    ops::silu_mul_inplace(f32(gate) + r * gs, f32(up) + r * us, gate.cols);
+  });
+}
+
+void CpuBackend::gelu_mul(const Tensor& gate, const Tensor& up) {
+  const auto gs = static_cast<int64_t>(gate.row_bytes / 4);
+  const auto us = static_cast<int64_t>(up.row_bytes / 4);
+  for_rows(gate.rows, gate.cols, [&](int64_t r) {
+    ops::gelu_mul_inplace(f32(gate) + r * gs, f32(up) + r * us, gate.cols);
+  });
+}
+
+void CpuBackend::rope_cache(const RopeConfig& rope, const Tensor& pos, const Tensor& cs) {
+  const ops::RopeParams p = rope_params(rope);
+  const auto* ps = static_cast<const int32_t*>(pos.host());
+  const auto css = static_cast<int64_t>(cs.row_bytes / 4);
+  for_rows(cs.rows, cs.cols, [&](int64_t i) { ops::rope_cache(p, ps[i], f32(cs) + i * css); });
+}
+
+void CpuBackend::rope(const RopeConfig& rope, const Tensor& cs, const Tensor& x, int n_heads,
+                      int head_dim) {
+  const ops::RopeParams p = rope_params(rope);
+  const auto css = static_cast<int64_t>(cs.row_bytes / 4);
+  const auto xs = static_cast<int64_t>(x.row_bytes / 4);
+  for_rows(x.rows, x.cols, [&](int64_t i) {
+    ops::rope_apply(p, f32(cs) + i * css, f32(x) + i * xs, n_heads, head_dim);
+  });
+}
+
+void CpuBackend::softcap(const Tensor& x, float cap) {
+  const auto xs = static_cast<int64_t>(x.row_bytes / 4);
+  for_rows(x.rows, x.cols, [&](int64_t r) {
+    float* p = f32(x) + r * xs;
+    for (int64_t c = 0; c < x.cols; ++c) p[c] = std::tanh(p[c] * (1.0f / cap)) * cap;
+  });
+}
+
+}  // namespace bie
