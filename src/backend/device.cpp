@@ -121,13 +121,14 @@ std::string describe_devices(const std::vector<GpuDeviceInfo>& devices) {
     out += fmt::format("  subgroup size       {}\n", d.subgroup_size);
     out += fmt::format("  fp16 / int8 math    {} / {}\n", yes(d.fp16_arithmetic),
                        yes(d.int8_arithmetic));
-    out += fmt::format("  16/8-bit storage    {} / {}\n", yes(d.storage_16bit), yes(d.storage_8bit));
+    out +=
+        fmt::format("  16/8-bit storage    {} / {}\n", yes(d.storage_16bit), yes(d.storage_8bit));
     out += fmt::format("  cooperative matrix  {}{}\n", yes(d.cooperative_matrix),
                        d.cooperative_matrix_nv ? " (NV extension present)" : "");
     out += fmt::format("  memory budget ext   {}\n", yes(d.memory_budget));
-    out += fmt::format("  max storage buffer  {:.2f} GiB, shared memory {} KiB\n",
-                       d.max_storage_buffer_range / 1073741824.0,
-                       d.max_compute_shared_memory / 1024);
+    out +=
+        fmt::format("  max storage buffer  {:.2f} GiB, shared memory {} KiB\n",
+                    d.max_storage_buffer_range / 1073741824.0, d.max_compute_shared_memory / 1024);
   }
   return out;
 }

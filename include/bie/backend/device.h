@@ -32,20 +32,20 @@ struct GpuMemoryHeap {
 };
 
 struct GpuDeviceInfo {
-  int index = 0;              // N of vulkan:N (order of vkEnumeratePhysicalDevices)
-  std::string name;           // "NVIDIA GeForce RTX 4060", "llvmpipe (LLVM 15.0.6, 256 bits)"
-  std::string type;           // "discrete", "integrated", "virtual", "cpu", "other"
-  bool is_cpu = false;        // a CPU implementation (lavapipe, SwiftShader): never picked by auto
-  std::string driver;         // driver name and info, "llvmpipe (Mesa 22.3.6 (LLVM 15.0.6))"
-  std::string api_version;    // "1.3.230"
+  int index = 0;            // N of vulkan:N (order of vkEnumeratePhysicalDevices)
+  std::string name;         // "NVIDIA GeForce RTX 4060", "llvmpipe (LLVM 15.0.6, 256 bits)"
+  std::string type;         // "discrete", "integrated", "virtual", "cpu", "other"
+  bool is_cpu = false;      // a CPU implementation (lavapipe, SwiftShader): never picked by auto
+  std::string driver;       // driver name and info, "llvmpipe (Mesa 22.3.6 (LLVM 15.0.6))"
+  std::string api_version;  // "1.3.230"
   uint32_t vendor_id = 0;
   uint32_t device_id = 0;
   std::vector<GpuMemoryHeap> heaps;
   uint32_t subgroup_size = 0;
-  bool fp16_arithmetic = false;  // shaderFloat16
-  bool int8_arithmetic = false;  // shaderInt8
-  bool storage_16bit = false;    // storageBuffer16BitAccess
-  bool storage_8bit = false;     // storageBuffer8BitAccess
+  bool fp16_arithmetic = false;        // shaderFloat16
+  bool int8_arithmetic = false;        // shaderInt8
+  bool storage_16bit = false;          // storageBuffer16BitAccess
+  bool storage_8bit = false;           // storageBuffer8BitAccess
   bool cooperative_matrix = false;     // VK_KHR_cooperative_matrix
   bool cooperative_matrix_nv = false;  // VK_NV_cooperative_matrix
   bool memory_budget = false;          // VK_EXT_memory_budget

@@ -25,15 +25,22 @@ std::string version_string(uint32_t v) {
 
 const char* type_name(VkPhysicalDeviceType t) {
   switch (t) {
-    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete";
-    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated";
-    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual";
-    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
-    default: return "other";
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return "discrete";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return "integrated";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return "virtual";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return "cpu";
+    default:
+      return "other";
   }
 }
 
-size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+size_t round_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
 
 }  // namespace
 
@@ -57,8 +64,8 @@ Result<std::shared_ptr<Instance>> Instance::get() {
   Fns& f = inst->fns_;
   uint32_t api = VK_API_VERSION_1_0;
   if (f.vkEnumerateInstanceVersion(&api) != VK_SUCCESS || api < VK_API_VERSION_1_2) {
-    return fail(fmt::format("the Vulkan loader is version {}; BIE needs Vulkan 1.2",
-                            version_string(api)));
+    return fail(
+        fmt::format("the Vulkan loader is version {}; BIE needs Vulkan 1.2", version_string(api)));
   }
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
   app.pApplicationName = "bie";
@@ -68,9 +75,10 @@ Result<std::shared_ptr<Instance>> Instance::get() {
   ci.pApplicationInfo = &app;
   VkResult r = f.vkCreateInstance(&ci, nullptr, &inst->instance_);
   if (r != VK_SUCCESS) {
-    return fail(fmt::format("no Vulkan driver found (vkCreateInstance: {}); install a GPU "
-                            "driver with Vulkan support, or mesa-vulkan-drivers",
-                            result_name(r)));
+    return fail(
+        fmt::format("no Vulkan driver found (vkCreateInstance: {}); install a GPU "
+                    "driver with Vulkan support, or mesa-vulkan-drivers",
+                    result_name(r)));
   }
   if (Status s = load_instance_fns(f, inst->instance_); !s.ok()) {
     auto destroy = reinterpret_cast<PFN_vkDestroyInstance>(
@@ -108,15 +116,17 @@ GpuDeviceInfo Instance::describe(int index) const {
   std::vector<VkExtensionProperties> exts(n_ext);
   f.vkEnumerateDeviceExtensionProperties(pd, nullptr, &n_ext, exts.data());
   auto has_ext = [&](const char* name) {
-    return std::any_of(exts.begin(), exts.end(),
-                       [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
+    return std::any_of(exts.begin(), exts.end(), [&](const VkExtensionProperties& e) {
+      return std::strcmp(e.extensionName, name) == 0;
+    });
   };
   d.memory_budget = has_ext(VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
   d.cooperative_matrix = has_ext("VK_KHR_cooperative_matrix");
   d.cooperative_matrix_nv = has_ext("VK_NV_cooperative_matrix");
 
   VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
-  VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceSubgroupProperties subgroup{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
   subgroup.pNext = &driver;
   VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
   props.pNext = &subgroup;
@@ -152,7 +162,8 @@ GpuDeviceInfo Instance::describe(int index) const {
   for (uint32_t i = 0; i < mem.memoryProperties.memoryHeapCount; ++i) {
     GpuMemoryHeap h;
     h.size = mem.memoryProperties.memoryHeaps[i].size;
-    h.device_local = (mem.memoryProperties.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) != 0;
+    h.device_local =
+        (mem.memoryProperties.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) != 0;
     if (d.memory_budget) {
       h.has_budget = true;
       h.budget = budget.heapBudget[i];
@@ -171,8 +182,9 @@ Result<std::vector<GpuDeviceInfo>> enumerate_devices() {
     out.push_back((*inst)->describe(static_cast<int>(i)));
   }
   if (out.empty()) {
-    return Error{"no Vulkan device found (the loader found no driver); install a GPU driver "
-                 "with Vulkan support, or mesa-vulkan-drivers"};
+    return Error{
+        "no Vulkan device found (the loader found no driver); install a GPU driver "
+        "with Vulkan support, or mesa-vulkan-drivers"};
   }
   return out;
 }
@@ -189,7 +201,8 @@ Result<std::unique_ptr<Device>> Device::open(int index, const DeviceOptions& opt
   if (!inst.ok()) return Error{inst.error()};
   const auto& phys = (*inst)->physical_devices();
   if (index < 0 || static_cast<size_t>(index) >= phys.size()) {
-    return Error{fmt::format("vulkan:{}: this machine has {} Vulkan device(s)", index, phys.size())};
+    return Error{
+        fmt::format("vulkan:{}: this machine has {} Vulkan device(s)", index, phys.size())};
   }
   std::unique_ptr<Device> d(new Device());
   d->instance_ = *inst;
@@ -343,8 +356,8 @@ Result<Buffer> Device::make_buffer(size_t bytes, bool staging) {
   f.vkBindBufferMemory(device_, b.buffer, b.memory, 0);
   const bool mappable = staging || (device_memory_mappable_ && !opts_.force_staging);
   if (mappable) {
-    if (Status s = check(f.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped),
-                         "vkMapMemory");
+    if (Status s =
+            check(f.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory");
         !s.ok()) {
       destroy(b);
       return Error{s.error()};
@@ -517,7 +530,8 @@ Status Device::dispatch(const Pipeline& p, std::initializer_list<BufferRef> buff
   dsai.descriptorSetCount = 1;
   dsai.pSetLayouts = &p.set_layout;
   VkDescriptorSet set = VK_NULL_HANDLE;
-  if (Status s = check(f.vkAllocateDescriptorSets(device_, &dsai, &set), "vkAllocateDescriptorSets");
+  if (Status s =
+          check(f.vkAllocateDescriptorSets(device_, &dsai, &set), "vkAllocateDescriptorSets");
       !s.ok()) {
     return s;
   }
@@ -569,8 +583,8 @@ Status Device::sync() {
   if (Status s = check(f.vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit"); !s.ok()) {
     return s;
   }
-  if (Status s = check(f.vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX),
-                       "vkWaitForFences");
+  if (Status s =
+          check(f.vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
       !s.ok()) {
     return s;
   }

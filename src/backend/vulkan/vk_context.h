@@ -44,9 +44,9 @@ class Instance {
 struct Buffer {
   VkBuffer buffer = VK_NULL_HANDLE;
   VkDeviceMemory memory = VK_NULL_HANDLE;
-  size_t size = 0;          // bytes asked for
-  size_t alloc_size = 0;    // bytes the driver allocated
-  void* mapped = nullptr;   // host pointer when the memory is host visible and mapped
+  size_t size = 0;         // bytes asked for
+  size_t alloc_size = 0;   // bytes the driver allocated
+  void* mapped = nullptr;  // host pointer when the memory is host visible and mapped
   [[nodiscard]] bool valid() const { return buffer != VK_NULL_HANDLE; }
 };
 
@@ -74,7 +74,8 @@ struct DeviceOptions {
 
 class Device {
  public:
-  [[nodiscard]] static Result<std::unique_ptr<Device>> open(int index, const DeviceOptions& opts = {});
+  [[nodiscard]] static Result<std::unique_ptr<Device>> open(int index,
+                                                            const DeviceOptions& opts = {});
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;

@@ -38,7 +38,7 @@ Result<Fns*> load_vulkan(const char* library) {
       if (l.fns.vkGetInstanceProcAddr == nullptr) {
         l.error = fmt::format("{} has no vkGetInstanceProcAddr (not a Vulkan loader)", library);
       } else {
-#define BIE_VK_LOAD(name)                                                                   \
+#define BIE_VK_LOAD(name)                                                                 \
   l.fns.name = reinterpret_cast<PFN_##name>(l.fns.vkGetInstanceProcAddr(nullptr, #name)); \
   if (l.fns.name == nullptr && l.error.empty()) l.error = fmt::format("{} lacks " #name, library);
         BIE_VK_GLOBAL_FNS(BIE_VK_LOAD)
@@ -53,8 +53,8 @@ Result<Fns*> load_vulkan(const char* library) {
 }
 
 Status load_instance_fns(Fns& fns, VkInstance instance) {
-#define BIE_VK_LOAD(name)                                                                   \
-  fns.name = reinterpret_cast<PFN_##name>(fns.vkGetInstanceProcAddr(instance, #name));    \
+#define BIE_VK_LOAD(name)                                                              \
+  fns.name = reinterpret_cast<PFN_##name>(fns.vkGetInstanceProcAddr(instance, #name)); \
   if (fns.name == nullptr) return Error{"the Vulkan loader lacks " #name};
   BIE_VK_INSTANCE_FNS(BIE_VK_LOAD)
 #undef BIE_VK_LOAD
@@ -62,8 +62,8 @@ Status load_instance_fns(Fns& fns, VkInstance instance) {
 }
 
 Status load_device_fns(Fns& fns, VkDevice device) {
-#define BIE_VK_LOAD(name)                                                                 \
-  fns.name = reinterpret_cast<PFN_##name>(fns.vkGetDeviceProcAddr(device, #name));        \
+#define BIE_VK_LOAD(name)                                                          \
+  fns.name = reinterpret_cast<PFN_##name>(fns.vkGetDeviceProcAddr(device, #name)); \
   if (fns.name == nullptr) return Error{"the Vulkan driver lacks " #name};
   BIE_VK_DEVICE_FNS(BIE_VK_LOAD)
 #undef BIE_VK_LOAD
@@ -72,23 +72,40 @@ Status load_device_fns(Fns& fns, VkDevice device) {
 
 const char* result_name(VkResult r) {
   switch (r) {
-    case VK_SUCCESS: return "VK_SUCCESS";
-    case VK_NOT_READY: return "VK_NOT_READY";
-    case VK_TIMEOUT: return "VK_TIMEOUT";
-    case VK_INCOMPLETE: return "VK_INCOMPLETE";
-    case VK_ERROR_OUT_OF_HOST_MEMORY: return "VK_ERROR_OUT_OF_HOST_MEMORY";
-    case VK_ERROR_OUT_OF_DEVICE_MEMORY: return "VK_ERROR_OUT_OF_DEVICE_MEMORY";
-    case VK_ERROR_INITIALIZATION_FAILED: return "VK_ERROR_INITIALIZATION_FAILED";
-    case VK_ERROR_DEVICE_LOST: return "VK_ERROR_DEVICE_LOST";
-    case VK_ERROR_MEMORY_MAP_FAILED: return "VK_ERROR_MEMORY_MAP_FAILED";
-    case VK_ERROR_LAYER_NOT_PRESENT: return "VK_ERROR_LAYER_NOT_PRESENT";
-    case VK_ERROR_EXTENSION_NOT_PRESENT: return "VK_ERROR_EXTENSION_NOT_PRESENT";
-    case VK_ERROR_FEATURE_NOT_PRESENT: return "VK_ERROR_FEATURE_NOT_PRESENT";
-    case VK_ERROR_INCOMPATIBLE_DRIVER: return "VK_ERROR_INCOMPATIBLE_DRIVER";
-    case VK_ERROR_TOO_MANY_OBJECTS: return "VK_ERROR_TOO_MANY_OBJECTS";
-    case VK_ERROR_FORMAT_NOT_SUPPORTED: return "VK_ERROR_FORMAT_NOT_SUPPORTED";
-    case VK_ERROR_OUT_OF_POOL_MEMORY: return "VK_ERROR_OUT_OF_POOL_MEMORY";
-    default: return "VK_ERROR_(other)";
+    case VK_SUCCESS:
+      return "VK_SUCCESS";
+    case VK_NOT_READY:
+      return "VK_NOT_READY";
+    case VK_TIMEOUT:
+      return "VK_TIMEOUT";
+    case VK_INCOMPLETE:
+      return "VK_INCOMPLETE";
+    case VK_ERROR_OUT_OF_HOST_MEMORY:
+      return "VK_ERROR_OUT_OF_HOST_MEMORY";
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY:
+      return "VK_ERROR_OUT_OF_DEVICE_MEMORY";
+    case VK_ERROR_INITIALIZATION_FAILED:
+      return "VK_ERROR_INITIALIZATION_FAILED";
+    case VK_ERROR_DEVICE_LOST:
+      return "VK_ERROR_DEVICE_LOST";
+    case VK_ERROR_MEMORY_MAP_FAILED:
+      return "VK_ERROR_MEMORY_MAP_FAILED";
+    case VK_ERROR_LAYER_NOT_PRESENT:
+      return "VK_ERROR_LAYER_NOT_PRESENT";
+    case VK_ERROR_EXTENSION_NOT_PRESENT:
+      return "VK_ERROR_EXTENSION_NOT_PRESENT";
+    case VK_ERROR_FEATURE_NOT_PRESENT:
+      return "VK_ERROR_FEATURE_NOT_PRESENT";
+    case VK_ERROR_INCOMPATIBLE_DRIVER:
+      return "VK_ERROR_INCOMPATIBLE_DRIVER";
+    case VK_ERROR_TOO_MANY_OBJECTS:
+      return "VK_ERROR_TOO_MANY_OBJECTS";
+    case VK_ERROR_FORMAT_NOT_SUPPORTED:
+      return "VK_ERROR_FORMAT_NOT_SUPPORTED";
+    case VK_ERROR_OUT_OF_POOL_MEMORY:
+      return "VK_ERROR_OUT_OF_POOL_MEMORY";
+    default:
+      return "VK_ERROR_(other)";
   }
 }
 

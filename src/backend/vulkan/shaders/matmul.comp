@@ -8,7 +8,8 @@ layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform P {
-  uint n_in; uint n_out; uint row_bytes; uint w_off; uint x_stride; uint y_stride; uint n_tokens;
+  uint n_in; uint n_out; uint row_bytes; uint w_off; uint x_off; uint x_stride; uint y_off;
+  uint y_stride; uint n_tokens;
 } p;
 #include "quant.glsl"
 const uint TM = 32u, TN = 32u, TK = 32u;
@@ -25,7 +26,7 @@ void main() {
       const uint gr = r0 + r, gk = k0 + k;
       ws[r][k] = (gr < p.n_out && gk < p.n_in) ? wget(p.w_off + gr * p.row_bytes, gk) : 0.0;
       const uint gt = t0 + r;
-      xs[r][k] = (gt < p.n_tokens && gk < p.n_in) ? x[gt * p.x_stride + gk] : 0.0;
+      xs[r][k] = (gt < p.n_tokens && gk < p.n_in) ? x[p.x_off + gt * p.x_stride + gk] : 0.0;
     }
     barrier();
     for (uint k = 0u; k < TK; ++k) {
@@ -39,7 +40,7 @@ void main() {
   for (uint a = 0u; a < 2u; ++a) {
     for (uint b = 0u; b < 2u; ++b) {
       const uint r = r0 + lr + a, t = t0 + lt + b;
-      if (r < p.n_out && t < p.n_tokens) y[t * p.y_stride + r] = acc[a][b];
+      if (r < p.n_out && t < p.n_tokens) y[p.y_off + t * p.y_stride + r] = acc[a][b];
     }
   }
 }

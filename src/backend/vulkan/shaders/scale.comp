@@ -1,9 +1,11 @@
 #version 450
-// x[i] *= s, i < n.
+// x[r][c] *= s. Group y = row.
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer X { float x[]; };
-layout(push_constant) uniform P { uint n; float s; } p;
+layout(push_constant) uniform P { uint rows; uint cols; uint x_off; uint x_stride; float s; } p;
 void main() {
-  const uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * 65535u * 256u;
-  if (i < p.n) x[i] *= p.s;
+  const uint c = gl_GlobalInvocationID.x, r = gl_GlobalInvocationID.y;
+  if (c >= p.cols || r >= p.rows) return;
+  const uint i = p.x_off + r * p.x_stride + c;
+  x[i] *= p.s;
 }
