@@ -133,20 +133,20 @@ const TypeCase kTypes[] = {
 
 class VulkanMatmul : public ::testing::TestWithParam<TypeCase> {};
 
-void check_matmul(const TypeCase& c, int64_t n_tokens, MatmulPath path) {
+void check_matmul(const TypeCase& c, int64_t n_tokens, MatmulPath path, VulkanBackend& be = gpu()) {
   const int64_t n_out = 37;
   QuantMatrix m = make_matrix(c.type, c.n_in, n_out, 11);
-  Holder h{gpu()};
-  auto wb = gpu().upload_weights(m.bytes);
+  Holder h{be};
+  auto wb = be.upload_weights(m.bytes);
   ASSERT_TRUE(wb.ok()) << wb.error();
   Tensor w{wb->get(), 0, c.type, n_out + 2, c.n_in, m.row_bytes};
   w = w.slice_rows(2, n_out);
   std::vector<float> xv = randn(static_cast<size_t>(c.n_in * n_tokens), 5, 2.0f);
   Tensor x = h.f32(xv, n_tokens, c.n_in);
   Tensor y = h.zeros(n_tokens, n_out);
-  gpu().matmul(w, x, y, path);
+  be.matmul(w, x, y, path);
   std::vector<float> got = h.read(y);
-  ASSERT_TRUE(gpu().status().ok()) << gpu().status().error();
+  ASSERT_TRUE(be.status().ok()) << be.status().error();
   int bad = 0;
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int64_t r = 0; r < n_out; ++r) {
@@ -200,6 +200,33 @@ INSTANTIATE_TEST_SUITE_P(AllWeightTypes, VulkanMatmul, ::testing::ValuesIn(kType
                          [](const auto& info) {
                            return std::string(quant::type_name(info.param.type));
                          });
+
+// A weight larger than one shader binding (Gemma 3's embedding on lavapipe's 128 MiB limit) is
+// bound as windows of rows; here the limit is forced down to a few rows per window.
+TEST(VulkanMatmul, WeightsLargerThanOneBindingAreSplitIntoWindows) {
+  VulkanBackendOptions o;
+  o.device_index = lavapipe_index();
+  o.max_weight_window_bytes = 1024;
+  auto be = VulkanBackend::create(o);
+  ASSERT_TRUE(be.ok()) << be.error();
+  for (const TypeCase& c : {TypeCase{GgmlType::Q4_K, 512}, TypeCase{GgmlType::Q5_0, 96}}) {
+    check_matmul(c, 2, MatmulPath::kDecode, **be);
+    check_matmul(c, 5, MatmulPath::kPrefill, **be);
+  }
+  // Embedding rows one window each.
+  QuantMatrix m = make_matrix(GgmlType::Q6_K, 512, 9, 3);
+  Holder h{**be};
+  auto wb = (*be)->upload_weights(m.bytes);
+  Tensor table = Tensor{wb->get(), 0, GgmlType::Q6_K, 11, 512, m.row_bytes}.slice_rows(2, 9);
+  Tensor out = h.zeros(3, 512);
+  (*be)->get_rows(table, h.i32({8, 0, 4}), out, 1.0f);
+  std::vector<float> got = h.read(out);
+  ASSERT_TRUE((*be)->status().ok()) << (*be)->status().error();
+  const int ids[] = {8, 0, 4};
+  for (int i = 0; i < 3; ++i) {
+    for (int k = 0; k < 512; ++k) ASSERT_NEAR(got[i * 512 + k], m.deq[ids[i] * 512 + k], 1e-6f);
+  }
+}
 
 TEST(VulkanMatmul, RefusesTypesWithoutAKernel) {
   VulkanBackendOptions o;

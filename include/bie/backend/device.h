@@ -42,14 +42,15 @@ struct GpuDeviceInfo {
   uint32_t device_id = 0;
   std::vector<GpuMemoryHeap> heaps;
   uint32_t subgroup_size = 0;
-  bool fp16_arithmetic = false;        // shaderFloat16
-  bool int8_arithmetic = false;        // shaderInt8
-  bool storage_16bit = false;          // storageBuffer16BitAccess
-  bool storage_8bit = false;           // storageBuffer8BitAccess
-  bool cooperative_matrix = false;     // VK_KHR_cooperative_matrix
-  bool cooperative_matrix_nv = false;  // VK_NV_cooperative_matrix
-  bool memory_budget = false;          // VK_EXT_memory_budget
-  uint64_t max_storage_buffer_range = 0;
+  bool fp16_arithmetic = false;               // shaderFloat16
+  bool int8_arithmetic = false;               // shaderInt8
+  bool storage_16bit = false;                 // storageBuffer16BitAccess
+  bool storage_8bit = false;                  // storageBuffer8BitAccess
+  bool cooperative_matrix = false;            // VK_KHR_cooperative_matrix
+  bool cooperative_matrix_nv = false;         // VK_NV_cooperative_matrix
+  bool memory_budget = false;                 // VK_EXT_memory_budget
+  uint64_t max_storage_buffer_range = 0;      // bytes one shader binding may span
+  uint64_t min_storage_buffer_alignment = 0;  // a binding's offset is a multiple of this
   uint32_t max_compute_shared_memory = 0;
 
   // Bytes of the device-local heaps (budget when the extension reports one, else size).

@@ -141,6 +141,7 @@ GpuDeviceInfo Instance::describe(int index) const {
   d.driver = fmt::format("{} ({})", driver.driverName, driver.driverInfo);
   d.subgroup_size = subgroup.subgroupSize;
   d.max_storage_buffer_range = p.limits.maxStorageBufferRange;
+  d.min_storage_buffer_alignment = p.limits.minStorageBufferOffsetAlignment;
   d.max_compute_shared_memory = p.limits.maxComputeSharedMemorySize;
 
   VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
@@ -491,6 +492,16 @@ Result<const Pipeline*> Device::pipeline(const std::string& name, uint32_t n_buf
   return &it->second;
 }
 
+size_t Device::max_binding_bytes() const {
+  return static_cast<size_t>(
+             std::min<uint64_t>(info_.max_storage_buffer_range, uint64_t{1} << 31)) /
+         16 * 16;
+}
+
+size_t Device::binding_alignment() const {
+  return static_cast<size_t>(std::max<uint64_t>(info_.min_storage_buffer_alignment, 16));
+}
+
 Status Device::begin_if_needed() {
   if (recording_) return {};
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
@@ -541,7 +552,10 @@ Status Device::dispatch(const Pipeline& p, std::initializer_list<BufferRef> buff
   uint32_t i = 0;
   for (const BufferRef& b : buffers) {
     if (b.buffer == nullptr || !b.buffer->valid()) return Error{"dispatch: unset buffer"};
-    infos[i] = {b.buffer->buffer, b.offset, b.size == 0 ? VK_WHOLE_SIZE : b.size};
+    // Size 0: to the end of the buffer, but never past what one binding may span.
+    const size_t avail = b.buffer->alloc_size - b.offset;
+    infos[i] = {b.buffer->buffer, b.offset,
+                std::min(b.size == 0 ? avail : b.size, max_binding_bytes())};
     writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
     writes[i].dstSet = set;
     writes[i].dstBinding = i;

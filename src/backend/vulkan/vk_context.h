@@ -54,7 +54,7 @@ struct Buffer {
 struct BufferRef {
   const Buffer* buffer;
   size_t offset = 0;
-  size_t size = 0;  // 0: to the end
+  size_t size = 0;  // 0: to the end (at most max_binding_bytes())
 };
 
 struct Pipeline {
@@ -106,6 +106,10 @@ class Device {
   // Bytes of device memory this Device holds now (buffers and staging), from the allocations.
   [[nodiscard]] uint64_t allocated_bytes() const { return allocated_bytes_; }
   [[nodiscard]] uint64_t dispatch_count() const { return dispatches_; }
+  // Bytes one binding may span (maxStorageBufferRange, at most 2^31 so that shader offsets in
+  // 32-bit words and bytes never overflow) and the alignment of a binding's offset.
+  [[nodiscard]] size_t max_binding_bytes() const;
+  [[nodiscard]] size_t binding_alignment() const;
 
  private:
   Device() = default;

@@ -105,12 +105,16 @@ struct KvWritePush {
 Result<std::unique_ptr<VulkanBackend>> VulkanBackend::create(const VulkanBackendOptions& o) {
   auto dev = vk::Device::open(o.device_index, o.device);
   if (!dev.ok()) return Error{dev.error()};
-  return std::unique_ptr<VulkanBackend>(
-      new VulkanBackend(std::move(*dev), std::max(1, o.n_host_threads)));
+  return std::unique_ptr<VulkanBackend>(new VulkanBackend(std::move(*dev), o));
 }
 
-VulkanBackend::VulkanBackend(std::unique_ptr<vk::Device> dev, int n_threads)
-    : dev_(std::move(dev)), pool_(n_threads) {}
+VulkanBackend::VulkanBackend(std::unique_ptr<vk::Device> dev, const VulkanBackendOptions& o)
+    : dev_(std::move(dev)), pool_(std::max(1, o.n_host_threads)) {
+  weight_window_bytes_ = dev_->max_binding_bytes();
+  if (o.max_weight_window_bytes > 0) {
+    weight_window_bytes_ = std::min(weight_window_bytes_, o.max_weight_window_bytes);
+  }
+}
 
 VulkanBackend::~VulkanBackend() {
   (void)dev_->sync();
@@ -191,33 +195,63 @@ void VulkanBackend::synchronize() {
 // ---- dense operations
 // -----------------------------------------------------------------------------
 
+// A weight view bound as a window of its buffer: rows [r0, r0 + n) start at byte w_off of a
+// binding that begins at an aligned offset and spans at most max_binding_bytes() (Gemma 3's
+// 262k-row embedding is larger than lavapipe's 128 MiB binding limit).
+namespace {
+
+struct WeightWindow {
+  vk::BufferRef ref;
+  uint32_t w_off;
+};
+
+WeightWindow weight_window(vk::Device& dev, const Tensor& w, int64_t r0, int64_t n) {
+  const size_t align = dev.binding_alignment();
+  const size_t byte0 = w.offset + static_cast<size_t>(r0) * w.row_bytes;
+  const size_t bind = byte0 / align * align;
+  const size_t span = byte0 - bind + static_cast<size_t>(n) * w.row_bytes;
+  return WeightWindow{vk::BufferRef{&vbuf(w), bind, (span + 3) / 4 * 4},
+                      static_cast<uint32_t>(byte0 - bind)};
+}
+
+}  // namespace
+
+int64_t VulkanBackend::rows_per_window(const Tensor& w) const {
+  const size_t room = weight_window_bytes_ - dev_->binding_alignment();
+  return std::max<int64_t>(1, std::min<int64_t>(w.rows, static_cast<int64_t>(room / w.row_bytes)));
+}
+
 void VulkanBackend::matmul(const Tensor& w, const Tensor& x, const Tensor& y, MatmulPath path) {
   if (!gpu_weight_type(w.type)) {
     return fail(
         fmt::format("the Vulkan backend has no kernel for {} weights", quant::type_name(w.type)));
   }
   const int64_t n = x.rows;
-  MatPush p{static_cast<uint32_t>(w.cols),
-            static_cast<uint32_t>(w.rows),
-            static_cast<uint32_t>(w.row_bytes),
-            static_cast<uint32_t>(w.offset),
-            off4(x),
-            stride4(x),
-            off4(y),
-            stride4(y),
-            static_cast<uint32_t>(n)};
   const bool vec = path == MatmulPath::kDecode || (path == MatmulPath::kAuto && n <= 4);
-  const std::string sfx = shader_type_suffix(w.type);
-  if (vec) {
-    const auto gx = static_cast<uint32_t>(std::min<int64_t>(w.rows, 32768));
-    struct {
-      uint32_t a[8];
-    } mv{{p.n_in, p.n_out, p.row_bytes, p.w_off, p.x_off, p.x_stride, p.y_off, p.y_stride}};
-    run(("matvec_" + sfx).c_str(), {whole(w), whole(x), whole(y)}, mv, gx, static_cast<uint32_t>(n),
-        div_up(w.rows, gx));
-  } else {
-    run(("matmul_" + sfx).c_str(), {whole(w), whole(x), whole(y)}, p, div_up(w.rows, 32),
-        div_up(n, 32));
+  const std::string name = (vec ? "matvec_" : "matmul_") + shader_type_suffix(w.type);
+  const int64_t chunk = rows_per_window(w);
+  for (int64_t r0 = 0; r0 < w.rows; r0 += chunk) {
+    const int64_t rows = std::min(chunk, w.rows - r0);
+    const WeightWindow win = weight_window(*dev_, w, r0, rows);
+    MatPush p{static_cast<uint32_t>(w.cols),
+              static_cast<uint32_t>(rows),
+              static_cast<uint32_t>(w.row_bytes),
+              win.w_off,
+              off4(x),
+              stride4(x),
+              off4(y) + static_cast<uint32_t>(r0),
+              stride4(y),
+              static_cast<uint32_t>(n)};
+    if (vec) {
+      const auto gx = static_cast<uint32_t>(std::min<int64_t>(rows, 32768));
+      struct {
+        uint32_t a[8];
+      } mv{{p.n_in, p.n_out, p.row_bytes, p.w_off, p.x_off, p.x_stride, p.y_off, p.y_stride}};
+      run(name.c_str(), {win.ref, whole(x), whole(y)}, mv, gx, static_cast<uint32_t>(n),
+          div_up(rows, gx));
+    } else {
+      run(name.c_str(), {win.ref, whole(x), whole(y)}, p, div_up(rows, 32), div_up(n, 32));
+    }
   }
 }
 
@@ -227,17 +261,42 @@ void VulkanBackend::get_rows(const Tensor& table, const Tensor& ids, const Tenso
     return fail(
         fmt::format("the Vulkan backend cannot gather {} rows", quant::type_name(table.type)));
   }
-  RowsPush p{static_cast<uint32_t>(table.cols),
-             static_cast<uint32_t>(table.row_bytes),
-             static_cast<uint32_t>(table.offset),
-             off4(ids),
-             off4(out),
-             stride4(out),
-             scale};
+  const std::string name = "get_rows_" + shader_type_suffix(table.type);
   const int64_t n = ids.rows * ids.cols;
-  run(("get_rows_" + shader_type_suffix(table.type)).c_str(),
-      {whole(table), whole(ids), whole(out)}, p, std::min<uint32_t>(div_up(table.cols, 64), 64),
-      static_cast<uint32_t>(n));
+  const uint32_t gx = std::min<uint32_t>(div_up(table.cols, 64), 64);
+  if (rows_per_window(table) >= table.rows) {
+    const WeightWindow win = weight_window(*dev_, table, 0, table.rows);
+    RowsPush p{static_cast<uint32_t>(table.cols),
+               static_cast<uint32_t>(table.row_bytes),
+               win.w_off,
+               off4(ids),
+               off4(out),
+               stride4(out),
+               scale};
+    run(name.c_str(), {win.ref, whole(ids), whole(out)}, p, gx, static_cast<uint32_t>(n));
+    return;
+  }
+  // A table larger than one binding: each token's row through its own window (ids are read back
+  // first; embedding lookups are a few hundred rows per step at most).
+  std::vector<int32_t> host_ids(static_cast<size_t>(n));
+  download(ids, host_ids.data());
+  const int32_t zero = 0;
+  const vk::Buffer* zero_id = params(3, &zero, sizeof zero);
+  if (zero_id == nullptr) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = host_ids[static_cast<size_t>(i)];
+    if (id < 0 || id >= table.rows)
+      return fail(fmt::format("get_rows: token id {} out of range", id));
+    const WeightWindow win = weight_window(*dev_, table, id, 1);
+    RowsPush p{static_cast<uint32_t>(table.cols),
+               static_cast<uint32_t>(table.row_bytes),
+               win.w_off,
+               0u,
+               off4(out) + static_cast<uint32_t>(i) * stride4(out),
+               0u,
+               scale};
+    run(name.c_str(), {win.ref, vk::BufferRef{zero_id}, whole(out)}, p, gx, 1);
+  }
 }
 
 void VulkanBackend::rms_norm(const Tensor& x, const Tensor& w, const Tensor& out, float eps) {

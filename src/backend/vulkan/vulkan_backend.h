@@ -23,6 +23,9 @@ struct VulkanBackendOptions {
   int device_index = 0;
   int n_host_threads = 1;
   vk::DeviceOptions device;
+  // > 0: bind weights in windows of at most this many bytes (tests use it to exercise the split
+  // that weights larger than the device's maxStorageBufferRange take).
+  size_t max_weight_window_bytes = 0;
 };
 
 class VulkanBackend final : public Backend {
@@ -63,7 +66,9 @@ class VulkanBackend final : public Backend {
                                    std::span<const KvBlockCopy> copies) override;
 
  private:
-  VulkanBackend(std::unique_ptr<vk::Device> dev, int n_threads);
+  VulkanBackend(std::unique_ptr<vk::Device> dev, const VulkanBackendOptions& o);
+  // Rows of w per binding window (all of them when they fit).
+  [[nodiscard]] int64_t rows_per_window(const Tensor& w) const;
   // Records a dispatch of shader `name`; keeps the first error.
   template <class Push>
   void run(const char* name, std::initializer_list<vk::BufferRef> bufs, const Push& push,
@@ -76,6 +81,7 @@ class VulkanBackend final : public Backend {
   ThreadPool pool_;
   Status error_;
   vk::Buffer params_[4];
+  size_t weight_window_bytes_ = 0;
 };
 
 // The backend `cfg.device` ("vulkan", "vulkan:N") names; create_backend's Vulkan branch.
