@@ -191,6 +191,14 @@ TEST(VulkanDevice, CliWithoutADriverSaysSoInOneLine) {
   EXPECT_EQ(cpu.exit_code, 0) << cpu.err;
 }
 
+TEST(VulkanDevice, ServeRefusesAVulkanDeviceItCannotUse) {
+  const std::string serve = std::string(BIE_BIN_PATH).substr(0, std::string(BIE_BIN_PATH).rfind('/')) + "/bie-serve";
+  expect_one_line(test::run_cmd(kNoIcd + serve + " --device vulkan --port 0"), 2,
+                  "--device vulkan: no Vulkan driver found");
+  expect_one_line(test::run_cmd(serve + " --device vulkan:9 --port 0"), 2,
+                  "vulkan:9: this machine has");
+}
+
 TEST(VulkanDevice, CliListsDevicesAndRefusesMissingIndex) {
   const std::string bie = test::bie_bin();
   auto r = test::run_cmd(bie + " info --devices");
