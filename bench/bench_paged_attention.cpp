@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "bie/backend/thread_pool.h"
+#include "backend/cpu/cpu_backend.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/planner/kv_bytes.h"
 
@@ -72,7 +72,7 @@ void BM_PagedAttnDecode(benchmark::State& state) {
     state.SkipWithError("cache setup failed");
     return;
   }
-  bie::ThreadPool pool(static_cast<int>(state.range(2)));
+  bie::CpuBackend pool(static_cast<int>(state.range(2)));
   std::mt19937 rng(2);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> q(kHeads * kHeadDim), out(q.size());
@@ -103,7 +103,7 @@ void BM_PagedAttnDecodeCold(benchmark::State& state) {
     state.SkipWithError("cache setup failed");
     return;
   }
-  bie::ThreadPool pool(static_cast<int>(state.range(2)));
+  bie::CpuBackend pool(static_cast<int>(state.range(2)));
   static std::vector<uint8_t> evict(size_t{512} << 20);
   std::vector<float> q(kHeads * kHeadDim, 0.5f), out(q.size());
   uint8_t tick = 0;

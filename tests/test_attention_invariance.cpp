@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "bie/backend/thread_pool.h"
 #include "bie/kv/paged_kv_store.h"
 #include "bie/planner/kv_layout_flags.h"
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/engine/engine.h"
 #include "bie/engine/generate.h"
 #include "bie/engine/kv_setup.h"
@@ -77,7 +78,7 @@ TEST(Engine, GreedyMatchesSingleSequenceGenerate) {
   KvEngineOptions o = base_config().kv;
   auto kv = setup_kv_cache(**model, o);
   ASSERT_TRUE(kv.ok()) << kv.error();
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   GenerateRequest g;
   g.prompt = req.prompt;
   g.sampling.temperature = 0;

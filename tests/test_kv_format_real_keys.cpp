@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
+#include "bie/engine/generate.h"
 #include "bie/kv/contiguous_kv_cache.h"
 #include "bie/kv/kv_format.h"
 #include "bie/kv/kv_format_rotate.h"
@@ -51,7 +53,7 @@ class RecordingKvCache final : public KvCache {
     inner_.store(il, pos0, n, k, v);
   }
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
-              ThreadPool& pool, int64_t window = 0) override {
+              Backend& pool, int64_t window = 0) override {
     n_head_ = n_head;
     scale_ = scale;
     const size_t qd = static_cast<size_t>(n_head) * static_cast<size_t>(geometry().head_dim);
@@ -207,12 +209,12 @@ TEST(KvFormatRealKeys, DISABLED_Int4KeyRecipes) {
 
   const KvGeometry geo = model.hparams().kv_geometry();
   RecordingKvCache rec(geo, n_tok);
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   std::vector<float> logits;
   for (int i = 0; i < n_tok; i += 512) {
     const int n = std::min(512, n_tok - i);
-    ASSERT_TRUE(model
-                    .forward(std::span<const int32_t>(ids.data() + i, static_cast<size_t>(n)), rec,
+    ASSERT_TRUE(forward_into(model,
+                             std::span<const int32_t>(ids.data() + i, static_cast<size_t>(n)), rec,
                              pool, logits)
                     .ok());
   }

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/engine/engine.h"
 #include "bie/engine/generate.h"
 #include "bie/kv/contiguous_kv_cache.h"
@@ -91,7 +92,7 @@ class NoWindowKvCache final : public KvCache {
     inner_.store(il, pos0, n, k, v);
   }
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
-              ThreadPool& pool, int64_t /*window*/ = 0) override {
+              Backend& pool, int64_t /*window*/ = 0) override {
     inner_.attend(il, pos0, n, q, n_head, scale, out, pool, 0);
   }
   Status truncate(int64_t n) override { return inner_.truncate(n); }
@@ -142,7 +143,7 @@ class Gemma3Golden : public ::testing::Test {
   }
 
   // Largest |logit - llama.cpp's| over the prompt's top-10; checks the top-1 id.
-  static double top_logits_error(const nlohmann::json& p, KvCache& kv, ThreadPool& pool) {
+  static double top_logits_error(const nlohmann::json& p, KvCache& kv, Backend& pool) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
     auto logits = prompt_logits(*model_, kv, pool, ids);
     EXPECT_TRUE(logits.ok()) << (logits.ok() ? "" : logits.error());
@@ -167,8 +168,7 @@ class Gemma3Golden : public ::testing::Test {
 
   // Greedy continuation vs llama.cpp's; true if identical. A divergence must sit at a step whose
   // reference margin is below twice the tolerance.
-  static bool check_greedy(const nlohmann::json& p, KvCache& kv, ThreadPool& pool,
-                           size_t min_prefix) {
+  static bool check_greedy(const nlohmann::json& p, KvCache& kv, Backend& pool, size_t min_prefix) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
     const auto want = p["gen_ids"].get<std::vector<int32_t>>();
     GenerateRequest req;
@@ -225,7 +225,7 @@ TEST_F(Gemma3Golden, HyperParametersAsLlamaCpp) {
 }
 
 TEST_F(Gemma3Golden, TopLogitsMatchLlamaCpp) {
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   double worst = 0.0;
   for (const auto& p : (*golden_)["prompts"]) {
     ContiguousKvCache kv(model_->hparams().kv_geometry(), kCtx);
@@ -239,7 +239,7 @@ TEST_F(Gemma3Golden, TopLogitsMatchLlamaCpp) {
 }
 
 TEST_F(Gemma3Golden, GreedyContinuationsMatchLlamaCpp) {
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   int identical = 0, total = 0;
   for (const auto& p : (*golden_)["prompts"]) {
     ContiguousKvCache kv(model_->hparams().kv_geometry(), kCtx);
@@ -256,7 +256,7 @@ TEST_F(Gemma3Golden, PagedF16LongPromptMatchesLlamaCpp) {
   const nlohmann::json* p = prompt(kLongPrompt);
   ASSERT_NE(p, nullptr) << "regenerate tests/golden/gemma3/logits.json";
   ASSERT_GT((*p)["prompt_ids"].size(), 2u * 512u);
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   auto kv = paged_f16();
   ASSERT_NE(kv, nullptr);
   const double e = top_logits_error(*p, *kv, pool);
@@ -272,7 +272,7 @@ TEST_F(Gemma3Golden, PagedF16LongPromptMatchesLlamaCpp) {
 TEST_F(Gemma3Golden, SlidingWindowMaskIsExercised) {
   const nlohmann::json* p = prompt(kLongPrompt);
   ASSERT_NE(p, nullptr) << "regenerate tests/golden/gemma3/logits.json";
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   NoWindowKvCache kv(model_->hparams().kv_geometry(), kCtx);
   const auto ids = (*p)["prompt_ids"].get<std::vector<int32_t>>();
   auto logits = prompt_logits(*model_, kv, pool, ids);
@@ -343,7 +343,7 @@ TEST_F(Gemma3Golden, LocalLayersKeepOnlyTheirWindow) {
   const nlohmann::json* p = prompt(kLongPrompt);
   ASSERT_NE(p, nullptr) << "regenerate tests/golden/gemma3/logits.json";
   const auto ids = (*p)["prompt_ids"].get<std::vector<int32_t>>();
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   auto kv = paged_f16();
   ASSERT_NE(kv, nullptr);
   const PagedKvStore& st = kv->store();
@@ -379,7 +379,7 @@ TEST_F(Gemma3Golden, LocalLayersKeepOnlyTheirWindow) {
   for (int i = 0; i < 3; ++i) {
     const int32_t tok = argmax(out.data(), model_->hparams().n_vocab);
     const int32_t one[1] = {tok};
-    ASSERT_TRUE(model_->forward(one, *kv, pool, out).ok());
+    ASSERT_TRUE(forward_into(*model_, one, *kv, pool, out).ok());
     ASSERT_TRUE(kv->check_integrity().ok()) << kv->check_integrity().error();
   }
   EXPECT_LE(held(local), 512 / B + 1);

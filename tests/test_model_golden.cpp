@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/engine/generate.h"
 #include "bie/kv/contiguous_kv_cache.h"
 #include "bie/model/model.h"
@@ -79,7 +80,7 @@ nlohmann::json* SmolLM2Golden::golden_ = nullptr;
 std::string* SmolLM2Golden::load_error_ = nullptr;
 
 TEST_F(SmolLM2Golden, TopLogitsMatchLlamaCpp) {
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   double worst = 0.0;
   for (const auto& p : (*golden_)["prompts"]) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
@@ -101,7 +102,7 @@ TEST_F(SmolLM2Golden, TopLogitsMatchLlamaCpp) {
 }
 
 TEST_F(SmolLM2Golden, GreedyContinuationsMatchLlamaCpp) {
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   int identical = 0, total = 0;
   for (const auto& p : (*golden_)["prompts"]) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/engine/generate.h"
 #include "bie/kv/contiguous_kv_cache.h"
 #include "bie/model/model.h"
@@ -32,7 +33,7 @@ void check_against_reference(test::TinyLlama& tiny, const std::string& tag, int 
   const std::vector<int> toks = {3, 17, 5, 39, 0, 22, 8, 8, 31, 2, 11};
   const auto ref = tiny.reference_logits(toks);
   ContiguousKvCache kv((*model)->hparams().kv_geometry(), 64);
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   std::vector<float> logits;
   // Feed in chunks of `chunk` tokens with logits for all.
   for (size_t off = 0; off < toks.size(); off += chunk) {
@@ -40,7 +41,7 @@ void check_against_reference(test::TinyLlama& tiny, const std::string& tag, int 
     std::vector<int32_t> part(toks.begin() + off, toks.begin() + off + len);
     ForwardOptions fo;
     fo.logits_all = true;
-    ASSERT_TRUE((*model)->forward(part, kv, pool, logits, fo).ok());
+    ASSERT_TRUE(forward_into(**model, part, kv, pool, logits, fo).ok());
     for (size_t i = 0; i < len; ++i) {
       double scale = 0.0;
       for (double r : ref[off + i]) scale = std::max(scale, std::fabs(r));
@@ -124,15 +125,15 @@ TEST(ModelSynthetic, MissingTensorAndBadTokenAreErrors) {
   auto m = load_model(path);
   ASSERT_TRUE(m.ok());
   ContiguousKvCache kv((*m)->hparams().kv_geometry(), 8);
-  ThreadPool pool(1);
+  CpuBackend pool(1);
   std::vector<float> logits;
   const int32_t bad[] = {1, 999};
-  Status s = (*m)->forward(bad, kv, pool, logits);
+  Status s = forward_into(**m, bad, kv, pool, logits);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().find("token id 999"), std::string::npos);
   EXPECT_EQ(kv.n_tokens(), 0);  // nothing appended on error
   const int32_t many[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-  Status full = (*m)->forward(many, kv, pool, logits);
+  Status full = forward_into(**m, many, kv, pool, logits);
   ASSERT_FALSE(full.ok());
   EXPECT_NE(full.error().find("context full"), std::string::npos) << full.error();
 }

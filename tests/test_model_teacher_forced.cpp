@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/engine/generate.h"
 #include "bie/kv/contiguous_kv_cache.h"
 #include "bie/kv/paged_kv_cache.h"
@@ -148,7 +149,7 @@ class TeacherForced : public ::testing::TestWithParam<Bars> {
 
 // Prefill the prompt, then llama.cpp's tokens one forward() call each through the decode kernels.
 TEST_P(TeacherForced, DecodePathMatchesLlamaCppAtEveryStep) {
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   const int32_t n_vocab = model_->hparams().n_vocab;
   double worst = 0.0, worst_c = 0.0;
   int checked = 0;
@@ -165,7 +166,7 @@ TEST_P(TeacherForced, DecodePathMatchesLlamaCppAtEveryStep) {
         const int32_t one[1] = {gen[i - 1]};
         ForwardOptions fo;
         fo.path = MatmulPath::kDecode;
-        ASSERT_TRUE(model_->forward(one, kv, pool, logits, fo).ok());
+        ASSERT_TRUE(forward_into(*model_, one, kv, pool, logits, fo).ok());
       }
       check_step(p["step_top_logits"][i], logits.data(), n_vocab, GetParam(), static_cast<int>(i),
                  r);
@@ -186,7 +187,7 @@ TEST_P(TeacherForced, DecodePathMatchesLlamaCppAtEveryStep) {
 // forward_batch per step carrying each prompt's next llama.cpp token (kDecode, as the engine's
 // decode rows run), prompts leaving the batch as their continuation ends.
 TEST_P(TeacherForced, BatchedPagedPathMatchesLlamaCppAtEveryStep) {
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   const int32_t n_vocab = model_->hparams().n_vocab;
   const auto& prompts = golden_["prompts"];
   const size_t n = prompts.size();
@@ -225,7 +226,9 @@ TEST_P(TeacherForced, BatchedPagedPathMatchesLlamaCppAtEveryStep) {
       batch.push_back(b);
       rows.push_back(s);
     }
-    ASSERT_TRUE(model_->forward_batch(batch, pool, logits).ok()) << "step " << i;
+    auto out = model_->forward_batch(batch, pool);
+    ASSERT_TRUE(out.ok()) << "step " << i;
+    logits.assign(out->begin(), out->end());
     ASSERT_EQ(logits.size(), rows.size() * static_cast<size_t>(n_vocab));
     for (size_t r = 0; r < rows.size(); ++r) {
       check_step(prompts[rows[r]]["step_top_logits"][i], logits.data() + r * n_vocab, n_vocab,

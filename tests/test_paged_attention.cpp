@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/attention/paged_attention.h"
 #include "bie/backend/cpu_features.h"
 #include "bie/backend/thread_pool.h"
@@ -446,7 +447,7 @@ TEST_P(PagedCacheAttention, StoreAndAttendMatchReference) {
   auto r = cfg.layout.mixed() ? PagedKvCache::create(cfg, 40, 100) : PagedKvCache::create(cfg);
   ASSERT_TRUE(r.ok()) << r.error();
   PagedKvCache& c = **r;
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int64_t kv_dim = g.kv_dim(), q_dim = static_cast<int64_t>(n_head) * d;
@@ -507,7 +508,7 @@ TEST(ContiguousCacheWindow, MatchesPagedF16) {
   cfg.max_tokens = 400;
   auto paged = PagedKvCache::create(cfg);
   ASSERT_TRUE(paged.ok()) << paged.error();
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   std::mt19937 rng(23);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int64_t chunk : {300, 1, 1}) {
@@ -545,7 +546,7 @@ TEST(PagedCacheRotate, F16RotatedEqualsUnrotated) {
   for (float& x : k) x = nd(rng);
   for (float& x : v) x = nd(rng);
   for (float& x : q) x = nd(rng);
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   for (int rot = 0; rot < 2; ++rot) {
     PagedKvCacheConfig cfg;
     cfg.geometry = g;
@@ -586,7 +587,7 @@ class TeeKvCache final : public KvCache {
     inner_.store(il, pos0, n, k, v);
   }
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
-              ThreadPool& pool, int64_t window = 0) override {
+              Backend& pool, int64_t window = 0) override {
     const size_t len = static_cast<size_t>(n * n_head * geometry().head_dim);
     std::vector<std::vector<float>> outs(paged_.size(), std::vector<float>(len));
     for (size_t i = 0; i < paged_.size(); ++i) {
@@ -638,13 +639,13 @@ TEST(PagedCacheRotate, RotationReducesInt4KeyErrorOnSmolLM2) {
     paged.push_back(std::move(r).value());
   }
   TeeKvCache tee(g, 256, std::move(paged));
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   // Prefill 64 tokens, then decode token by token (planner-exact pools, docs/kv-cache.md §8).
   auto a = prompt_logits(model, tee, pool, std::vector<int32_t>(ids.begin(), ids.begin() + 64));
   ASSERT_TRUE(a.ok()) << a.error();
   std::vector<float> logits;
   for (size_t i = 64; i < ids.size(); ++i) {
-    ASSERT_TRUE(model.forward(std::span<const int32_t>(&ids[i], 1), tee, pool, logits).ok());
+    ASSERT_TRUE(forward_into(model, std::span<const int32_t>(&ids[i], 1), tee, pool, logits).ok());
   }
   const double plain = tee.errors()[1], rotated = tee.errors()[2];
   std::printf(

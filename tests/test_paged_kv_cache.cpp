@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <random>
 
+#include "backend/cpu/cpu_backend.h"
+#include "bie/engine/generate.h"
 #include "bie/kv/contiguous_kv_cache.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
@@ -72,14 +74,14 @@ std::vector<int32_t> tokens(int n, int n_vocab, uint32_t seed) {
 
 // Logits of every token, fed in chunks of `chunk`.
 std::vector<float> run(Model& m, KvCache& kv, const std::vector<int32_t>& toks, int chunk) {
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   std::vector<float> all, logits;
   ForwardOptions fo;
   fo.logits_all = true;
   for (size_t off = 0; off < toks.size(); off += static_cast<size_t>(chunk)) {
     const size_t len = std::min(toks.size() - off, static_cast<size_t>(chunk));
     const Status s =
-        m.forward(std::span<const int32_t>(toks).subspan(off, len), kv, pool, logits, fo);
+        forward_into(m, std::span<const int32_t>(toks).subspan(off, len), kv, pool, logits, fo);
     EXPECT_TRUE(s.ok()) << s.error();
     if (!s) return {};
     all.insert(all.end(), logits.begin(), logits.end());
@@ -189,14 +191,15 @@ TEST(PagedKvCache, SinkAndWindowBlocksAreFp16After300Tokens) {
   auto kv = make_paged(m->hparams().kv_geometry(), l, 300);
   ASSERT_NE(kv, nullptr);
   const auto toks = tokens(300, t.n_vocab, 3);
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   std::vector<float> logits;
   int64_t fed = 0;
   while (fed < 300) {
     const int64_t len = fed == 0 ? 100 : 1;  // a prefill chunk, then decode
-    ASSERT_TRUE(m->forward(std::span<const int32_t>(toks).subspan(static_cast<size_t>(fed),
-                                                                  static_cast<size_t>(len)),
-                           *kv, pool, logits)
+    ASSERT_TRUE(forward_into(*m,
+                             std::span<const int32_t>(toks).subspan(static_cast<size_t>(fed),
+                                                                    static_cast<size_t>(len)),
+                             *kv, pool, logits)
                     .ok());
     fed += len;
     ASSERT_TRUE(kv->check_integrity().ok()) << kv->check_integrity().error() << " at " << fed;
@@ -225,7 +228,7 @@ struct Driver {
   std::mt19937 rng{7};
   std::normal_distribution<float> nd{0.0f, 1.0f};
   std::vector<float> k_all, v_all;  // [n_tokens, layer, kv_dim] everything stored so far
-  ThreadPool pool{2};
+  CpuBackend pool{2};
 
   std::vector<float> rnd(size_t n) {
     std::vector<float> x(n);

@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/engine/generate.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/planner/kv_bytes.h"
@@ -32,7 +33,7 @@ Result<std::vector<float>> feed(PagedKvCache& kv, int64_t n_total, int64_t chunk
   const int n_head = 2 * g.n_head_kv;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  ThreadPool pool(1);
+  CpuBackend pool(1);
   std::vector<float> out;
   for (int64_t pos0 = 0; pos0 < n_total; pos0 += chunk) {
     const int64_t n = std::min(chunk, n_total - pos0);

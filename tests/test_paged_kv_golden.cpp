@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/engine/generate.h"
 #include "bie/kv/contiguous_kv_cache.h"
 #include "bie/kv/paged_kv_cache.h"
@@ -69,7 +70,7 @@ double top10_delta(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST_F(PagedSmolLM2, F16PagedCloseToContiguousOnGoldenPrompts) {
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   double worst = 0.0;
   for (const auto& p : (*golden_)["prompts"]) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
@@ -97,7 +98,7 @@ TEST_F(PagedSmolLM2, F16PagedCloseToContiguousOnGoldenPrompts) {
 // Quantised bodies vs paged f16: the golden prompts with a 16-token window (so prompts past 24
 // tokens have a body), and 512 tokens of Shakespeare with the default regime (sink 8, window 128).
 TEST_F(PagedSmolLM2, QuantisedBodiesVsF16) {
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   auto tok = tokenizer::Tokenizer::from_gguf(model_->file());
   ASSERT_TRUE(tok.ok());
   const std::string text =

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/engine/generate.h"
 #include "bie/engine/quality.h"
 #include "bie/kv/paged_kv_cache.h"
@@ -120,7 +121,7 @@ TEST_F(QualitySmolLM2, F16AgainstItselfIsExactAndInt8IsClose) {
   cfg.continuation_tokens = 8;
   cfg.needle_depths = {50};
   cfg.needle_ctx = {128};
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   auto rep = measure_kv_quality(*model_, *tok_, text_, cfg, pool);
   ASSERT_TRUE(rep.ok()) << rep.error();
   ASSERT_EQ(rep->regimes.size(), 3u);  // "f16" is the baseline, not run twice
@@ -156,7 +157,7 @@ TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
   cfg.batch = 32;
   cfg.prompts = 0;
   cfg.needle_ctx = {};
-  ThreadPool pool(2);
+  CpuBackend pool(2);
   auto rep = measure_kv_quality(*model_, *tok_, text_, cfg, pool);
   ASSERT_TRUE(rep.ok()) << rep.error();
   ASSERT_EQ(rep->regimes[0].ppl[0].n_scored, 2 * 15);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/engine/generate.h"
 #include "bie/engine/kv_setup.h"
@@ -157,7 +158,7 @@ TEST(Synth, WritesALoadableModelOfExactShapesMarkedSynthetic) {
   ko.kv_cache_memory = 64ull << 20;
   auto kv = setup_kv_cache(**m, ko);
   ASSERT_TRUE(kv.ok()) << kv.error();
-  ThreadPool pool(1);
+  CpuBackend pool(1);
   std::vector<float> logits;
   const std::vector<int32_t> prompt = {1, 2, 3, 999};
   ASSERT_TRUE(prefill(**m, *kv->cache, pool, prompt, 4, 1, logits).ok());

@@ -16,6 +16,7 @@
 #include <random>
 #include <sstream>
 
+#include "bie/backend/backend.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/engine/generate.h"
 #include "bie/engine/kv_setup.h"
@@ -144,7 +145,9 @@ int bench(const BenchArgs& a) {
     std::fwrite(text.data(), 1, text.size(), stderr);
   }
 
-  ThreadPool pool(a.threads > 0 ? a.threads : default_thread_count());
+  auto backend = create_backend(BackendConfig{"cpu", std::max(0, a.threads)});
+  if (!backend) return fail(kExitFailure, backend.error());
+  Backend& be = **backend;
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> tok(0, m.hparams().n_vocab - 1);
   const auto random_tokens = [&](int32_t n) {
@@ -169,7 +172,7 @@ int bench(const BenchArgs& a) {
   }
   // One warm-up forward so page faults of the mmapped weights are not timed.
   for (Regime& r : regimes) {
-    if (Status s = prefill(m, *r.setup.cache, pool, random_tokens(1), 1, 1, logits); !s)
+    if (Status s = prefill(m, *r.setup.cache, be, random_tokens(1), 1, 1, logits); !s)
       return fail(kExitFailure, s.error());
     if (Status s = r.setup.cache->truncate(0); !s) return fail(kExitFailure, s.error());
   }
@@ -202,8 +205,7 @@ int bench(const BenchArgs& a) {
         } else {
           const std::vector<int32_t> fill = random_tokens(c.depth);
           if (!fill.empty()) {
-            if (Status s = prefill(m, kv, pool, fill, base->chunked_prefill_size, align, logits);
-                !s)
+            if (Status s = prefill(m, kv, be, fill, base->chunked_prefill_size, align, logits); !s)
               return fail(kExitFailure, s.error());
           }
         }
@@ -212,7 +214,7 @@ int bench(const BenchArgs& a) {
       c.kv_bytes_at_depth = kv_held_bytes(kv);
       const std::vector<int32_t> test = random_tokens(c.n);
       const auto t0 = clock::now();
-      const Status s = prefill(m, kv, pool, test, c.decode ? 1 : base->chunked_prefill_size, align,
+      const Status s = prefill(m, kv, be, test, c.decode ? 1 : base->chunked_prefill_size, align,
                                logits, c.decode ? MatmulPath::kDecode : MatmulPath::kPrefill);
       const double sec = std::chrono::duration<double>(clock::now() - t0).count();
       if (!s) return fail(kExitFailure, s.error());
@@ -229,7 +231,7 @@ int bench(const BenchArgs& a) {
   if (a.json) {
     nlohmann::json j;
     j["model"] = m.file().path();
-    j["threads"] = pool.size();
+    j["threads"] = be.host_threads().size();
     j["repetitions"] = a.reps;
     j["chunked_prefill_size"] = base->chunked_prefill_size;
     j["peak_rss_mib"] = peak_mib;
@@ -268,8 +270,8 @@ int bench(const BenchArgs& a) {
     return kExitOk;
   }
   fmt::print("model   {}{}\nthreads {}  repetitions {}  chunk {}  fill {}\n", m.file().path(),
-             synthetic_model ? " (SYNTHETIC: random weights)" : "", pool.size(), a.reps,
-             base->chunked_prefill_size, a.fill);
+             synthetic_model ? " (SYNTHETIC: random weights)" : "", be.host_threads().size(),
+             a.reps, base->chunked_prefill_size, a.fill);
   fmt::print("{:<14} {:>6} {:>7} {:>11} {:>9} {:>9} {:>11} {:>12}\n", "regime", "depth", "test",
              "median t/s", "min", "max", "KV B/token", "KV at depth");
   for (const Cell& c : cells) {

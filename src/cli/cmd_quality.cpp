@@ -3,12 +3,14 @@
 // Tables (or --json) on stdout, progress on stderr.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "bie/backend/backend.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/engine/model_path.h"
 #include "bie/engine/quality.h"
@@ -177,13 +179,16 @@ int run(const QualityArgs& a) {
   if (!model) return fail(kExitFailure, model.error());
   auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
   if (!tok) return fail(kExitFailure, tok.error());
-  ThreadPool pool(a.threads > 0 ? a.threads : default_thread_count());
+  auto backend = create_backend(BackendConfig{"cpu", std::max(0, a.threads)});
+  if (!backend) return fail(kExitFailure, backend.error());
+  Backend& be = **backend;
 
-  auto rep = measure_kv_quality(**model, *tok, text, cfg, pool, [](const std::string& line) {
+  auto rep = measure_kv_quality(**model, *tok, text, cfg, be, [](const std::string& line) {
     std::fprintf(stderr, "bie quality: %s\n", line.c_str());
   });
   if (!rep) return fail(kExitBadInput, rep.error());
-  const std::string out = a.json ? to_json(*rep, a, pool.size()).dump(2) + "\n" : to_text(*rep, a);
+  const std::string out =
+      a.json ? to_json(*rep, a, be.host_threads().size()).dump(2) + "\n" : to_text(*rep, a);
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;
 }

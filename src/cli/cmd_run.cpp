@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <random>
 #include <sstream>
 
+#include "bie/backend/backend.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/engine/generate.h"
 #include "bie/engine/kv_setup.h"
@@ -110,14 +112,19 @@ int run(const RunArgs& a) {
   }
   const std::string report = format_kv_report(kv->report);  // the one start-up report
   std::fwrite(report.data(), 1, report.size(), stderr);
-  ThreadPool pool(a.threads > 0 ? a.threads : default_thread_count());
+  auto backend = create_backend(BackendConfig{"cpu", std::max(0, a.threads)});
+  if (!backend) {
+    std::fprintf(stderr, "bie run: %s\n", backend.error().c_str());
+    return kExitFailure;
+  }
+  Backend& be = **backend;
 
   if (a.show_prompt) {
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
     std::fflush(stdout);
   }
   tokenizer::StreamDecoder dec(tk);
-  auto stats = generate(m, *kv->cache, pool, req, [&](int32_t id) {
+  auto stats = generate(m, *kv->cache, be, req, [&](int32_t id) {
     const std::string piece = dec.push(id);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
@@ -137,8 +144,9 @@ int run(const RunArgs& a) {
                "prompt: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s | threads %d | "
                "seed %llu | finish: %s | KV held %s | peak RSS %.1f MiB\n",
                static_cast<long long>(stats->n_prompt), stats->prompt_tps(),
-               static_cast<long long>(stats->n_generated), stats->decode_tps(), pool.size(),
-               static_cast<unsigned long long>(req.sampling.seed), stats->finish_reason.c_str(),
+               static_cast<long long>(stats->n_generated), stats->decode_tps(),
+               be.host_threads().size(), static_cast<unsigned long long>(req.sampling.seed),
+               stats->finish_reason.c_str(),
                planner::format_bytes(static_cast<double>(kv_held_bytes(*kv->cache))).c_str(),
                static_cast<double>(ru.ru_maxrss) / 1024.0);
   return kExitOk;

@@ -38,7 +38,7 @@ Status check_same_vocab(const tokenizer::Vocab& target, const tokenizer::Vocab& 
 
 Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
     const std::string& path, const tokenizer::Vocab& target_vocab, int64_t kv_tokens, int32_t chunk,
-    ThreadPool& pool) {
+    Backend& backend) {
   const auto fail = [&](const std::string& why) {
     return Error{fmt::format("--speculative-model {}: {}", path, why)};
   };
@@ -74,7 +74,7 @@ Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
   bytes.kv = (*store)->reserved_bytes();
   bytes.kv_tokens = kv_tokens;
   return std::unique_ptr<DraftModelDrafter>(new DraftModelDrafter(
-      std::move(model).value(), std::move(store).value(), bytes, chunk, pool));
+      std::move(model).value(), std::move(store).value(), bytes, chunk, backend));
 }
 
 void DraftModelDrafter::touch(kv::SeqId seq) {
@@ -122,10 +122,12 @@ bool DraftModelDrafter::read(kv::SeqId seq, std::span<const int32_t> tokens) {
     b.path = n > 4 ? MatmulPath::kPrefill : MatmulPath::kDecode;
     const BatchSequence batch[1] = {b};
     const auto t0 = std::chrono::steady_clock::now();
-    if (!model_->forward_batch(batch, pool_, logits_)) {
+    auto out = model_->forward_batch(batch, backend_);
+    if (!out) {
       forget(seq);
       return false;
     }
+    logits_ = *out;
     if (n == 1) {
       const double sec =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

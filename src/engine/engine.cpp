@@ -18,7 +18,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "bie/backend/thread_pool.h"
+#include "bie/backend/backend.h"
 #include "bie/engine/draft_model.h"
 #include "bie/engine/drafter.h"
 #include "bie/engine/file_digest.h"
@@ -149,7 +149,7 @@ class EngineImpl final : public Engine {
   std::vector<KvLengthRule> policy_;
   std::atomic<bool> force_f16_{false};
   std::unique_ptr<Scheduler> sched_;
-  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<Drafter> drafter_;  // null: speculation off
   // Measured cost of decode-only forward passes by token count (EMA, ms; 0: not seen yet).
   std::array<double, kMaxVerifyTokens + 1> step_ms_{};
@@ -159,9 +159,9 @@ class EngineImpl final : public Engine {
 
   // Engine thread only.
   std::unordered_map<kv::SeqId, std::unique_ptr<Request>> reqs_;
-  std::vector<float> logits_;
-  std::vector<float> raw_;  // a copy of one logits row (logprobs)
-  EngineMetrics m_;         // counters; gauges filled in publish_metrics
+  std::span<float> logits_;  // the last pass's logits (the model's memory)
+  std::vector<float> raw_;   // a copy of one logits row (logprobs)
+  EngineMetrics m_;          // counters; gauges filled in publish_metrics
 
   // Shared with callers, under mu_.
   mutable std::mutex mu_;
@@ -216,6 +216,13 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     return Error{fmt::format("--gpu-memory-utilization must be in (0, 1], got {}",
                              o.gpu_memory_utilization)};
   }
+  // The backend (an unknown device is a config error, before anything is loaded).
+  const int threads = cfg.threads > 0
+                          ? cfg.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  auto backend = create_backend(BackendConfig{cfg.device, threads});
+  if (!backend) return Error{backend.error()};
+  backend_ = std::move(backend).value();
   kind = CreateError::kModel;
   auto path = resolve_model_path(cfg.model);
   if (!path) return Error{path.error()};
@@ -231,10 +238,6 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   if (!g) return Error{g.error()};
   kind = CreateError::kInvalidConfig;  // the layout against this model's geometry
   if (auto layout = kv_layout_for_model(*g, o.kv); !layout) return Error{layout.error()};
-  const int threads = cfg.threads > 0
-                          ? cfg.threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  pool_ = std::make_unique<ThreadPool>(threads);
   KvEngineOptions plan_opts = o;
   if (!cfg.speculative_model.empty()) {
     if (cfg.speculative_draft_tokens < 1) {
@@ -247,7 +250,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     const int64_t draft_ctx =
         effective_max_model_len(o.max_model_len, model_->hparams().n_ctx_train);
     auto d = DraftModelDrafter::create(*dpath, tok_->vocab(), draft_ctx,
-                                       static_cast<int32_t>(o.chunked_prefill_size), *pool_);
+                                       static_cast<int32_t>(o.chunked_prefill_size), *backend_);
     if (!d) return Error{d.error()};
     plan_opts.draft_bytes = (*d)->bytes().total();
     drafter_ = std::move(d).value();
@@ -717,10 +720,14 @@ void EngineImpl::step() {
   m_.batched_tokens += out.n_tokens();
   m_.batched_seqs += static_cast<int64_t>(out.scheduled.size());
   const auto fwd0 = Clock::now();
-  if (Status st = model_->forward_batch(batch, *pool_, logits_); !st) {
-    for (const ScheduledSeq& sc : out.scheduled) finish(*reqs_.at(sc.seq->id), "error", st.error());
+  auto fwd = model_->forward_batch(batch, *backend_);
+  if (!fwd) {
+    for (const ScheduledSeq& sc : out.scheduled) {
+      finish(*reqs_.at(sc.seq->id), "error", fwd.error());
+    }
     return;
   }
+  logits_ = *fwd;
   if (drafter_) {
     // Cost of decode-only steps by token count, for best_draft_len.
     const int64_t n = out.n_tokens();

@@ -16,7 +16,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Status prefill(Model& model, KvCache& kv, ThreadPool& pool, std::span<const int32_t> prompt,
+Status prefill(Model& model, KvCache& kv, Backend& backend, std::span<const int32_t> prompt,
                int64_t chunk, int64_t align, std::vector<float>& logits, MatmulPath path) {
   if (prompt.empty()) return Error{"the prompt is empty (it must contain at least one token)"};
   if (chunk <= 0 || align <= 0) return Error{"prefill chunk and alignment must be > 0"};
@@ -29,9 +29,19 @@ Status prefill(Model& model, KvCache& kv, ThreadPool& pool, std::span<const int3
         prefill_chunk_len(kv.n_tokens(), static_cast<int64_t>(prompt.size() - off), chunk, align));
     ForwardOptions fo;
     fo.path = path;
-    if (Status s = model.forward(prompt.subspan(off, len), kv, pool, logits, fo); !s) return s;
+    auto out = model.forward(prompt.subspan(off, len), kv, backend, fo);
+    if (!out) return Error{out.error()};
     off += len;
+    if (off == prompt.size()) logits.assign(out->begin(), out->end());
   }
+  return {};
+}
+
+Status forward_into(Model& model, std::span<const int32_t> tokens, KvCache& kv, Backend& backend,
+                    std::vector<float>& logits, ForwardOptions opts) {
+  auto out = model.forward(tokens, kv, backend, opts);
+  if (!out) return Error{out.error()};
+  logits.assign(out->begin(), out->end());
   return {};
 }
 
@@ -46,27 +56,29 @@ int64_t prefill_chunk_len(int64_t pos, int64_t remaining, int64_t chunk, int64_t
   return len;
 }
 
-Result<std::vector<float>> prompt_logits(Model& model, KvCache& kv, ThreadPool& pool,
+Result<std::vector<float>> prompt_logits(Model& model, KvCache& kv, Backend& backend,
                                          const std::vector<int32_t>& prompt, int32_t prefill_chunk,
                                          int32_t prefill_align) {
   std::vector<float> logits;
-  if (Status s = prefill(model, kv, pool, prompt, prefill_chunk, prefill_align, logits); !s)
+  if (Status s = prefill(model, kv, backend, prompt, prefill_chunk, prefill_align, logits); !s)
     return Error{s.error()};
   return logits;
 }
 
-Result<GenerationStats> generate(Model& model, KvCache& kv, ThreadPool& pool,
+Result<GenerationStats> generate(Model& model, KvCache& kv, Backend& backend,
                                  const GenerateRequest& req, const TokenCallback& on_token) {
   if (Status s = req.sampling.validate(); !s) return Error{s.error()};
   if (req.max_tokens < 0) return Error{"max_tokens must be >= 0"};
   GenerationStats stats;
   stats.n_prompt = static_cast<int64_t>(req.prompt.size());
-  std::vector<float> logits;
+  std::vector<float> first;
   const auto t0 = std::chrono::steady_clock::now();
-  if (Status s = prefill(model, kv, pool, req.prompt, req.prefill_chunk, req.prefill_align, logits);
+  if (Status s =
+          prefill(model, kv, backend, req.prompt, req.prefill_chunk, req.prefill_align, first);
       !s) {
     return Error{s.error()};
   }
+  std::span<float> logits(first);
   stats.prompt_seconds = seconds_since(t0);
 
   Sampler sampler(req.sampling, model.hparams().n_vocab);
@@ -94,7 +106,9 @@ Result<GenerationStats> generate(Model& model, KvCache& kv, ThreadPool& pool,
     const int32_t one[1] = {tok};
     ForwardOptions fo;
     fo.path = MatmulPath::kDecode;
-    if (Status s = model.forward(one, kv, pool, logits, fo); !s) return Error{s.error()};
+    auto out = model.forward(one, kv, backend, fo);
+    if (!out) return Error{out.error()};
+    logits = *out;
   }
   stats.decode_seconds = seconds_since(t1);
   return stats;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <memory>
 
+#include "bie/backend/thread_pool.h"
 #include "bie/engine/generate.h"
 #include "bie/engine/kv_setup.h"
 #include "bie/kv/paged_kv_cache.h"
@@ -123,12 +124,13 @@ void set_bos(std::vector<int32_t>& seq, const tokenizer::Tokenizer& tok) {
 class QualityRun {
  public:
   QualityRun(Model& model, const planner::ModelGeometry& geom, const tokenizer::Tokenizer& tok,
-             const QualityConfig& cfg, ThreadPool& pool, const QualityProgress& progress)
+             const QualityConfig& cfg, Backend& backend, const QualityProgress& progress)
       : model_(model),
         geom_(geom),
         tok_(tok),
         cfg_(cfg),
-        pool_(pool),
+        backend_(backend),
+        pool_(backend.host_threads()),
         progress_(progress),
         n_vocab_(model.hparams().n_vocab),
         t0_(Clock::now()) {}
@@ -147,7 +149,8 @@ class QualityRun {
   const planner::ModelGeometry& geom_;
   const tokenizer::Tokenizer& tok_;
   const QualityConfig& cfg_;
-  ThreadPool& pool_;
+  Backend& backend_;
+  ThreadPool& pool_;  // the backend's host threads
   const QualityProgress& progress_;
   int32_t n_vocab_;
   Clock::time_point t0_;
@@ -185,10 +188,10 @@ Status QualityRun::perplexity(const std::vector<int32_t>& text, size_t ci, Quali
       fo.logits_all = c0 + len > first;
       // Rows of this chunk that score a token: positions j in [first, n-1).
       const int32_t j0 = std::max(c0, first), j1 = std::min(c0 + len, n - 1);
-      if (Status s = model_.forward(chunk, *kv[0], pool_, base_, fo); !s) return s;
+      if (Status s = forward_into(model_, chunk, *kv[0], backend_, base_, fo); !s) return s;
       if (!fo.logits_all) {
         for (size_t r = 1; r < n_reg; ++r) {
-          if (Status s = model_.forward(chunk, *kv[r], pool_, test_, fo); !s) return s;
+          if (Status s = forward_into(model_, chunk, *kv[r], backend_, test_, fo); !s) return s;
         }
         continue;
       }
@@ -204,7 +207,7 @@ Status QualityRun::perplexity(const std::vector<int32_t>& text, size_t ci, Quali
       b.n_scored += j1 - j0;
       b.top1_same += j1 - j0;
       for (size_t r = 1; r < n_reg; ++r) {
-        if (Status s = model_.forward(chunk, *kv[r], pool_, test_, fo); !s) return s;
+        if (Status s = forward_into(model_, chunk, *kv[r], backend_, test_, fo); !s) return s;
         pool_.parallel_for(j1 - j0, [&](int64_t bgn, int64_t e, int) {
           for (int64_t i = bgn; i < e; ++i) {
             const int64_t off = (j0 - c0 + i) * static_cast<int64_t>(n_vocab_);
@@ -249,7 +252,7 @@ Status QualityRun::continuations(const std::vector<int32_t>& text, QualityReport
       auto kv = make_cache(model_, geom_, rep.regimes[r].regime.layout, max_tokens, cfg_.batch);
       if (!kv) return Error{kv.error()};
       std::vector<int32_t> out;
-      auto st = generate(model_, **kv, pool_, req, [&](int32_t id) {
+      auto st = generate(model_, **kv, backend_, req, [&](int32_t id) {
         out.push_back(id);
         return true;
       });
@@ -304,7 +307,7 @@ Status QualityRun::needle(const std::vector<int32_t>& text, QualityReport& rep) 
           ForwardOptions fo;
           fo.logits_all = c0 + len > a0 - 1;
           const std::span<const int32_t> chunk(seq.data() + c0, static_cast<size_t>(len));
-          if (Status s = model_.forward(chunk, **kv, pool_, test_, fo); !s) return s;
+          if (Status s = forward_into(model_, chunk, **kv, backend_, test_, fo); !s) return s;
           if (!fo.logits_all) continue;
           // Logits at position j predict token j + 1: rows a0-1 .. n-2 score the answer.
           for (int64_t j = std::max(c0, a0 - 1); j < std::min(c0 + len, int64_t{n} - 1); ++j) {
@@ -330,7 +333,7 @@ constexpr const char* kPassphrases[] = {"zucchini",    "trampoline", "saxophone"
 
 Result<QualityReport> measure_kv_quality(Model& model, const tokenizer::Tokenizer& tok,
                                          const std::string& text, const QualityConfig& cfg,
-                                         ThreadPool& pool, const QualityProgress& progress) {
+                                         Backend& backend, const QualityProgress& progress) {
   if (cfg.batch < 1) return Error{"batch must be at least 1 token"};
   for (const QualityRegime& r : cfg.regimes) {
     // Per-channel keys are written a whole block at a time; chunks that end inside a block would
@@ -396,7 +399,7 @@ Result<QualityReport> measure_kv_quality(Model& model, const tokenizer::Tokenize
     }
   }
 
-  QualityRun run(model, *geom, tok, cfg, pool, progress);
+  QualityRun run(model, *geom, tok, cfg, backend, progress);
   for (size_t ci = 0; ci < cfg.ctx_sizes.size(); ++ci) {
     if (Status s = run.perplexity(tokens, ci, rep); !s) return Error{s.error()};
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "bie/attention/dense_attention.h"
+#include "bie/backend/thread_pool.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/model_geometry.h"
 #include "bie/quant/fp16.h"
@@ -52,7 +53,8 @@ void ContiguousKvCache::store(int il, int64_t pos0, int64_t n, const float* k, c
 }
 
 void ContiguousKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head,
-                               float scale, float* out, ThreadPool& pool, int64_t window) {
+                               float scale, float* out, Backend& backend, int64_t window) {
+  ThreadPool& pool = backend.host_threads();
   const int hd = geo_.head_dim;
   const int group = n_head / geo_.n_head_kv;
   const int64_t kv_dim = geo_.kv_dim();

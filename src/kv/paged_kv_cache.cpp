@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "bie/backend/thread_pool.h"
+
 namespace bie {
 
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const PagedKvCacheConfig& cfg) {
@@ -96,8 +98,8 @@ void PagedKvCache::store(int il, int64_t pos0, int64_t n, const float* k, const 
 }
 
 void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-                          float* out, ThreadPool& pool, int64_t window) {
-  store_->attend(kSeq, il, pos0, n, q, n_head, scale, out, pool, window);
+                          float* out, Backend& backend, int64_t window) {
+  store_->attend(kSeq, il, pos0, n, q, n_head, scale, out, backend.host_threads(), window);
   if (il == cfg_.geometry.n_layer - 1 && pos0 + n == n_tokens_) {
     // Every layer of the batch is written: blocks that left the window can be re-quantised. A
     // failure (body pool exhausted; impossible with planned pools) leaves them FP16, which is

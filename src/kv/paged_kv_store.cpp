@@ -6,6 +6,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "bie/backend/thread_pool.h"
 #include "bie/kv/kv_format_rotate.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/model_geometry.h"

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "bie/backend/thread_pool.h"
+
 namespace bie {
 
 bool SequenceKv::can_append(int64_t n) const {
@@ -20,8 +22,8 @@ Status SequenceKv::append(int64_t n) {
 }
 
 void SequenceKv::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-                        float* out, ThreadPool& pool, int64_t window) {
-  store_.attend(seq_, il, pos0, n, q, n_head, scale, out, pool, window);
+                        float* out, Backend& backend, int64_t window) {
+  store_.attend(seq_, il, pos0, n, q, n_head, scale, out, backend.host_threads(), window);
   if (migrate_after_pass_ && il == store_.geometry().n_layer - 1 && pos0 + n == computed_ &&
       (store_.layout().mixed() || store_.has_local_groups())) {
     if (Status s = store_.migrate_exits(seq_, computed_); !s) migration_deferred_ = true;

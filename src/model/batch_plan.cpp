@@ -41,6 +41,7 @@ Status BatchPlan::prepare(std::span<const BatchSequence> seqs, int32_t n_vocab, 
   seq_pos_.resize(n_seq);
   tok_.resize(static_cast<size_t>(n));
   pos_.resize(static_cast<size_t>(n));
+  pos32_.resize(static_cast<size_t>(n));
   out_rows_.clear();
   out_paths_.clear();
   segments_.clear();
@@ -58,6 +59,7 @@ Status BatchPlan::prepare(std::span<const BatchSequence> seqs, int32_t n_vocab, 
     for (int64_t i = 0; i < ns; ++i) {
       tok_[static_cast<size_t>(row + i)] = bs.tokens[static_cast<size_t>(i)];
       pos_[static_cast<size_t>(row + i)] = seq_pos_[s] + i;
+      pos32_[static_cast<size_t>(row + i)] = static_cast<int32_t>(seq_pos_[s] + i);
       if (bs.logits == BatchSequence::Logits::kAll ||
           (bs.logits == BatchSequence::Logits::kLast && i == ns - 1)) {
         out_rows_.push_back(row + i);
@@ -74,22 +76,20 @@ Status BatchPlan::prepare(std::span<const BatchSequence> seqs, int32_t n_vocab, 
   return {};
 }
 
-void BatchPlan::mm(const WeightView& w, const float* x, float* y, ThreadPool& pool,
-                   MatmulScratch& scratch) const {
+void BatchPlan::mm(Backend& be, const Tensor& w, const Tensor& x, const Tensor& y) const {
   for (const Segment& sg : segments_) {
-    matmul(w, x + sg.row0 * w.n_in, sg.n, y + sg.row0 * w.n_out, pool, scratch, sg.path);
+    be.matmul(w, x.slice_rows(sg.row0, sg.n), y.slice_rows(sg.row0, sg.n), sg.path);
   }
 }
 
-void BatchPlan::mm_out(const WeightView& w, const float* xn, float* logits, ThreadPool& pool,
-                       MatmulScratch& scratch) const {
+void BatchPlan::mm_out(Backend& be, const Tensor& w, const Tensor& xn, const Tensor& logits) const {
   const auto n_out = static_cast<int64_t>(out_rows_.size());
   // Runs of equal paths in one call.
   for (int64_t i = 0; i < n_out;) {
     const MatmulPath path = out_paths_[static_cast<size_t>(i)];
     int64_t j = i + 1;
     while (j < n_out && out_paths_[static_cast<size_t>(j)] == path) ++j;
-    matmul(w, xn + i * w.n_in, j - i, logits + i * w.n_out, pool, scratch, path);
+    be.matmul(w, xn.slice_rows(i, j - i), logits.slice_rows(i, j - i), path);
     i = j;
   }
 }

@@ -8,8 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "bie/backend/matmul.h"
-#include "bie/backend/thread_pool.h"
+#include "bie/backend/backend.h"
 #include "bie/common/result.h"
 #include "bie/model/model.h"
 
@@ -26,6 +25,9 @@ class BatchPlan {
   [[nodiscard]] int64_t n_tokens() const { return static_cast<int64_t>(tok_.size()); }
   [[nodiscard]] int32_t token(int64_t row) const { return tok_[static_cast<size_t>(row)]; }
   [[nodiscard]] int64_t pos(int64_t row) const { return pos_[static_cast<size_t>(row)]; }
+  // Every row's token id and position (I32, for the backend's id and position tensors).
+  [[nodiscard]] const std::vector<int32_t>& tokens() const { return tok_; }
+  [[nodiscard]] const std::vector<int32_t>& positions() const { return pos32_; }
   // Sequence s's first activation row and the position of its first token.
   [[nodiscard]] int64_t seq_row(size_t s) const { return seq_row_[s]; }
   [[nodiscard]] int64_t seq_pos(size_t s) const { return seq_pos_[s]; }
@@ -33,12 +35,10 @@ class BatchPlan {
   [[nodiscard]] const std::vector<int64_t>& out_rows() const { return out_rows_; }
 
   // y[rows] = W x[rows] for every row, one matmul per run of rows sharing a kernel path.
-  void mm(const WeightView& w, const float* x, float* y, ThreadPool& pool,
-          MatmulScratch& scratch) const;
+  void mm(Backend& be, const Tensor& w, const Tensor& x, const Tensor& y) const;
   // logits[i] = W xn[i] for the i-th logits row (xn holds out_rows().size() rows), each with its
   // token's kernel path.
-  void mm_out(const WeightView& w, const float* xn, float* logits, ThreadPool& pool,
-              MatmulScratch& scratch) const;
+  void mm_out(Backend& be, const Tensor& w, const Tensor& xn, const Tensor& logits) const;
 
  private:
   struct Segment {
@@ -49,23 +49,12 @@ class BatchPlan {
 
   std::vector<int32_t> tok_;           // [n] token ids of the whole batch
   std::vector<int64_t> pos_;           // [n] position of each token in its sequence
+  std::vector<int32_t> pos32_;         // the same as I32
   std::vector<int64_t> seq_row_;       // [n_seq] first activation row of each sequence
   std::vector<int64_t> seq_pos_;       // [n_seq] first position of each sequence
   std::vector<int64_t> out_rows_;      // activation rows that get logits, in output order
   std::vector<MatmulPath> out_paths_;  // the kernel path of each of those rows' tokens
   std::vector<Segment> segments_;      // consecutive rows sharing a matmul path
 };
-
-// Runs fn(token_index) for i in [0, n), over the pool when there are enough of them.
-template <class Fn>
-void for_each_token(ThreadPool& pool, int64_t n, Fn&& fn) {
-  if (n < 4) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) fn(i);
-  });
-}
 
 }  // namespace bie::model_loader

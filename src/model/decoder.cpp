@@ -14,10 +14,8 @@
 
 #include <cmath>
 
-#include "bie/backend/matmul.h"
-#include "bie/backend/ops.h"
+#include "bie/backend/backend.h"
 #include "bie/planner/model_geometry.h"
-#include "bie/quant/traits.h"
 #include "model/architectures.h"
 #include "model/batch_plan.h"
 #include "model/model_loader.h"
@@ -28,7 +26,6 @@ namespace {
 
 using model_loader::BatchPlan;
 using model_loader::Binder;
-using model_loader::for_each_token;
 using model_loader::LoadError;
 
 class DecoderModel final : public Model {
@@ -41,64 +38,74 @@ class DecoderModel final : public Model {
     read_hparams(b);
     bind_weights(b);
     weight_bytes_ = b.bound_bytes();
-    allocate_workspace();
   }
 
-  Status forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool,
-                       std::vector<float>& logits) override;
+  Result<std::span<float>> forward_batch(std::span<const BatchSequence> seqs, Backend& be) override;
 
  private:
+  // Weights are tensors of the backend buffer that holds the file's data section (offsets from
+  // its start); norm weights and biases are F32 [1, n].
   struct Layer {
-    const float* attn_norm;                 // [n_embd]
-    WeightView wq;                          // [n_embd -> n_head * head_dim]
-    WeightView wk;                          // [n_embd -> n_head_kv * head_dim]
-    WeightView wv;                          // [n_embd -> n_head_kv * head_dim]
-    const float* bq = nullptr;              // [n_head * head_dim] (qkv bias, e.g. qwen2)
-    const float* bk = nullptr;              // [n_head_kv * head_dim]
-    const float* bv = nullptr;              // [n_head_kv * head_dim]
-    const float* q_norm = nullptr;          // [head_dim] per-head RMSNorm of q (qk_norm)
-    const float* k_norm = nullptr;          // [head_dim] per-head RMSNorm of k (qk_norm)
-    WeightView wo;                          // [n_head * head_dim -> n_embd]
-    const float* attn_post_norm = nullptr;  // [n_embd] (post_norms)
-    const float* ffn_norm;                  // [n_embd]
-    WeightView w_gate;                      // [n_embd -> n_ff]
-    WeightView w_up;                        // [n_embd -> n_ff]
-    WeightView w_down;                      // [n_ff -> n_embd]
-    const float* ffn_post_norm = nullptr;   // [n_embd] (post_norms)
+    Tensor attn_norm;       // [n_embd]
+    Tensor wq;              // [n_embd -> n_head * head_dim]
+    Tensor wk;              // [n_embd -> n_head_kv * head_dim]
+    Tensor wv;              // [n_embd -> n_head_kv * head_dim]
+    Tensor bq;              // [n_head * head_dim] (qkv bias, e.g. qwen2); empty: none
+    Tensor bk;              // [n_head_kv * head_dim]
+    Tensor bv;              // [n_head_kv * head_dim]
+    Tensor q_norm;          // [head_dim] per-head RMSNorm of q (qk_norm)
+    Tensor k_norm;          // [head_dim] per-head RMSNorm of k (qk_norm)
+    Tensor wo;              // [n_head * head_dim -> n_embd]
+    Tensor attn_post_norm;  // [n_embd] (post_norms)
+    Tensor ffn_norm;        // [n_embd]
+    Tensor w_gate;          // [n_embd -> n_ff]
+    Tensor w_up;            // [n_embd -> n_ff]
+    Tensor w_down;          // [n_ff -> n_embd]
+    Tensor ffn_post_norm;   // [n_embd] (post_norms)
+  };
+  // Activation workspace in the bound backend's memory, sized for max_batch_ tokens.
+  struct Workspace {
+    std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+    Tensor x;     // [max_batch, n_embd] residual stream
+    Tensor xn;    // [max_batch, n_embd] normalised input of a sub-layer
+    Tensor q;     // [max_batch, n_head * head_dim]
+    Tensor k;     // [max_batch, n_head_kv * head_dim]
+    Tensor v;     // [max_batch, n_head_kv * head_dim]
+    Tensor attn;  // [max_batch, n_head * head_dim]
+    Tensor proj;  // [max_batch, n_embd] output of Wo / Wdown
+    Tensor gate;  // [max_batch, n_ff]
+    Tensor up;    // [max_batch, n_ff]
+    Tensor cs_g;  // [max_batch, n_rot] rope (cos, sin) per token, global layers
+    Tensor cs_l;  // [max_batch, n_rot] same for local layers (sliding_window)
+    Tensor ids;   // I32 [max_batch, 1] token ids of the batch, then the logits rows
+    Tensor pos;   // I32 [max_batch, 1] positions
+    std::unique_ptr<DeviceBuffer> logits_buf;
+    Tensor logits;  // [logits rows, n_vocab], grown to the most rows a pass needed
   };
 
   void read_hparams(Binder& b);
   void bind_weights(Binder& b);
-  void allocate_workspace();
-
-  void mm(const WeightView& w, const float* x, float* y, ThreadPool& pool) {
-    plan_.mm(w, x, y, pool, mm_);
-  }
+  // Uploads the weights to `be` and allocates the workspace there, unless bound to it already.
+  [[nodiscard]] Status bind(Backend& be);
+  [[nodiscard]] Result<Tensor> alloc(Backend& be, quant::GgmlType type, int64_t rows, int64_t cols);
 
   const ArchSpec& spec_;
   int32_t max_batch_ = 512;
-  float attn_scale_ = 1.0f;             // 1/sqrt(head_dim), or the architecture's own rule
-  float softcap_ = 0.0f;                // final logit soft-capping; 0 = none
-  WeightView tok_embd_;                 // [n_embd, n_vocab] rows are token embeddings
-  const float* output_norm_ = nullptr;  // [n_embd]
-  WeightView output_;                   // [n_embd -> n_vocab] (token_embd when tied)
+  float attn_scale_ = 1.0f;  // 1/sqrt(head_dim), or the architecture's own rule
+  float softcap_ = 0.0f;     // final logit soft-capping; 0 = none
+  Tensor tok_embd_;          // [n_embd, n_vocab] rows are token embeddings
+  Tensor output_norm_;       // [n_embd]
+  Tensor output_;            // [n_embd -> n_vocab] (token_embd when tied)
   std::vector<Layer> layers_;
-  ops::RopeParams rope_global_;  // full-attention layers
-  ops::RopeParams rope_local_;   // sliding-window layers (sliding_window archs)
+  RopeConfig rope_global_;        // full-attention layers
+  RopeConfig rope_local_;         // sliding-window layers (sliding_window archs)
+  std::vector<Tensor*> weights_;  // every weight tensor above (bind() points them at the buffer)
 
-  // Activation workspace, sized for max_batch_ tokens.
-  std::vector<float> x_;     // [max_batch, n_embd] residual stream
-  std::vector<float> xn_;    // [max_batch, n_embd] normalised input of a sub-layer
-  std::vector<float> q_;     // [max_batch, n_head * head_dim]
-  std::vector<float> k_;     // [max_batch, n_head_kv * head_dim]
-  std::vector<float> v_;     // [max_batch, n_head_kv * head_dim]
-  std::vector<float> attn_;  // [max_batch, n_head * head_dim]
-  std::vector<float> proj_;  // [max_batch, n_embd] output of Wo / Wdown
-  std::vector<float> gate_;  // [max_batch, n_ff]
-  std::vector<float> up_;    // [max_batch, n_ff]
-  std::vector<float> cs_g_;  // [max_batch, n_rot] rope (cos, sin) per token, global layers
-  std::vector<float> cs_l_;  // [max_batch, n_rot] same for local layers (sliding_window)
-  MatmulScratch mm_;
+  uint64_t bound_backend_ = 0;  // Backend::id() of the bound backend; 0: none
+  std::unique_ptr<DeviceBuffer> weight_buf_;
+  Workspace ws_;
+  std::vector<int32_t> out_ids_;    // logits rows of the pass, as I32
+  std::vector<float> host_logits_;  // logits of a backend whose memory is not host-visible
   BatchPlan plan_;
 };
 
@@ -148,8 +155,10 @@ void DecoderModel::bind_weights(Binder& b) {
   tok_embd_ = b.matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
   output_norm_ = b.vector_f32("output_norm.weight", hp.n_embd);
   output_ = hp.tied_output ? tok_embd_ : b.matrix("output.weight", hp.n_embd, hp.n_vocab);
+  weights_ = {&tok_embd_, &output_norm_, &output_};
   if (b.has("rope_freqs.weight")) {
     rope_global_.freq_factors = b.vector_f32("rope_freqs.weight", hp.n_rot / 2);
+    weights_.push_back(&rope_global_.freq_factors);
   }
   layers_.resize(static_cast<size_t>(hp.n_layer));
   for (int il = 0; il < hp.n_layer; ++il) {
@@ -176,141 +185,190 @@ void DecoderModel::bind_weights(Binder& b) {
     l.w_gate = b.matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff);
     l.w_up = b.matrix(p + "ffn_up.weight", hp.n_embd, hp.n_ff);
     l.w_down = b.matrix(p + "ffn_down.weight", hp.n_ff, hp.n_embd);
-    if (spec_.post_norms) l.ffn_post_norm = b.vector_f32(p + "post_ffw_norm.weight", hp.n_embd);
+    if (spec_.post_norms) {
+      l.ffn_post_norm = b.vector_f32(p + "post_ffw_norm.weight", hp.n_embd);
+    }
+    for (Tensor* t :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.wo,
+          &l.attn_post_norm, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down, &l.ffn_post_norm}) {
+      if (t->rows != 0) weights_.push_back(t);
+    }
   }
 }
 
-void DecoderModel::allocate_workspace() {
-  const ModelHParams& hp = hp_;
-  const auto n = static_cast<size_t>(max_batch_);
-  const size_t q_dim = static_cast<size_t>(hp.n_head) * static_cast<size_t>(hp.head_dim);
-  const size_t kv_dim = static_cast<size_t>(hp.n_head_kv) * static_cast<size_t>(hp.head_dim);
-  x_.resize(n * static_cast<size_t>(hp.n_embd));
-  xn_.resize(n * static_cast<size_t>(hp.n_embd));
-  proj_.resize(n * static_cast<size_t>(hp.n_embd));
-  q_.resize(n * q_dim);
-  attn_.resize(n * q_dim);
-  k_.resize(n * kv_dim);
-  v_.resize(n * kv_dim);
-  gate_.resize(n * static_cast<size_t>(hp.n_ff));
-  up_.resize(n * static_cast<size_t>(hp.n_ff));
-  cs_g_.resize(n * static_cast<size_t>(hp.n_rot));
-  if (spec_.sliding_window) cs_l_.resize(n * static_cast<size_t>(hp.n_rot));
+Result<Tensor> DecoderModel::alloc(Backend& be, quant::GgmlType type, int64_t rows, int64_t cols) {
+  const size_t row_bytes = static_cast<size_t>(cols) * 4;  // F32 and I32
+  auto buf = be.alloc(static_cast<size_t>(rows) * row_bytes);
+  if (!buf.ok()) return Error{buf.error()};
+  Tensor t = tensor_of(**buf, type, rows, cols);
+  ws_.buffers.push_back(std::move(buf).value());
+  return t;
 }
 
-Status DecoderModel::forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool,
-                                   std::vector<float>& logits) {
+Status DecoderModel::bind(Backend& be) {
+  if (bound_backend_ == be.id()) return {};
+  bound_backend_ = 0;
+  ws_ = Workspace{};
+  auto wb = be.upload_weights(file_->data_section());
+  if (!wb.ok()) return Error{wb.error()};
+  weight_buf_ = std::move(wb).value();
+  for (Tensor* t : weights_) t->buffer = weight_buf_.get();
+
   const ModelHParams& hp = hp_;
-  if (Status st = plan_.prepare(seqs, hp.n_vocab, max_batch_); !st) return st;
+  const int64_t n = max_batch_;
+  const int64_t q_dim = static_cast<int64_t>(hp.n_head) * hp.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(hp.n_head_kv) * hp.head_dim;
+  const auto f32 = quant::GgmlType::F32;
+  struct Slot {
+    Tensor* t;
+    quant::GgmlType type;
+    int64_t cols;
+  };
+  std::vector<Slot> slots = {{&ws_.x, f32, hp.n_embd},
+                             {&ws_.xn, f32, hp.n_embd},
+                             {&ws_.proj, f32, hp.n_embd},
+                             {&ws_.q, f32, q_dim},
+                             {&ws_.attn, f32, q_dim},
+                             {&ws_.k, f32, kv_dim},
+                             {&ws_.v, f32, kv_dim},
+                             {&ws_.gate, f32, hp.n_ff},
+                             {&ws_.up, f32, hp.n_ff},
+                             {&ws_.cs_g, f32, hp.n_rot},
+                             {&ws_.ids, quant::GgmlType::I32, 1},
+                             {&ws_.pos, quant::GgmlType::I32, 1}};
+  if (spec_.sliding_window) slots.push_back({&ws_.cs_l, f32, hp.n_rot});
+  for (const Slot& s : slots) {
+    auto t = alloc(be, s.type, n, s.cols);
+    if (!t.ok()) {
+      ws_ = Workspace{};
+      return Error{t.error()};
+    }
+    *s.t = *t;
+  }
+  if (ws_.x.host() == nullptr) {
+    // The KV caches read and write activations in host memory (KvCache); a backend without
+    // host-visible buffers needs the paged-KV data path wired into this decoder first.
+    ws_ = Workspace{};
+    return Error{
+        fmt::format("the {} backend's buffers are not host-visible, which the KV caches "
+                    "need",
+                    be.name())};
+  }
+  bound_backend_ = be.id();
+  return {};
+}
+
+Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequence> seqs,
+                                                     Backend& be) {
+  const ModelHParams& hp = hp_;
+  if (Status st = bind(be); !st) return Error{st.error()};
+  if (Status st = plan_.prepare(seqs, hp.n_vocab, max_batch_); !st) return Error{st.error()};
   const int64_t n = plan_.n_tokens();
-  const int64_t n_embd = hp.n_embd;
   const int64_t hd = hp.head_dim;
   const int64_t q_dim = static_cast<int64_t>(hp.n_head) * hd;
   const int64_t kv_dim = static_cast<int64_t>(hp.n_head_kv) * hd;
-  const int64_t n_ff = hp.n_ff;
-  const float embd_scale = std::sqrt(static_cast<float>(n_embd));
+  const float embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
   // Where the attention scale goes: into q (scale_q archs) or into the attention kernel.
   const float kernel_scale = spec_.scale_q ? 1.0f : attn_scale_;
 
-  const quant::TypeTraits* emb_tr = quant::traits(tok_embd_.type);
-  for_each_token(pool, n, [&](int64_t i) {
-    const auto* emb = static_cast<const uint8_t*>(tok_embd_.data) +
-                      static_cast<size_t>(plan_.token(i)) * tok_embd_.row_bytes;
-    float* x = x_.data() + i * n_embd;
-    emb_tr->to_float(emb, x, n_embd);
-    if (spec_.embd_scale) {
-      for (int64_t c = 0; c < n_embd; ++c) x[c] *= embd_scale;
-    }
-    ops::rope_cache(rope_global_, plan_.pos(i), cs_g_.data() + i * hp.n_rot);
-    if (spec_.sliding_window) {
-      ops::rope_cache(rope_local_, plan_.pos(i), cs_l_.data() + i * hp.n_rot);
-    }
-  });
+  const Tensor x = ws_.x.slice_rows(0, n);
+  const Tensor xn = ws_.xn.slice_rows(0, n);
+  const Tensor q = ws_.q.slice_rows(0, n);
+  const Tensor k = ws_.k.slice_rows(0, n);
+  const Tensor v = ws_.v.slice_rows(0, n);
+  const Tensor attn = ws_.attn.slice_rows(0, n);
+  const Tensor proj = ws_.proj.slice_rows(0, n);
+  const Tensor gate = ws_.gate.slice_rows(0, n);
+  const Tensor up = ws_.up.slice_rows(0, n);
+  const Tensor cs_g = ws_.cs_g.slice_rows(0, n);
+  const Tensor cs_l = spec_.sliding_window ? ws_.cs_l.slice_rows(0, n) : Tensor{};
+  const Tensor ids = ws_.ids.slice_rows(0, n);
+  const Tensor pos = ws_.pos.slice_rows(0, n);
+
+  be.upload(ids, plan_.tokens().data());
+  be.upload(pos, plan_.positions().data());
+  be.get_rows(tok_embd_, ids, x, spec_.embd_scale ? embd_scale : 1.0f);
+  be.rope_cache(rope_global_, pos, cs_g);
+  if (spec_.sliding_window) be.rope_cache(rope_local_, pos, cs_l);
 
   for (int il = 0; il < hp.n_layer; ++il) {
     const Layer& l = layers_[static_cast<size_t>(il)];
     const int64_t window = hp.layer_window.empty() ? 0 : hp.layer_window[static_cast<size_t>(il)];
-    const ops::RopeParams& rope = window > 0 ? rope_local_ : rope_global_;
-    const std::vector<float>& cs_all = window > 0 ? cs_l_ : cs_g_;
-    for_each_token(pool, n, [&](int64_t i) {
-      ops::rms_norm(x_.data() + i * n_embd, l.attn_norm, xn_.data() + i * n_embd, n_embd,
-                    hp.rms_eps);
-    });
-    mm(l.wq, xn_.data(), q_.data(), pool);
-    mm(l.wk, xn_.data(), k_.data(), pool);
-    mm(l.wv, xn_.data(), v_.data(), pool);
-    for_each_token(pool, n, [&](int64_t i) {
-      float* q = q_.data() + i * q_dim;
-      float* k = k_.data() + i * kv_dim;
-      if (l.bq != nullptr) {
-        ops::add_inplace(q, l.bq, q_dim);
-        ops::add_inplace(k, l.bk, kv_dim);
-        ops::add_inplace(v_.data() + i * kv_dim, l.bv, kv_dim);
-      }
-      if (l.q_norm != nullptr) {
-        for (int h = 0; h < hp.n_head; ++h) {
-          ops::rms_norm(q + h * hd, l.q_norm, q + h * hd, hd, hp.rms_eps);
-        }
-        for (int h = 0; h < hp.n_head_kv; ++h) {
-          ops::rms_norm(k + h * hd, l.k_norm, k + h * hd, hd, hp.rms_eps);
-        }
-      }
-      const float* cs = cs_all.data() + i * hp.n_rot;
-      ops::rope_apply(rope, cs, q, hp.n_head, hp.head_dim);
-      ops::rope_apply(rope, cs, k, hp.n_head_kv, hp.head_dim);
-      if (spec_.scale_q) {
-        for (int64_t c = 0; c < q_dim; ++c) q[c] *= attn_scale_;
-      }
-    });
+    const RopeConfig& rope = window > 0 ? rope_local_ : rope_global_;
+    const Tensor& cs = window > 0 ? cs_l : cs_g;
+    be.rms_norm(x, l.attn_norm, xn, hp.rms_eps);
+    plan_.mm(be, l.wq, xn, q);
+    plan_.mm(be, l.wk, xn, k);
+    plan_.mm(be, l.wv, xn, v);
+    if (!l.bq.empty()) {
+      be.add(q, l.bq);
+      be.add(k, l.bk);
+      be.add(v, l.bv);
+    }
+    if (!l.q_norm.empty()) {
+      const Tensor qh = q.reshape(n * hp.n_head, hd);
+      const Tensor kh = k.reshape(n * hp.n_head_kv, hd);
+      be.rms_norm(qh, l.q_norm, qh, hp.rms_eps);
+      be.rms_norm(kh, l.k_norm, kh, hp.rms_eps);
+    }
+    be.rope(rope, cs, q, hp.n_head, hp.head_dim);
+    be.rope(rope, cs, k, hp.n_head_kv, hp.head_dim);
+    if (spec_.scale_q) be.scale(q, attn_scale_);
+    be.synchronize();  // the caches read K/V/q in host memory
+    const auto* kp = static_cast<const float*>(k.host());
+    const auto* vp = static_cast<const float*>(v.host());
+    const auto* qp = static_cast<const float*>(q.host());
+    auto* op = static_cast<float*>(attn.host());
     for (size_t sq = 0; sq < seqs.size(); ++sq) {
       KvCache& kv = *seqs[sq].kv;
       const int64_t r0 = plan_.seq_row(sq);
       const auto ns = static_cast<int64_t>(seqs[sq].tokens.size());
-      kv.store(il, plan_.seq_pos(sq), ns, k_.data() + r0 * kv_dim, v_.data() + r0 * kv_dim);
-      kv.attend(il, plan_.seq_pos(sq), ns, q_.data() + r0 * q_dim, hp.n_head, kernel_scale,
-                attn_.data() + r0 * q_dim, pool, window);
+      kv.store(il, plan_.seq_pos(sq), ns, kp + r0 * kv_dim, vp + r0 * kv_dim);
+      kv.attend(il, plan_.seq_pos(sq), ns, qp + r0 * q_dim, hp.n_head, kernel_scale,
+                op + r0 * q_dim, be, window);
     }
-    mm(l.wo, attn_.data(), proj_.data(), pool);
-    for_each_token(pool, n, [&](int64_t i) {
-      float* x = x_.data() + i * n_embd;
-      float* p = proj_.data() + i * n_embd;
-      if (l.attn_post_norm != nullptr) ops::rms_norm(p, l.attn_post_norm, p, n_embd, hp.rms_eps);
-      ops::add_inplace(x, p, n_embd);
-      ops::rms_norm(x, l.ffn_norm, xn_.data() + i * n_embd, n_embd, hp.rms_eps);
-    });
-    mm(l.w_gate, xn_.data(), gate_.data(), pool);
-    mm(l.w_up, xn_.data(), up_.data(), pool);
-    for_each_token(pool, n, [&](int64_t i) {
-      if (spec_.act == FfnActivation::kGelu) {
-        ops::gelu_mul_inplace(gate_.data() + i * n_ff, up_.data() + i * n_ff, n_ff);
-      } else {
-        ops::silu_mul_inplace(gate_.data() + i * n_ff, up_.data() + i * n_ff, n_ff);
-      }
-    });
-    mm(l.w_down, gate_.data(), proj_.data(), pool);
-    for_each_token(pool, n, [&](int64_t i) {
-      float* p = proj_.data() + i * n_embd;
-      if (l.ffn_post_norm != nullptr) ops::rms_norm(p, l.ffn_post_norm, p, n_embd, hp.rms_eps);
-      ops::add_inplace(x_.data() + i * n_embd, p, n_embd);
-    });
+    plan_.mm(be, l.wo, attn, proj);
+    if (!l.attn_post_norm.empty()) be.rms_norm(proj, l.attn_post_norm, proj, hp.rms_eps);
+    be.add(x, proj);
+    be.rms_norm(x, l.ffn_norm, xn, hp.rms_eps);
+    plan_.mm(be, l.w_gate, xn, gate);
+    plan_.mm(be, l.w_up, xn, up);
+    if (spec_.act == FfnActivation::kGelu) {
+      be.gelu_mul(gate, up);
+    } else {
+      be.silu_mul(gate, up);
+    }
+    plan_.mm(be, l.w_down, gate, proj);
+    if (!l.ffn_post_norm.empty()) be.rms_norm(proj, l.ffn_post_norm, proj, hp.rms_eps);
+    be.add(x, proj);
   }
 
   const std::vector<int64_t>& out_rows = plan_.out_rows();
   const auto n_out = static_cast<int64_t>(out_rows.size());
-  if (n_out == 0) {
-    logits.clear();
-    return {};
+  if (n_out == 0) return std::span<float>();
+  // The logits rows' residuals, gathered and normalised.
+  out_ids_.assign(out_rows.begin(), out_rows.end());
+  const Tensor out_ids = ws_.ids.slice_rows(0, n_out);
+  const Tensor xo = ws_.xn.slice_rows(0, n_out);
+  be.upload(out_ids, out_ids_.data());
+  be.get_rows(ws_.x, out_ids, xo);
+  be.rms_norm(xo, output_norm_, xo, hp.rms_eps);
+  if (ws_.logits.rows < n_out) {
+    auto buf = be.alloc(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab) * 4);
+    if (!buf.ok()) return Error{buf.error()};
+    ws_.logits_buf = std::move(buf).value();
+    ws_.logits = tensor_of(*ws_.logits_buf, quant::GgmlType::F32, n_out, hp.n_vocab);
   }
-  for_each_token(pool, n_out, [&](int64_t i) {
-    ops::rms_norm(x_.data() + out_rows[static_cast<size_t>(i)] * n_embd, output_norm_,
-                  xn_.data() + i * n_embd, n_embd, hp.rms_eps);
-  });
-  logits.resize(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab));
-  plan_.mm_out(output_, xn_.data(), logits.data(), pool, mm_);
-  if (softcap_ > 0.0f) {
-    for (float& z : logits) z = std::tanh(z * (1.0f / softcap_)) * softcap_;
+  const Tensor logits = ws_.logits.slice_rows(0, n_out);
+  plan_.mm_out(be, output_, xo, logits);
+  if (softcap_ > 0.0f) be.softcap(logits, softcap_);
+  const size_t count = static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab);
+  if (auto* host = static_cast<float*>(logits.host()); host != nullptr) {
+    return std::span<float>(host, count);
   }
-  return {};
+  host_logits_.resize(count);
+  be.download(logits, host_logits_.data());
+  return std::span<float>(host_logits_);
 }
 
 }  // namespace

@@ -7,11 +7,11 @@
 
 namespace bie {
 
-Status Model::forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
-                      std::vector<float>& logits, ForwardOptions opts) {
+Result<std::span<float>> Model::forward(std::span<const int32_t> tokens, KvCache& kv,
+                                        Backend& backend, ForwardOptions opts) {
   const BatchSequence one{
       tokens, &kv, opts.logits_all ? BatchSequence::Logits::kAll : BatchSequence::Logits::kLast};
-  return forward_batch(std::span<const BatchSequence>(&one, 1), pool, logits);
+  return forward_batch(std::span<const BatchSequence>(&one, 1), backend);
 }
 
 std::vector<std::string> supported_architectures() {

@@ -37,13 +37,17 @@ std::optional<float> Binder::optional_float(const std::string& key) const {
   return static_cast<float>(*v);
 }
 
+size_t Binder::data_offset(const gguf::TensorInfo& t) const {
+  return static_cast<size_t>(f_.tensor_data(t) - f_.data_section().data());
+}
+
 const gguf::TensorInfo& Binder::require(const std::string& name) const {
   const gguf::TensorInfo* t = f_.find_tensor(name);
   if (t == nullptr) throw LoadError{fmt::format("missing tensor '{}'", name)};
   return *t;
 }
 
-WeightView Binder::matrix(const std::string& name, int64_t n_in, int64_t n_out) {
+Tensor Binder::matrix(const std::string& name, int64_t n_in, int64_t n_out) {
   const gguf::TensorInfo& t = require(name);
   if (t.n_dims != 2 || t.ne[0] != n_in || t.ne[1] != n_out) {
     throw LoadError{fmt::format("tensor '{}' has shape [{}, {}], expected [{}, {}]", name, t.ne[0],
@@ -59,16 +63,16 @@ WeightView Binder::matrix(const std::string& name, int64_t n_in, int64_t n_out) 
         name, info ? std::string(info->name) : std::to_string(t.type))};
   }
   bound_bytes_ += t.n_bytes;
-  WeightView w;
+  Tensor w;
+  w.offset = data_offset(t);
   w.type = type;
-  w.n_in = n_in;
-  w.n_out = n_out;
-  w.data = f_.tensor_data(t);
+  w.rows = n_out;
+  w.cols = n_in;
   w.row_bytes = quant::row_size(type, n_in);
   return w;
 }
 
-const float* Binder::vector_f32(const std::string& name, int64_t n) {
+Tensor Binder::vector_f32(const std::string& name, int64_t n) {
   const gguf::TensorInfo& t = require(name);
   if (t.n_elements() != n || t.ne[0] != n) {
     throw LoadError{
@@ -80,8 +84,14 @@ const float* Binder::vector_f32(const std::string& name, int64_t n) {
                                 info ? std::string(info->name) : std::to_string(t.type))};
   }
   bound_bytes_ += t.n_bytes;
-  // GGUF aligns tensor data (32 bytes by default), so the cast is aligned for float.
-  return reinterpret_cast<const float*>(f_.tensor_data(t));
+  // GGUF aligns tensor data (32 bytes by default), so the view is aligned for float.
+  Tensor v;
+  v.offset = data_offset(t);
+  v.type = quant::GgmlType::F32;
+  v.rows = 1;
+  v.cols = n;
+  v.row_bytes = static_cast<size_t>(n) * sizeof(float);
+  return v;
 }
 
 void read_transformer_hparams(const gguf::GgufFile& f, const Binder& b, ModelHParams& hp,

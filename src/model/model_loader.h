@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "bie/backend/matmul.h"
+#include "bie/backend/backend.h"
 #include "bie/common/result.h"
 #include "bie/gguf/gguf_file.h"
 #include "bie/model/model.h"
@@ -28,16 +28,18 @@ class Binder {
   std::optional<int32_t> optional_int(const std::string& key) const;
   std::optional<float> optional_float(const std::string& key) const;
 
-  // A matmul weight [n_in, n_out] (ne0 = n_in) of any computable type.
-  WeightView matrix(const std::string& name, int64_t n_in, int64_t n_out);
-  // An f32 vector of length n (norm weights, biases).
-  const float* vector_f32(const std::string& name, int64_t n);
+  // A matmul weight [n_in, n_out] (ne0 = n_in) of any computable type, as a tensor view of the
+  // file's data section (offset from its start; the buffer is set when the weights are uploaded).
+  Tensor matrix(const std::string& name, int64_t n_in, int64_t n_out);
+  // An f32 vector of length n (norm weights, biases): F32 [1, n], like matrix().
+  Tensor vector_f32(const std::string& name, int64_t n);
   [[nodiscard]] bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
 
   [[nodiscard]] uint64_t bound_bytes() const { return bound_bytes_; }
 
  private:
   const gguf::TensorInfo& require(const std::string& name) const;
+  [[nodiscard]] size_t data_offset(const gguf::TensorInfo& t) const;
 
   const gguf::GgufFile& f_;
   uint64_t bound_bytes_ = 0;

@@ -6,7 +6,7 @@
 // token at a time. Drafts are deterministic (q = one-hot), so the target's rejection rule keeps the
 // output distribution exactly the target's. When its cache is full it forgets the least recently
 // used other sequences; a sequence it cannot hold gets no drafts. One per engine; engine thread
-// only; uses the engine's ThreadPool.
+// only; runs on the engine's backend.
 #pragma once
 #include <cstdint>
 #include <list>
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "bie/backend/thread_pool.h"
+#include "bie/backend/backend.h"
 #include "bie/common/result.h"
 #include "bie/engine/drafter.h"
 #include "bie/kv/paged_kv_store.h"
@@ -43,7 +43,7 @@ class DraftModelDrafter final : public Drafter {
   // holds across sequences; chunk: tokens per catch-up pass.
   [[nodiscard]] static Result<std::unique_ptr<DraftModelDrafter>> create(
       const std::string& path, const tokenizer::Vocab& target_vocab, int64_t kv_tokens,
-      int32_t chunk, ThreadPool& pool);
+      int32_t chunk, Backend& backend);
 
   void propose(kv::SeqId seq, std::span<const int32_t> tokens, int max_tokens,
                std::vector<int32_t>& out) override;
@@ -60,12 +60,12 @@ class DraftModelDrafter final : public Drafter {
 
  private:
   DraftModelDrafter(std::unique_ptr<Model> model, std::unique_ptr<PagedKvStore> store,
-                    DraftModelBytes bytes, int32_t chunk, ThreadPool& pool)
+                    DraftModelBytes bytes, int32_t chunk, Backend& backend)
       : model_(std::move(model)),
         store_(std::move(store)),
         bytes_(bytes),
         chunk_(chunk),
-        pool_(pool) {}
+        backend_(backend) {}
   // Runs `tokens` after the draft's copy of seq (appending them); logits of the last one in
   // logits_. False (copy rolled back) when the cache cannot hold them.
   [[nodiscard]] bool read(kv::SeqId seq, std::span<const int32_t> tokens);
@@ -79,8 +79,8 @@ class DraftModelDrafter final : public Drafter {
   std::unique_ptr<PagedKvStore> store_;
   DraftModelBytes bytes_;
   int32_t chunk_;
-  ThreadPool& pool_;
-  std::vector<float> logits_;
+  Backend& backend_;
+  std::span<float> logits_;   // the last pass's (the model's memory)
   std::list<kv::SeqId> lru_;  // sequences with a copy, least recently drafted first
   int64_t passes_ = 0;
   int64_t tokens_read_ = 0;

@@ -34,6 +34,9 @@ struct EngineConfig {
   std::string chat_template;
   KvEngineOptions kv;   // KV regime, budget, max_model_len, max_num_seqs, chunk size
   int32_t threads = 0;  // 0: hardware threads
+  // The backend the model runs on (create_backend's names: "cpu"); an unknown name is an
+  // invalid-config error listing the available ones.
+  std::string device = "cpu";
   // Tokens one step may schedule (decode tokens + prefill chunks). 0: max(chunked_prefill_size,
   // max_num_seqs). Sizes the activation workspace.
   int64_t max_num_batched_tokens = 0;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "bie/backend/thread_pool.h"
+#include "bie/backend/backend.h"
 #include "bie/common/result.h"
 #include "bie/kv/kv_cache.h"
 #include "bie/model/model.h"
@@ -38,9 +38,15 @@ struct GenerateRequest {
 // `logits` holds the last token's logits afterwards. Errors on an empty prompt or one that does
 // not fit in the cache.
 // `path`: the matmul kernels (kPrefill for prompts; kDecode to time decode steps).
-[[nodiscard]] Status prefill(Model& model, KvCache& kv, ThreadPool& pool,
+[[nodiscard]] Status prefill(Model& model, KvCache& kv, Backend& backend,
                              std::span<const int32_t> prompt, int64_t chunk, int64_t align,
                              std::vector<float>& logits, MatmulPath path = MatmulPath::kPrefill);
+
+// model.forward() with its logits copied into `logits` (for callers that keep them past the
+// model's next pass).
+[[nodiscard]] Status forward_into(Model& model, std::span<const int32_t> tokens, KvCache& kv,
+                                  Backend& backend, std::vector<float>& logits,
+                                  ForwardOptions opts = {});
 
 struct GenerationStats {
   int64_t n_prompt = 0;
@@ -63,12 +69,12 @@ using TokenCallback = std::function<bool(int32_t token)>;
 
 // Runs the prompt through `model` (appending to `kv`, which should be empty or hold a prefix of
 // it — no reuse is attempted here) and samples up to max_tokens tokens.
-[[nodiscard]] Result<GenerationStats> generate(Model& model, KvCache& kv, ThreadPool& pool,
+[[nodiscard]] Result<GenerationStats> generate(Model& model, KvCache& kv, Backend& backend,
                                                const GenerateRequest& req,
                                                const TokenCallback& on_token);
 
 // Runs `prompt` and returns the logits after it (n_vocab floats). Helper for golden tests.
-[[nodiscard]] Result<std::vector<float>> prompt_logits(Model& model, KvCache& kv, ThreadPool& pool,
+[[nodiscard]] Result<std::vector<float>> prompt_logits(Model& model, KvCache& kv, Backend& backend,
                                                        const std::vector<int32_t>& prompt,
                                                        int32_t prefill_chunk = 512,
                                                        int32_t prefill_align = 1);

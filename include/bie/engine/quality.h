@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "bie/backend/thread_pool.h"
+#include "bie/backend/backend.h"
 #include "bie/common/result.h"
 #include "bie/model/model.h"
 #include "bie/planner/kv_layout_flags.h"
@@ -107,7 +107,7 @@ using QualityProgress = std::function<void(const std::string&)>;
 [[nodiscard]] Result<QualityReport> measure_kv_quality(Model& model,
                                                        const tokenizer::Tokenizer& tok,
                                                        const std::string& text,
-                                                       const QualityConfig& cfg, ThreadPool& pool,
+                                                       const QualityConfig& cfg, Backend& backend,
                                                        const QualityProgress& progress = {});
 
 // log_softmax_inplace (the rows compared below): bie/sampling/sampler.h.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -112,6 +113,10 @@ class GgufFile {
   // Start of a tensor's bytes inside the mapping (n_bytes long, bounds already checked).
   [[nodiscard]] const uint8_t* tensor_data(const TensorInfo& t) const {
     return base_ + data_offset_ + t.offset;
+  }
+  // The data section: every tensor's bytes (what a backend uploads once).
+  [[nodiscard]] std::span<const uint8_t> data_section() const {
+    return {base_ + data_offset_, static_cast<size_t>(size_ - data_offset_)};
   }
 
  private:

@@ -21,7 +21,7 @@ class ContiguousKvCache final : public KvCache {
   [[nodiscard]] Status append(int64_t n) override;
   void store(int il, int64_t pos0, int64_t n, const float* k, const float* v) override;
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
-              ThreadPool& pool, int64_t window = 0) override;
+              Backend& backend, int64_t window = 0) override;
   [[nodiscard]] Status truncate(int64_t n) override;
 
   // What the cache holds in memory; equals planner::contiguous_kv_bytes(f16, f16, max_tokens, 1)

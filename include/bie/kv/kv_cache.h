@@ -2,14 +2,14 @@
 // roped K/V rows and asks the cache to store them and to run causal attention over what it
 // holds; how K/V are laid out, quantised or paged is the cache's business (the paged,
 // mixed-precision cache replaces the contiguous one without touching model code).
-// One sequence per cache object for now. Not thread-safe: called from the engine thread, which
-// may fan work out over the ThreadPool it passes in.
+// One sequence per cache object for now. Not thread-safe: called from the engine thread; a cache
+// holding its blocks in host memory fans attention out over the backend's host threads.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "bie/backend/thread_pool.h"
+#include "bie/backend/backend.h"
 #include "bie/common/result.h"
 
 namespace bie {
@@ -55,7 +55,7 @@ class KvCache {
   // p - j < window, i.e. [max(0, p - window + 1), p], llama.cpp's LLAMA_SWA_TYPE_STANDARD mask.
   // window = 0: the whole causal prefix. Keys outside the window stay stored (not freed).
   virtual void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-                      float* out, ThreadPool& pool, int64_t window = 0) = 0;
+                      float* out, Backend& backend, int64_t window = 0) = 0;
 
   // Drops every position >= n (rollback, or reuse of a common prefix); n <= 0 empties the cache.
   // A paged cache may refuse a rollback into blocks already re-quantised out of its FP16 window;

@@ -60,7 +60,7 @@ class PagedKvCache final : public KvCache {
   // After the last layer's attention over the newest tokens, migrates the blocks that left the
   // FP16 window (so rollback of the batch just run may be refused; see truncate).
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
-              ThreadPool& pool, int64_t window = 0) override;
+              Backend& backend, int64_t window = 0) override;
   // Through BlockManager::truncate: only FP16 window blocks may be cut; n == 0 frees everything.
   [[nodiscard]] Status truncate(int64_t n) override;
 

@@ -33,7 +33,7 @@ class SequenceKv final : public KvCache {
     store_.store(seq_, il, pos0, n, k, v);
   }
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
-              ThreadPool& pool, int64_t window = 0) override;
+              Backend& backend, int64_t window = 0) override;
   // Rollback goes through the scheduler (BlockManager::truncate); refused here.
   [[nodiscard]] Status truncate(int64_t n) override;
   // Window exits that could not move to the body pool this pass (body pool full): they stay

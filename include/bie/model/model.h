@@ -1,8 +1,10 @@
-// Model: a loaded architecture — hyper-parameters read from GGUF metadata and weights bound as
-// views into the mmapped file (checked by name, shape and type once, at load). forward() runs a
-// batch of consecutive tokens of one sequence through the network, reading and writing K/V
-// through the KvCache interface. Weights are immutable after load; forward() is not re-entrant
-// (it uses the model's activation workspace) and is called from the engine thread.
+// Model: a loaded architecture — hyper-parameters read from GGUF metadata and weights checked by
+// name, shape and type once, at load. forward() runs a batch of consecutive tokens of one sequence
+// through the network on a Backend, reading and writing K/V through the KvCache interface. The
+// first pass on a backend uploads the weights to it (the CPU backend views the mmapped file) and
+// allocates the activation workspace in its memory; a pass on another backend binds to that one
+// instead. Weights are immutable after load; forward() is not re-entrant (it uses the model's
+// activation workspace) and is called from the engine thread.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "bie/backend/matmul.h"
-#include "bie/backend/thread_pool.h"
+#include "bie/backend/backend.h"
+#include "bie/backend/matmul_path.h"
 #include "bie/common/result.h"
 #include "bie/gguf/gguf_file.h"
 #include "bie/kv/kv_cache.h"
@@ -81,17 +83,18 @@ class Model {
   [[nodiscard]] uint64_t weight_bytes() const { return weight_bytes_; }
 
   // Runs tokens at positions [kv.n_tokens(), kv.n_tokens() + tokens.size()) after appending them
-  // to the cache. Writes logits: [tokens.size(), n_vocab] if opts.logits_all, else [1, n_vocab]
+  // to the cache. Returns logits: [tokens.size(), n_vocab] if opts.logits_all, else [1, n_vocab]
   // for the last token. On error nothing is appended.
-  [[nodiscard]] Status forward(std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
-                               std::vector<float>& logits, ForwardOptions opts = {});
+  [[nodiscard]] Result<std::span<float>> forward(std::span<const int32_t> tokens, KvCache& kv,
+                                                 Backend& backend, ForwardOptions opts = {});
   // Runs the tokens of several sequences in one pass: every weight matrix is read once for all
-  // of them, attention runs per sequence through its own cache. Writes logits rows in sequence
-  // order: one per kLast sequence, one per token of a kAll sequence ([rows, n_vocab]). The total
-  // token count must fit the workspace (LoadOptions::max_batch_tokens). On error nothing is
-  // appended to any cache.
-  [[nodiscard]] virtual Status forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool,
-                                             std::vector<float>& logits) = 0;
+  // of them, attention runs per sequence through its own cache. Returns logits rows in sequence
+  // order: one per kLast sequence, one per token of a kAll sequence ([rows, n_vocab], fp32 in
+  // host memory owned by the model, valid until its next pass; the caller may modify them in
+  // place). The total token count must fit the workspace (LoadOptions::max_batch_tokens). On
+  // error nothing is appended to any cache.
+  [[nodiscard]] virtual Result<std::span<float>> forward_batch(std::span<const BatchSequence> seqs,
+                                                               Backend& backend) = 0;
 
  protected:
   std::unique_ptr<gguf::GgufFile> file_;
