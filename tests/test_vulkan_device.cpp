@@ -192,7 +192,8 @@ TEST(VulkanDevice, CliWithoutADriverSaysSoInOneLine) {
 }
 
 TEST(VulkanDevice, ServeRefusesAVulkanDeviceItCannotUse) {
-  const std::string serve = std::string(BIE_BIN_PATH).substr(0, std::string(BIE_BIN_PATH).rfind('/')) + "/bie-serve";
+  const std::string serve =
+      std::string(BIE_BIN_PATH).substr(0, std::string(BIE_BIN_PATH).rfind('/')) + "/bie-serve";
   expect_one_line(test::run_cmd(kNoIcd + serve + " --device vulkan --port 0"), 2,
                   "--device vulkan: no Vulkan driver found");
   expect_one_line(test::run_cmd(serve + " --device vulkan:9 --port 0"), 2,

@@ -17,7 +17,7 @@ namespace {
 class VulkanBuffer final : public DeviceBuffer {
  public:
   VulkanBuffer(uint64_t backend_id, vk::Device& dev, vk::Buffer b)
-      : DeviceBuffer(backend_id, b.size, b.mapped), dev_(dev), buf_(b) {}
+      : DeviceBuffer(backend_id, b.size, nullptr), dev_(dev), buf_(b) {}
   ~VulkanBuffer() override { dev_.destroy(buf_); }
   [[nodiscard]] const vk::Buffer& buf() const { return buf_; }
 

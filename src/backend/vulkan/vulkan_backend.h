@@ -2,11 +2,9 @@
 // buffers in their GGUF block formats (the shaders decode the blocks; no dequantised copy);
 // activations and the fp16 KV pools live in device buffers. Operations are recorded into one
 // command stream in program order (a barrier after each) and run when the host needs a result
-// (download, synchronize) or when parameters must be uploaded. Where device-local memory is
-// host-visible (integrated GPUs, lavapipe) buffers are mapped and host_ptr() is their address:
-// the host may read and write them in place between synchronize() and the next operation (the
-// decoder's host-side KV caches do). On a discrete GPU host_ptr() is nullptr and the host reaches
-// device memory only through upload()/download().
+// (download, synchronize) or when parameters must be uploaded. Buffers' host_ptr() is nullptr
+// (even where the memory is mapped): the host reaches device memory only through
+// upload()/download(), so no caller can read a result before the device has written it.
 //
 // Errors: the Backend operations return void, so the first failure (a shader that cannot be
 // built, device memory exhausted, a device lost) is kept, later operations are skipped, and
