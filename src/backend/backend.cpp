@@ -6,6 +6,9 @@
 #include <atomic>
 
 #include "backend/cpu/cpu_backend.h"
+#if BIE_HAVE_VULKAN
+#include "backend/vulkan/vulkan_backend.h"
+#endif
 #include "bie/quant/types.h"
 
 namespace bie {
@@ -49,6 +52,9 @@ Result<std::unique_ptr<Backend>> create_backend(const BackendConfig& cfg) {
   if (cfg.device == "cpu") {
     return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(cfg.n_threads));
   }
+#if BIE_HAVE_VULKAN
+  if (cfg.device.rfind("vulkan", 0) == 0) return create_vulkan_backend(cfg);
+#endif
   return Error{fmt::format("unknown device '{}' (available: {})", cfg.device,
                            fmt::join(available_devices(), ", "))};
 }

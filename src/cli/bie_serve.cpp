@@ -161,6 +161,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bie-serve: %s (see --help)\n", e.what());
     return kExitBadInput;
   }
+  if (auto dev = bie::cli::model_device(a.kv); !dev.ok()) {
+    std::fprintf(stderr, "bie-serve: %s\n", dev.error().c_str());
+    return kExitBadInput;
+  }
   auto kv = bie::cli::to_engine_options(a.kv);
   if (!kv) {
     std::fprintf(stderr, "bie-serve: %s\n", kv.error().c_str());

@@ -81,6 +81,10 @@ int bench(const BenchArgs& a) {
     std::fprintf(stderr, "bie bench: %s\n", msg.c_str());
     return code;
   };
+  if (auto dev = model_device(a.kv); !dev.ok()) {
+    std::fprintf(stderr, "bie bench: %s\n", dev.error().c_str());
+    return kExitBadInput;
+  }
   auto base = to_engine_options(a.kv);
   if (!base) return fail(kExitBadInput, base.error());
   if (!a.speculative.empty()) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 
+#include "bie/backend/device.h"
 #include "bie/common/cpu_features.h"
 #include "bie/engine/model_path.h"
 #include "bie/gguf/ggml_type_info.h"
@@ -109,16 +110,32 @@ int info(const std::string& model_arg, bool show_tensors) {
   return kExitOk;
 }
 
+// `bie info --devices`: the Vulkan devices (one block each), or one line saying why there are none.
+int info_devices() {
+  auto devices = list_vulkan_devices();
+  if (!devices.ok()) {
+    std::fprintf(stderr, "bie info: %s\n", devices.error().c_str());
+    return kExitBadInput;
+  }
+  fmt::print("{}", describe_devices(*devices));
+  auto chosen = resolve_device(DeviceSpec{}, devices);
+  fmt::print("--device auto picks: {}\n", chosen.ok() ? chosen->description : chosen.error());
+  return kExitOk;
+}
+
 }  // namespace
 
 void add_info_command(CLI::App& root, int* rc) {
   auto model = std::make_shared<std::string>("default");
   auto tensors = std::make_shared<bool>(false);
+  auto devices = std::make_shared<bool>(false);
   CLI::App* cmd = root.add_subcommand("info", "Describe a model file");
   cmd->add_option("model", *model, "GGUF file, or 'default'")->capture_default_str();
   cmd->add_option("-m,--model", *model, "GGUF file, or 'default'");
   cmd->add_flag("--tensors", *tensors, "List every tensor");
-  cmd->callback([model, tensors, rc] { *rc = info(*model, *tensors); });
+  cmd->add_flag("--devices", *devices, "List the Vulkan devices (GPUs) instead of a model");
+  cmd->callback(
+      [model, tensors, devices, rc] { *rc = *devices ? info_devices() : info(*model, *tensors); });
 }
 
 }  // namespace bie::cli

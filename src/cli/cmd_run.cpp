@@ -58,6 +58,10 @@ int run(const RunArgs& a) {
     std::fprintf(stderr, "bie run: give a prompt with -p TEXT or -f FILE\n");
     return kExitBadInput;
   }
+  if (auto dev = model_device(a.kv); !dev.ok()) {
+    std::fprintf(stderr, "bie run: %s\n", dev.error().c_str());
+    return kExitBadInput;
+  }
   auto opts = to_engine_options(a.kv);
   if (!opts) {
     std::fprintf(stderr, "bie run: %s\n", opts.error().c_str());

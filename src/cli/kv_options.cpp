@@ -41,6 +41,28 @@ void add_kv_engine_flags(CLI::App* cmd, KvCliFlags& f, const std::string& dtype_
                   "share of --device-memory for weights + workspace + KV")
       ->capture_default_str();
   cmd->add_option("--device-memory", f.device_memory, "device memory (default: physical RAM)");
+  cmd->add_option("--device", f.device,
+                  "auto (a GPU when one is present), cpu, vulkan or vulkan:N (see `bie info "
+                  "--devices`); CPU-type Vulkan devices (lavapipe) only by name")
+      ->capture_default_str();
+}
+
+Result<ResolvedDevice> resolve_cli_device(const KvCliFlags& f) {
+  auto spec = parse_device_spec(f.device);
+  if (!spec.ok()) return Error{"--device: " + spec.error()};
+  if (spec->kind == DeviceSpec::Kind::kCpu) return ResolvedDevice{};
+  return resolve_device(*spec, list_vulkan_devices());
+}
+
+Result<ResolvedDevice> model_device(const KvCliFlags& f) {
+  auto spec = parse_device_spec(f.device);
+  if (!spec.ok()) return Error{"--device: " + spec.error()};
+  if (spec->kind != DeviceSpec::Kind::kVulkan) return ResolvedDevice{};
+  auto d = resolve_device(*spec, list_vulkan_devices());
+  if (!d.ok()) return d;
+  return Error{"--device " + f.device + ": " + d->description +
+               " found, but the decoder does not run on the Vulkan backend in this build yet "
+               "(use --device cpu)"};
 }
 
 Result<KvEngineOptions> to_engine_options(const KvCliFlags& f) {

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "bie/backend/device.h"
 #include "bie/common/result.h"
 #include "bie/engine/kv_setup.h"
 
@@ -14,6 +15,7 @@ struct KvCliFlags {
   KvEngineOptions opts;
   std::string kv_cache_memory;  // byte-size strings, parsed by to_engine_options
   std::string device_memory;
+  std::string device = "auto";  // --device auto|cpu|vulkan[:N]
 };
 
 // Registers --kv-cache-dtype[-k|-v], --kv-group-size, --paged-block-size, --kv-sink-tokens,
@@ -22,6 +24,14 @@ struct KvCliFlags {
 // --gpu-memory-utilization, --device-memory. `dtype_help` describes --kv-cache-dtype (bench
 // accepts a comma list there).
 void add_kv_engine_flags(CLI::App* cmd, KvCliFlags& f, const std::string& dtype_help);
+
+// The device --device names on this machine (errors name the flag and what exists).
+[[nodiscard]] Result<ResolvedDevice> resolve_cli_device(const KvCliFlags& f);
+
+// The device a model runs on for `cmd` ("bie run", ...): the CPU, or an error line when --device
+// names a Vulkan device (missing, or present: the decoder does not run on the Vulkan backend in
+// this build yet; its kernels are tested on their own). auto stays on the CPU until it does.
+[[nodiscard]] Result<ResolvedDevice> model_device(const KvCliFlags& f);
 
 // The options with byte sizes parsed; errors name the flag.
 [[nodiscard]] Result<KvEngineOptions> to_engine_options(const KvCliFlags& f);

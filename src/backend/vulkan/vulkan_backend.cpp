@@ -1,0 +1,545 @@
+#include "backend/vulkan/vulkan_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <vector>
+
+#include "bie/backend/ops.h"
+#include "bie/planner/kv_format.h"
+#include "bie/quant/types.h"
+
+namespace bie {
+
+namespace {
+
+class VulkanBuffer final : public DeviceBuffer {
+ public:
+  VulkanBuffer(uint64_t backend_id, vk::Device& dev, vk::Buffer b)
+      : DeviceBuffer(backend_id, b.size, nullptr), dev_(dev), buf_(b) {}
+  ~VulkanBuffer() override { dev_.destroy(buf_); }
+  [[nodiscard]] const vk::Buffer& buf() const { return buf_; }
+
+ private:
+  vk::Device& dev_;
+  vk::Buffer buf_;
+};
+
+const vk::Buffer& vbuf(const Tensor& t) {
+  return static_cast<const VulkanBuffer*>(t.buffer)->buf();
+}
+vk::BufferRef whole(const Tensor& t) {
+  return vk::BufferRef{&vbuf(t)};
+}
+// Offsets and strides of F32 / I32 views in 4-byte elements.
+uint32_t off4(const Tensor& t) {
+  return static_cast<uint32_t>(t.offset / 4);
+}
+uint32_t stride4(const Tensor& t) {
+  return static_cast<uint32_t>(t.row_bytes / 4);
+}
+uint32_t div_up(int64_t a, int64_t b) {
+  return static_cast<uint32_t>((a + b - 1) / b);
+}
+
+std::string shader_type_suffix(quant::GgmlType type) {
+  std::string s(quant::type_name(type));
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+bool gpu_weight_type(quant::GgmlType t) {
+  using quant::GgmlType;
+  switch (t) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+struct MatPush {
+  uint32_t n_in, n_out, row_bytes, w_off, x_off, x_stride, y_off, y_stride, n_tokens;
+};
+struct RowsPush {
+  uint32_t n_in, row_bytes, w_off, ids_off, y_off, y_stride;
+  float scale;
+};
+struct NormPush {
+  uint32_t rows, n, x_off, x_stride, w_off, y_off, y_stride;
+  float eps;
+};
+struct BinPush {
+  uint32_t rows, cols, x_off, x_stride, y_off, y_stride;
+};
+struct UnaryPush {
+  uint32_t rows, cols, x_off, x_stride;
+  float s;
+};
+struct RopePush {
+  uint32_t n_tokens, n_heads, head_dim, n_rot, neox, x_off, x_stride, cs_off, cs_stride;
+};
+struct AttnPush {
+  uint32_t n_tokens, n_head, group, head_dim, block_size, block_stride, head_stride, unused, window;
+  float scale;
+  uint32_t q_off, q_stride, o_off, o_stride, k_off, v_off;
+};
+struct KvWritePush {
+  uint32_t n_tokens, n_head_kv, head_dim, block_stride, head_stride, k_off, v_off, k_src_off,
+      k_src_stride, v_src_off, v_src_stride;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<VulkanBackend>> VulkanBackend::create(const VulkanBackendOptions& o) {
+  auto dev = vk::Device::open(o.device_index, o.device);
+  if (!dev.ok()) return Error{dev.error()};
+  return std::unique_ptr<VulkanBackend>(new VulkanBackend(std::move(*dev), o));
+}
+
+VulkanBackend::VulkanBackend(std::unique_ptr<vk::Device> dev, const VulkanBackendOptions& o)
+    : dev_(std::move(dev)), pool_(std::max(1, o.n_host_threads)) {
+  weight_window_bytes_ = dev_->max_binding_bytes();
+  if (o.max_weight_window_bytes > 0) {
+    weight_window_bytes_ = std::min(weight_window_bytes_, o.max_weight_window_bytes);
+  }
+}
+
+VulkanBackend::~VulkanBackend() {
+  (void)dev_->sync();
+  for (vk::Buffer& b : params_) dev_->destroy(b);
+}
+
+std::string VulkanBackend::name() const {
+  return fmt::format("vulkan:{}", dev_->info().index);
+}
+
+void VulkanBackend::fail(const std::string& what) {
+  if (error_.ok()) error_ = Error{what};
+}
+
+template <class Push>
+void VulkanBackend::run(const char* name, std::initializer_list<vk::BufferRef> bufs,
+                        const Push& push, uint32_t gx, uint32_t gy, uint32_t gz) {
+  if (!error_.ok()) return;
+  auto p = dev_->pipeline(name, static_cast<uint32_t>(bufs.size()), sizeof(Push));
+  if (!p.ok()) return fail(p.error());
+  if (Status s = dev_->dispatch(**p, bufs, &push, gx, gy, gz); !s.ok()) fail(s.error());
+}
+
+const vk::Buffer* VulkanBackend::params(int slot, const void* data, size_t bytes) {
+  vk::Buffer& b = params_[slot];
+  if (b.size < bytes) {
+    dev_->destroy(b);
+    auto nb = dev_->create_buffer(std::max<size_t>(bytes * 2, 4096));
+    if (!nb.ok()) {
+      fail(nb.error());
+      return nullptr;
+    }
+    b = *nb;
+  }
+  if (Status s = dev_->upload(b, 0, data, bytes); !s.ok()) {
+    fail(s.error());
+    return nullptr;
+  }
+  return &b;
+}
+
+// ---- memory -------------------------------------------------------------------------------------
+
+Result<std::unique_ptr<DeviceBuffer>> VulkanBackend::alloc(size_t bytes) {
+  auto b = dev_->create_buffer(bytes);
+  if (!b.ok()) return Error{b.error()};
+  return std::unique_ptr<DeviceBuffer>(std::make_unique<VulkanBuffer>(id(), *dev_, *b));
+}
+
+Result<std::unique_ptr<DeviceBuffer>> VulkanBackend::upload_weights(
+    std::span<const uint8_t> bytes) {
+  auto b = dev_->create_buffer(bytes.size());
+  if (!b.ok()) return Error{b.error()};
+  auto buf = std::make_unique<VulkanBuffer>(id(), *dev_, *b);
+  if (Status s = dev_->upload(buf->buf(), 0, bytes.data(), bytes.size()); !s.ok()) {
+    return Error{s.error()};
+  }
+  return std::unique_ptr<DeviceBuffer>(std::move(buf));
+}
+
+void VulkanBackend::upload(const Tensor& dst, const void* src) {
+  if (!error_.ok() || dst.bytes() == 0) return;
+  if (Status s = dev_->upload(vbuf(dst), dst.offset, src, dst.bytes()); !s.ok()) fail(s.error());
+}
+
+void VulkanBackend::download(const Tensor& src, void* dst) {
+  if (!error_.ok() || src.bytes() == 0) return;
+  if (Status s = dev_->download(vbuf(src), src.offset, dst, src.bytes()); !s.ok()) {
+    fail(s.error());
+  }
+}
+
+void VulkanBackend::synchronize() {
+  if (!error_.ok()) return;
+  if (Status s = dev_->sync(); !s.ok()) fail(s.error());
+}
+
+// ---- dense operations
+// -----------------------------------------------------------------------------
+
+// A weight view bound as a window of its buffer: rows [r0, r0 + n) start at byte w_off of a
+// binding that begins at an aligned offset and spans at most max_binding_bytes() (Gemma 3's
+// 262k-row embedding is larger than lavapipe's 128 MiB binding limit).
+namespace {
+
+struct WeightWindow {
+  vk::BufferRef ref;
+  uint32_t w_off;
+};
+
+WeightWindow weight_window(vk::Device& dev, const Tensor& w, int64_t r0, int64_t n) {
+  const size_t align = dev.binding_alignment();
+  const size_t byte0 = w.offset + static_cast<size_t>(r0) * w.row_bytes;
+  const size_t bind = byte0 / align * align;
+  const size_t span = byte0 - bind + static_cast<size_t>(n) * w.row_bytes;
+  return WeightWindow{vk::BufferRef{&vbuf(w), bind, (span + 3) / 4 * 4},
+                      static_cast<uint32_t>(byte0 - bind)};
+}
+
+}  // namespace
+
+int64_t VulkanBackend::rows_per_window(const Tensor& w) const {
+  const size_t room = weight_window_bytes_ - dev_->binding_alignment();
+  return std::max<int64_t>(1, std::min<int64_t>(w.rows, static_cast<int64_t>(room / w.row_bytes)));
+}
+
+void VulkanBackend::matmul(const Tensor& w, const Tensor& x, const Tensor& y, MatmulPath path) {
+  if (!gpu_weight_type(w.type)) {
+    return fail(
+        fmt::format("the Vulkan backend has no kernel for {} weights", quant::type_name(w.type)));
+  }
+  const int64_t n = x.rows;
+  const bool vec = path == MatmulPath::kDecode || (path == MatmulPath::kAuto && n <= 4);
+  const std::string name = (vec ? "matvec_" : "matmul_") + shader_type_suffix(w.type);
+  const int64_t chunk = rows_per_window(w);
+  for (int64_t r0 = 0; r0 < w.rows; r0 += chunk) {
+    const int64_t rows = std::min(chunk, w.rows - r0);
+    const WeightWindow win = weight_window(*dev_, w, r0, rows);
+    MatPush p{static_cast<uint32_t>(w.cols),
+              static_cast<uint32_t>(rows),
+              static_cast<uint32_t>(w.row_bytes),
+              win.w_off,
+              off4(x),
+              stride4(x),
+              off4(y) + static_cast<uint32_t>(r0),
+              stride4(y),
+              static_cast<uint32_t>(n)};
+    if (vec) {
+      const auto gx = static_cast<uint32_t>(std::min<int64_t>(rows, 32768));
+      struct {
+        uint32_t a[8];
+      } mv{{p.n_in, p.n_out, p.row_bytes, p.w_off, p.x_off, p.x_stride, p.y_off, p.y_stride}};
+      run(name.c_str(), {win.ref, whole(x), whole(y)}, mv, gx, static_cast<uint32_t>(n),
+          div_up(rows, gx));
+    } else {
+      run(name.c_str(), {win.ref, whole(x), whole(y)}, p, div_up(rows, 32), div_up(n, 32));
+    }
+  }
+}
+
+void VulkanBackend::get_rows(const Tensor& table, const Tensor& ids, const Tensor& out,
+                             float scale) {
+  if (!gpu_weight_type(table.type)) {
+    return fail(
+        fmt::format("the Vulkan backend cannot gather {} rows", quant::type_name(table.type)));
+  }
+  const std::string name = "get_rows_" + shader_type_suffix(table.type);
+  const int64_t n = ids.rows * ids.cols;
+  const uint32_t gx = std::min<uint32_t>(div_up(table.cols, 64), 64);
+  if (rows_per_window(table) >= table.rows) {
+    const WeightWindow win = weight_window(*dev_, table, 0, table.rows);
+    RowsPush p{static_cast<uint32_t>(table.cols),
+               static_cast<uint32_t>(table.row_bytes),
+               win.w_off,
+               off4(ids),
+               off4(out),
+               stride4(out),
+               scale};
+    run(name.c_str(), {win.ref, whole(ids), whole(out)}, p, gx, static_cast<uint32_t>(n));
+    return;
+  }
+  // A table larger than one binding: each token's row through its own window (ids are read back
+  // first; embedding lookups are a few hundred rows per step at most).
+  std::vector<int32_t> host_ids(static_cast<size_t>(n));
+  download(ids, host_ids.data());
+  const int32_t zero = 0;
+  const vk::Buffer* zero_id = params(3, &zero, sizeof zero);
+  if (zero_id == nullptr) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = host_ids[static_cast<size_t>(i)];
+    if (id < 0 || id >= table.rows)
+      return fail(fmt::format("get_rows: token id {} out of range", id));
+    const WeightWindow win = weight_window(*dev_, table, id, 1);
+    RowsPush p{static_cast<uint32_t>(table.cols),
+               static_cast<uint32_t>(table.row_bytes),
+               win.w_off,
+               0u,
+               off4(out) + static_cast<uint32_t>(i) * stride4(out),
+               0u,
+               scale};
+    run(name.c_str(), {win.ref, vk::BufferRef{zero_id}, whole(out)}, p, gx, 1);
+  }
+}
+
+void VulkanBackend::rms_norm(const Tensor& x, const Tensor& w, const Tensor& out, float eps) {
+  NormPush p{static_cast<uint32_t>(x.rows),
+             static_cast<uint32_t>(x.cols),
+             off4(x),
+             stride4(x),
+             off4(w),
+             off4(out),
+             stride4(out),
+             eps};
+  const auto gx = static_cast<uint32_t>(std::min<int64_t>(x.rows, 65535));
+  run("rms_norm", {whole(x), whole(w), whole(out)}, p, gx, div_up(x.rows, gx));
+}
+
+void VulkanBackend::add(const Tensor& x, const Tensor& y) {
+  BinPush p{
+      static_cast<uint32_t>(x.rows), static_cast<uint32_t>(x.cols), off4(x), stride4(x), off4(y),
+      y.rows == 1 ? 0u : stride4(y)};
+  run("add", {whole(x), whole(y)}, p, div_up(x.cols, 256), static_cast<uint32_t>(x.rows));
+}
+
+void VulkanBackend::scale(const Tensor& x, float s) {
+  UnaryPush p{static_cast<uint32_t>(x.rows), static_cast<uint32_t>(x.cols), off4(x), stride4(x), s};
+  run("scale", {whole(x)}, p, div_up(x.cols, 256), static_cast<uint32_t>(x.rows));
+}
+
+void VulkanBackend::softcap(const Tensor& x, float cap) {
+  UnaryPush p{static_cast<uint32_t>(x.rows), static_cast<uint32_t>(x.cols), off4(x), stride4(x),
+              cap};
+  run("softcap", {whole(x)}, p, div_up(x.cols, 256), static_cast<uint32_t>(x.rows));
+}
+
+void VulkanBackend::silu_mul(const Tensor& gate, const Tensor& up) {
+  BinPush p{static_cast<uint32_t>(gate.rows),
+            static_cast<uint32_t>(gate.cols),
+            off4(gate),
+            stride4(gate),
+            off4(up),
+            stride4(up)};
+  run("silu_mul", {whole(gate), whole(up)}, p, div_up(gate.cols, 256),
+      static_cast<uint32_t>(gate.rows));
+}
+
+void VulkanBackend::gelu_mul(const Tensor& gate, const Tensor& up) {
+  BinPush p{static_cast<uint32_t>(gate.rows),
+            static_cast<uint32_t>(gate.cols),
+            off4(gate),
+            stride4(gate),
+            off4(up),
+            stride4(up)};
+  run("gelu_mul", {whole(gate), whole(up)}, p, div_up(gate.cols, 256),
+      static_cast<uint32_t>(gate.rows));
+}
+
+void VulkanBackend::rope_cache(const RopeConfig& rope, const Tensor& pos, const Tensor& cs) {
+  // The angles are computed on the host with the CPU's code (ops::rope_cache), so they match the
+  // CPU backend bit for bit; the table is tokens x n_rot floats, small next to a layer's work.
+  if (!error_.ok()) return;
+  std::vector<int32_t> ps(static_cast<size_t>(pos.rows * pos.cols));
+  download(pos, ps.data());
+  std::vector<float> ff;
+  ops::RopeParams p;
+  p.n_rot = rope.n_rot;
+  p.freq_base = rope.freq_base;
+  p.freq_scale = rope.freq_scale;
+  p.neox = rope.neox;
+  if (!rope.freq_factors.empty()) {
+    ff.resize(static_cast<size_t>(rope.freq_factors.rows * rope.freq_factors.cols));
+    download(rope.freq_factors, ff.data());
+    p.freq_factors = ff.data();
+  }
+  const size_t stride = cs.row_bytes / 4;
+  std::vector<float> table(static_cast<size_t>(cs.rows) * stride, 0.0f);
+  for (int64_t i = 0; i < cs.rows; ++i)
+    ops::rope_cache(p, ps[static_cast<size_t>(i)], &table[i * stride]);
+  upload(cs, table.data());
+}
+
+void VulkanBackend::rope(const RopeConfig& rope, const Tensor& cs, const Tensor& x, int n_heads,
+                         int head_dim) {
+  RopePush p{static_cast<uint32_t>(x.rows),
+             static_cast<uint32_t>(n_heads),
+             static_cast<uint32_t>(head_dim),
+             static_cast<uint32_t>(rope.n_rot),
+             rope.neox ? 1u : 0u,
+             off4(x),
+             stride4(x),
+             off4(cs),
+             stride4(cs)};
+  run("rope", {whole(x), whole(cs)}, p, div_up(rope.n_rot / 2, 64), static_cast<uint32_t>(n_heads),
+      static_cast<uint32_t>(x.rows));
+}
+
+// ---- KV data path
+// -----------------------------------------------------------------------------------
+
+namespace {
+
+Status check_f16_pool(const KvPoolDesc& pool, int block_size, int head_dim) {
+  const auto f16 = static_cast<uint8_t>(planner::KvType::kF16);
+  if (pool.k_type != f16 || pool.v_type != f16) {
+    return Error{"the Vulkan backend runs fp16 KV pools only (use --kv-cache-dtype f16)"};
+  }
+  const size_t tile = static_cast<size_t>(block_size) * static_cast<size_t>(head_dim) * 2;
+  if (pool.k_tile_bytes != tile || pool.v_tile_bytes != tile || pool.memory.row_bytes % 4 != 0 ||
+      pool.memory.offset % 4 != 0 || head_dim % 2 != 0) {
+    return Error{"vulkan: unexpected fp16 KV tile layout"};
+  }
+  return {};
+}
+
+}  // namespace
+
+Status VulkanBackend::paged_attention(const AttnMetadata& m) {
+  if (!error_.ok()) return error_;
+  if (m.head_dim > 512) return Error{"vulkan attention: head_dim above 512"};
+  if (m.rotate_keys) return Error{"vulkan attention: rotated keys are not supported (fp16 only)"};
+  const size_t n_seq = m.q_pos0.size();
+  if (n_seq == 0) return {};
+  int pool_id = m.block_table.empty() ? 0 : m.block_table[0].pool;
+  for (const KvBlockRef& r : m.block_table) {
+    if (r.pool != pool_id) return Error{"vulkan attention: a batch over several KV pools"};
+  }
+  const KvPoolDesc& pool = m.pools[static_cast<size_t>(pool_id)];
+  if (Status s = check_f16_pool(pool, m.block_size, m.head_dim); !s.ok()) return s;
+  const int64_t n_tokens = m.query_start[n_seq];
+  // meta: [t] sequence, [n_tokens + t] position, [2 n_tokens + s] first table entry of s.
+  std::vector<int32_t> meta(static_cast<size_t>(2 * n_tokens) + n_seq);
+  for (size_t s = 0; s < n_seq; ++s) {
+    for (int32_t t = m.query_start[s]; t < m.query_start[s + 1]; ++t) {
+      meta[static_cast<size_t>(t)] = static_cast<int32_t>(s);
+      meta[static_cast<size_t>(n_tokens + t)] =
+          static_cast<int32_t>(m.q_pos0[s] + (t - m.query_start[s]));
+    }
+    meta[static_cast<size_t>(2 * n_tokens) + s] = m.block_table_start[s];
+  }
+  std::vector<int32_t> table(m.block_table.size() + 1, 0);
+  for (size_t i = 0; i < m.block_table.size(); ++i) table[i] = m.block_table[i].block;
+  const vk::Buffer* tb = params(0, table.data(), table.size() * 4);
+  const vk::Buffer* mb = params(1, meta.data(), meta.size() * 4);
+  if (tb == nullptr || mb == nullptr) return error_;
+  const size_t layer_bytes =
+      static_cast<size_t>(m.n_head_kv) * (pool.k_tile_bytes + pool.v_tile_bytes);
+  const size_t k_off =
+      (pool.memory.offset + static_cast<size_t>(m.layer_in_group) * layer_bytes) / 2;
+  AttnPush p{
+      static_cast<uint32_t>(n_tokens),
+      static_cast<uint32_t>(m.n_head),
+      static_cast<uint32_t>(m.n_head / m.n_head_kv),
+      static_cast<uint32_t>(m.head_dim),
+      static_cast<uint32_t>(m.block_size),
+      static_cast<uint32_t>(pool.memory.row_bytes / 2),
+      static_cast<uint32_t>(pool.k_tile_bytes / 2),
+      0u,
+      static_cast<uint32_t>(m.window),
+      m.scale,
+      off4(m.q),
+      stride4(m.q),
+      off4(m.out),
+      stride4(m.out),
+      static_cast<uint32_t>(k_off),
+      static_cast<uint32_t>(k_off + static_cast<size_t>(m.n_head_kv) * pool.k_tile_bytes / 2)};
+  vk::BufferRef pool_ref{&vbuf(pool.memory)};
+  run("attn_paged_f16",
+      {whole(m.q), pool_ref, pool_ref, vk::BufferRef{tb}, vk::BufferRef{mb}, whole(m.out)}, p,
+      static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(m.n_head));
+  return error_;
+}
+
+Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
+  if (!error_.ok()) return error_;
+  if (m.rotate_keys) return Error{"vulkan kv_write: rotated keys are not supported (fp16 only)"};
+  const size_t n = m.slots.size();
+  if (n == 0) return {};
+  const int pool_id = m.slots[0].block.pool;
+  for (const KvSlot& s : m.slots) {
+    if (s.block.pool != pool_id) return Error{"vulkan kv_write: a batch over several KV pools"};
+  }
+  const KvPoolDesc& pool = m.pools[static_cast<size_t>(pool_id)];
+  if (Status s = check_f16_pool(pool, m.block_size, m.head_dim); !s.ok()) return s;
+  std::vector<int32_t> slot(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    slot[i] = m.slots[i].block.block;
+    slot[n + i] = m.slots[i].row;
+  }
+  const vk::Buffer* sb = params(2, slot.data(), slot.size() * 4);
+  if (sb == nullptr) return error_;
+  const size_t layer_bytes =
+      static_cast<size_t>(m.n_head_kv) * (pool.k_tile_bytes + pool.v_tile_bytes);
+  const size_t k_off =
+      (pool.memory.offset + static_cast<size_t>(m.layer_in_group) * layer_bytes) / 2;
+  KvWritePush p{
+      static_cast<uint32_t>(n),
+      static_cast<uint32_t>(m.n_head_kv),
+      static_cast<uint32_t>(m.head_dim),
+      static_cast<uint32_t>(pool.memory.row_bytes / 2),
+      static_cast<uint32_t>(pool.k_tile_bytes / 2),
+      static_cast<uint32_t>(k_off),
+      static_cast<uint32_t>(k_off + static_cast<size_t>(m.n_head_kv) * pool.k_tile_bytes / 2),
+      off4(m.k),
+      stride4(m.k),
+      off4(m.v),
+      stride4(m.v)};
+  run("kv_write_f16",
+      {whole(m.k), whole(m.v), vk::BufferRef{sb}, vk::BufferRef{&vbuf(pool.memory)}}, p,
+      div_up(m.n_head_kv * m.head_dim / 2, 64), static_cast<uint32_t>(n));
+  return error_;
+}
+
+Status VulkanBackend::copy_blocks(std::span<const KvPoolDesc> pools,
+                                  std::span<const KvBlockCopy> copies) {
+  if (!error_.ok()) return error_;
+  for (const KvBlockCopy& c : copies) {
+    if (c.src.pool != c.dst.pool) return Error{"vulkan copy_blocks: across pools"};
+    const KvPoolDesc& p = pools[static_cast<size_t>(c.src.pool)];
+    const size_t bb = p.memory.row_bytes;
+    if (Status s =
+            dev_->copy(vbuf(p.memory), p.memory.offset + static_cast<size_t>(c.src.block) * bb,
+                       vbuf(p.memory), p.memory.offset + static_cast<size_t>(c.dst.block) * bb, bb);
+        !s.ok()) {
+      fail(s.error());
+    }
+  }
+  return error_;
+}
+
+}  // namespace bie
+
+namespace bie {
+
+Result<std::unique_ptr<Backend>> create_vulkan_backend(const BackendConfig& cfg) {
+  auto spec = parse_device_spec(cfg.device);
+  if (!spec.ok()) return Error{spec.error()};
+  auto chosen = resolve_device(*spec, list_vulkan_devices());
+  if (!chosen.ok()) return Error{chosen.error()};
+  if (chosen->cpu) return Error{"--device " + cfg.device + ": no Vulkan device"};
+  VulkanBackendOptions o;
+  o.device_index = chosen->vulkan_index;
+  o.n_host_threads = cfg.n_threads > 0 ? cfg.n_threads : 1;
+  auto be = VulkanBackend::create(o);
+  if (!be.ok()) return Error{be.error()};
+  return std::unique_ptr<Backend>(std::move(*be));
+}
+
+}  // namespace bie

@@ -1,0 +1,91 @@
+// VulkanBackend: the Backend on one Vulkan device. Weights are copied once into device-local
+// buffers in their GGUF block formats (the shaders decode the blocks; no dequantised copy);
+// activations and the fp16 KV pools live in device buffers. Operations are recorded into one
+// command stream in program order (a barrier after each) and run when the host needs a result
+// (download, synchronize) or when parameters must be uploaded. Buffers' host_ptr() is nullptr
+// (even where the memory is mapped): the host reaches device memory only through
+// upload()/download(), so no caller can read a result before the device has written it.
+//
+// Errors: the Backend operations return void, so the first failure (a shader that cannot be
+// built, device memory exhausted, a device lost) is kept, later operations are skipped, and
+// status() reports it; callers check status() after synchronize().
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/vulkan/vk_context.h"
+#include "bie/backend/backend.h"
+#include "bie/backend/thread_pool.h"
+
+namespace bie {
+
+struct VulkanBackendOptions {
+  int device_index = 0;
+  int n_host_threads = 1;
+  vk::DeviceOptions device;
+  // > 0: bind weights in windows of at most this many bytes (tests use it to exercise the split
+  // that weights larger than the device's maxStorageBufferRange take).
+  size_t max_weight_window_bytes = 0;
+};
+
+class VulkanBackend final : public Backend {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<VulkanBackend>> create(const VulkanBackendOptions& o);
+  ~VulkanBackend() override;
+
+  [[nodiscard]] std::string name() const override;  // "vulkan:N"
+  [[nodiscard]] ThreadPool& host_threads() override { return pool_; }
+  [[nodiscard]] Status status() const { return error_; }
+  [[nodiscard]] vk::Device& device() { return *dev_; }
+
+  [[nodiscard]] Result<std::unique_ptr<DeviceBuffer>> alloc(size_t bytes) override;
+  [[nodiscard]] Result<std::unique_ptr<DeviceBuffer>> upload_weights(
+      std::span<const uint8_t> bytes) override;
+  void upload(const Tensor& dst, const void* src) override;
+  void download(const Tensor& src, void* dst) override;
+  void synchronize() override;
+
+  void matmul(const Tensor& w, const Tensor& x, const Tensor& y, MatmulPath path) override;
+  void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out, float scale) override;
+  void rms_norm(const Tensor& x, const Tensor& w, const Tensor& out, float eps) override;
+  void add(const Tensor& x, const Tensor& y) override;
+  void scale(const Tensor& x, float s) override;
+  void silu_mul(const Tensor& gate, const Tensor& up) override;
+  void gelu_mul(const Tensor& gate, const Tensor& up) override;
+  void rope_cache(const RopeConfig& rope, const Tensor& pos, const Tensor& cs) override;
+  void rope(const RopeConfig& rope, const Tensor& cs, const Tensor& x, int n_heads,
+            int head_dim) override;
+  void softcap(const Tensor& x, float cap) override;
+
+  // fp16 KV pools only (both K and V planner::KvType::kF16); quantised formats are refused with
+  // an error naming them (the quantised regimes on the GPU are a later issue).
+  [[nodiscard]] bool supports_paged_kv() const override { return true; }
+  [[nodiscard]] Status paged_attention(const AttnMetadata& meta) override;
+  [[nodiscard]] Status kv_write(const KvWriteMetadata& meta) override;
+  [[nodiscard]] Status copy_blocks(std::span<const KvPoolDesc> pools,
+                                   std::span<const KvBlockCopy> copies) override;
+
+ private:
+  VulkanBackend(std::unique_ptr<vk::Device> dev, const VulkanBackendOptions& o);
+  // Rows of w per binding window (all of them when they fit).
+  [[nodiscard]] int64_t rows_per_window(const Tensor& w) const;
+  // Records a dispatch of shader `name`; keeps the first error.
+  template <class Push>
+  void run(const char* name, std::initializer_list<vk::BufferRef> bufs, const Push& push,
+           uint32_t gx, uint32_t gy = 1, uint32_t gz = 1);
+  void fail(const std::string& what);
+  // A device buffer of at least `bytes` holding `data` (grown as needed; one per purpose).
+  [[nodiscard]] const vk::Buffer* params(int slot, const void* data, size_t bytes);
+
+  std::unique_ptr<vk::Device> dev_;
+  ThreadPool pool_;
+  Status error_;
+  vk::Buffer params_[4];
+  size_t weight_window_bytes_ = 0;
+};
+
+// The backend `cfg.device` ("vulkan", "vulkan:N") names; create_backend's Vulkan branch.
+[[nodiscard]] Result<std::unique_ptr<Backend>> create_vulkan_backend(const BackendConfig& cfg);
+
+}  // namespace bie
