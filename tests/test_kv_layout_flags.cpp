@@ -19,22 +19,22 @@ TEST(KvLayoutFlags, F16IsTheDefault) {
   EXPECT_EQ(kv_layout_label(l), "f16");
 }
 
-TEST(KvLayoutFlags, Int4AsymIsKiviKeysOver64TokenBlocks) {
+TEST(KvLayoutFlags, Int4AsymIsKiviKeysOverTheDefaultTile) {
   KvLayoutFlags f;
   f.dtype = "int4_asym";
   const KvLayout l = resolve(f);
-  EXPECT_EQ(l.block_size, 64);
-  EXPECT_EQ(l.k, (KvFormat{KvType::kInt4Channel, 64}));
+  EXPECT_EQ(l.block_size, kDefault4BitTile);
+  EXPECT_EQ(l.k, (KvFormat{KvType::kInt4Channel, kDefault4BitTile}));
   EXPECT_EQ(l.v, (KvFormat{KvType::kInt4Asym, 64}));
   EXPECT_TRUE(l.rotate);
-  EXPECT_EQ(kv_layout_label(l), "k=int4_channel_t64 v=int4_asym_g64 +rotate");
+  EXPECT_EQ(kv_layout_label(l), "k=int4_channel_t16 v=int4_asym_g64 +rotate");
   f.dtype = "int4";
   f.group_size = 32;
   EXPECT_EQ(resolve(f).v, (KvFormat{KvType::kInt4Asym, 32}));
   f.rotate = false;
   EXPECT_FALSE(resolve(f).rotate);
-  f.block_size = 16;  // an explicit block size is the tile
-  EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt4Channel, 16}));
+  f.block_size = 64;  // an explicit block size is the tile (the 4.5-bit form)
+  EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt4Channel, 64}));
   // The old recipe by its format name: rotated g64 keys, blocks of 16.
   KvLayoutFlags old;
   old.dtype = "int4_asym_g64";
@@ -49,11 +49,11 @@ TEST(KvLayoutFlags, Int8IsPerChannelKeysWithPerTokenValues) {
   KvLayoutFlags f;
   f.dtype = "int8";
   const KvLayout l = resolve(f);
-  EXPECT_EQ(l.block_size, 64);
-  EXPECT_EQ(l.k, (KvFormat{KvType::kInt8Channel, 64}));
+  EXPECT_EQ(l.block_size, kDefault4BitTile);
+  EXPECT_EQ(l.k, (KvFormat{KvType::kInt8Channel, kDefault4BitTile}));
   EXPECT_EQ(l.v, (KvFormat{KvType::kInt8, 0}));
   EXPECT_FALSE(l.rotate);
-  EXPECT_EQ(kv_layout_label(l), "k=int8_channel_t64 v=int8");
+  EXPECT_EQ(kv_layout_label(l), "k=int8_channel_t16 v=int8");
   f.dtype_k = "int8";  // the per-token key format, literally
   EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt8, 0}));
   f = {};

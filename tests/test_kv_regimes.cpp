@@ -192,7 +192,7 @@ TEST(KvRegimes, KillSwitchOverrideAndPolicy) {
 
   const std::string text = "The capital of France is";
   const std::string label4 = info.regimes[0].label;
-  const std::string label8 = "k=int8_channel_t64 v=int8";  // the int8 recipe's layout
+  const std::string label8 = "k=int8_channel_t16 v=int8";  // the int8 recipe's layout
   EXPECT_EQ(run(eng, greedy(eng, text, 4)).fin.metrics.kv_regime, label4);
   EngineRequest want8 = greedy(eng, text, 4);
   want8.kv_cache_dtype = "int8";
