@@ -140,7 +140,7 @@ def test_errors_as_openai_exceptions(server, client):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=mid, messages=[{"role": "wizard", "content": "x"}])
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model=mid, prompt="x", n=2)
+        client.completions.create(model=mid, prompt="x", n=129)  # n is 1..128
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="no-such-model", messages=msgs)
     assert e.value.status_code == 404
