@@ -19,46 +19,19 @@ TEST(KvLayoutFlags, F16IsTheDefault) {
   EXPECT_EQ(kv_layout_label(l), "f16");
 }
 
-TEST(KvLayoutFlags, Int4AsymIsKiviKeysOverTheDefaultTile) {
+TEST(KvLayoutFlags, Int4AsymIsTheRotatedRecipe) {
   KvLayoutFlags f;
   f.dtype = "int4_asym";
   const KvLayout l = resolve(f);
-  EXPECT_EQ(l.block_size, kDefault4BitTile);
-  EXPECT_EQ(l.k, (KvFormat{KvType::kInt4Channel, kDefault4BitTile}));
+  EXPECT_EQ(l.k, (KvFormat{KvType::kInt4Asym, 64}));
   EXPECT_EQ(l.v, (KvFormat{KvType::kInt4Asym, 64}));
   EXPECT_TRUE(l.rotate);
-  EXPECT_EQ(kv_layout_label(l), "k=int4_channel_t16 v=int4_asym_g64 +rotate");
+  EXPECT_EQ(kv_layout_label(l), "int4_asym_g64 +rotate");
   f.dtype = "int4";
   f.group_size = 32;
-  EXPECT_EQ(resolve(f).v, (KvFormat{KvType::kInt4Asym, 32}));
+  EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt4Asym, 32}));
   f.rotate = false;
   EXPECT_FALSE(resolve(f).rotate);
-  f.block_size = 64;  // an explicit block size is the tile (the 4.5-bit form)
-  EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt4Channel, 64}));
-  // The old recipe by its format name: rotated g64 keys, blocks of 16.
-  KvLayoutFlags old;
-  old.dtype = "int4_asym_g64";
-  const KvLayout o = resolve(old);
-  EXPECT_EQ(o.block_size, 16);
-  EXPECT_EQ(o.k, (KvFormat{KvType::kInt4Asym, 64}));
-  EXPECT_EQ(o.v, (KvFormat{KvType::kInt4Asym, 64}));
-  EXPECT_TRUE(o.rotate);
-}
-
-TEST(KvLayoutFlags, Int8IsPerChannelKeysWithPerTokenValues) {
-  KvLayoutFlags f;
-  f.dtype = "int8";
-  const KvLayout l = resolve(f);
-  EXPECT_EQ(l.block_size, kDefault4BitTile);
-  EXPECT_EQ(l.k, (KvFormat{KvType::kInt8Channel, kDefault4BitTile}));
-  EXPECT_EQ(l.v, (KvFormat{KvType::kInt8, 0}));
-  EXPECT_FALSE(l.rotate);
-  EXPECT_EQ(kv_layout_label(l), "k=int8_channel_t16 v=int8");
-  f.dtype_k = "int8";  // the per-token key format, literally
-  EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt8, 0}));
-  f = {};
-  f.dtype_v = "int8_channel";
-  EXPECT_FALSE(resolve_kv_layout(f).ok());  // a key format
 }
 
 TEST(KvLayoutFlags, Int4ChannelKeysWithPerTokenValues) {
@@ -78,7 +51,7 @@ TEST(KvLayoutFlags, PerTensorFlagsOverride) {
   f.dtype_v = "fp8";
   f.rotate = true;
   const KvLayout l = resolve(f);
-  EXPECT_EQ(l.k.type, KvType::kInt8Channel);  // the int8 recipe's keys
+  EXPECT_EQ(l.k.type, KvType::kInt8);
   EXPECT_EQ(l.v.type, KvType::kFp8E4M3);
   EXPECT_TRUE(l.rotate);
 }
@@ -95,10 +68,8 @@ TEST(KvLayoutFlags, ErrorsNameTheFlag) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().find("--kv-cache-dtype-v"), std::string::npos) << r.error();
   f = {};
-  f.block_size = -1;
+  f.block_size = 0;
   EXPECT_FALSE(resolve_kv_layout(f).ok());
-  f.block_size = 0;  // auto
-  EXPECT_EQ(resolve(f).block_size, 16);
 }
 
 }  // namespace

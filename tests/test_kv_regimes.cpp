@@ -185,18 +185,16 @@ TEST(KvRegimes, KillSwitchOverrideAndPolicy) {
   EXPECT_EQ(info.regimes[1].label, "f16");
   EXPECT_FALSE(info.force_f16);
   EXPECT_EQ(info.policy, "fp8_e4m3:1000-");
-  // f16 costs 3.6x the body bytes of int4 (less the default 4-bit regime's FP16 sink block and
-  // window, 64-token blocks): the budget holds far fewer f16 tokens.
-  EXPECT_GT(info.regimes[0].tokens_fit, 2.5 * info.regimes[1].tokens_fit);
+  // f16 costs ~3.2x the bytes of int4: the budget holds far fewer f16 tokens.
+  EXPECT_GT(info.regimes[0].tokens_fit, 3 * info.regimes[1].tokens_fit);
   EXPECT_NE(eng.kv_report().regimes.find("kill switch"), std::string::npos);
 
   const std::string text = "The capital of France is";
   const std::string label4 = info.regimes[0].label;
-  const std::string label8 = "k=int8_channel_t16 v=int8";  // the int8 recipe's layout
   EXPECT_EQ(run(eng, greedy(eng, text, 4)).fin.metrics.kv_regime, label4);
   EngineRequest want8 = greedy(eng, text, 4);
   want8.kv_cache_dtype = "int8";
-  EXPECT_EQ(run(eng, want8).fin.metrics.kv_regime, label8);
+  EXPECT_EQ(run(eng, want8).fin.metrics.kv_regime, "int8");
   EngineRequest longer = greedy(eng, text, 1200);  // prompt + max_tokens >= 1000: policy
   longer.max_tokens = 1100;
   longer.ignore_eos = true;
@@ -217,7 +215,7 @@ TEST(KvRegimes, KillSwitchOverrideAndPolicy) {
   EXPECT_EQ(run(eng, want8).fin.metrics.kv_regime, "f16");
   EXPECT_EQ(eng.kv_regime_for(longer), "f16");
   eng.set_force_f16(false);
-  EXPECT_EQ(run(eng, want8).fin.metrics.kv_regime, label8);
+  EXPECT_EQ(run(eng, want8).fin.metrics.kv_regime, "int8");
   eng.wait_idle();
   for (const auto& p : eng.metrics().pools) EXPECT_EQ(p.blocks_used, 0) << p.format;
 }

@@ -30,13 +30,14 @@ QualityRegime regime(const std::string& spec, planner::KvLayoutFlags base = {}) 
 }
 
 TEST(QualityRegimes, NamesResolveLikeKvCacheDtype) {
-  EXPECT_EQ(regime("int8").layout.k, (KvFormat{KvType::kInt8Channel, 64}));
+  EXPECT_EQ(regime("int8").layout.k, (KvFormat{KvType::kInt8, 0}));
   EXPECT_EQ(regime("int8").layout.v, (KvFormat{KvType::kInt8, 0}));
   EXPECT_FALSE(regime("int8").layout.rotate);
+  EXPECT_EQ(regime("int8_channel").layout.k, (KvFormat{KvType::kInt8Channel, 16}));
   const QualityRegime q4 = regime("int4_asym");
-  EXPECT_EQ(q4.layout.k, (KvFormat{KvType::kInt4Channel, 64}));
+  EXPECT_EQ(q4.layout.k, (KvFormat{KvType::kInt4Asym, 64}));
   EXPECT_EQ(q4.layout.v, (KvFormat{KvType::kInt4Asym, 64}));
-  EXPECT_EQ(q4.layout.block_size, 64);
+  EXPECT_EQ(q4.layout.block_size, 16);
   EXPECT_TRUE(q4.layout.rotate);
   EXPECT_EQ(q4.spec, "int4_asym");
   const QualityRegime old = regime("int4_asym_g64");
@@ -218,7 +219,7 @@ TEST(QualityQwen15B, Default4BitRegimeStaysUnderTheKldBar) {
   ASSERT_GT(text.size(), 8000u) << "tinyshakespeare.txt not found next to the checkout";
   text.resize(8000);
   QualityConfig cfg;
-  cfg.regimes = {regime("f16"), regime("int4_asym")};
+  cfg.regimes = {regime("f16"), regime("int4_channel")};
   cfg.ctx_sizes = {512};
   cfg.windows = 1;
   cfg.batch = 128;

@@ -17,7 +17,7 @@ struct KvLayoutFlags {
   std::string dtype_k;        // empty: from dtype
   std::string dtype_v;
   int group_size = 64;  // int4_asym values per group when a name has no _gN
-  int block_size = 0;   // 0: kDefault4BitTile for the default 4-bit recipe, else 16
+  int block_size = 16;  // tokens per paged block (and per int4/int8_channel key tile)
   int sink_tokens = 8;
   int window_tokens = 128;
   std::optional<bool> rotate;  // --kv-rotate / --no-kv-rotate; unset: on for int4_asym keys
@@ -36,12 +36,13 @@ inline constexpr int kDefault4BitTile = 16;
 //  * --kv-cache-dtype int4_asym (or int4) is BIE's default 4-bit recipe: K int4_channel_t<block>
 //    (KIVI keys: fp16 scale and zero per channel over each block) and V int4_asym_g<group>, with
 //    blocks of kDefault4BitTile = 16 tokens unless --paged-block-size is given (5.25 bits per
-//    value over K and V at g64; with --paged-block-size 64, 4.5, what llama.cpp's q4_0 costs). Per-token
-//    key groups collapse on Qwen2.5, whose keys carry bias channels ~80x the others
+//    value over K and V at g64; with --paged-block-size 64, 4.5, what llama.cpp's q4_0 costs).
+//    Per-token key groups collapse on Qwen2.5, whose keys carry bias channels ~80x the others
 //    (docs/kv-quality.md "Why the old int4_asym collapsed on Qwen2.5"); per-channel scales do not.
 //    The old recipe (rotated g64 keys) is spelled --kv-cache-dtype int4_asym_g64.
 //    int4_channel: the same KIVI recipe with the ordinary block size (16 unless given).
-//  * --kv-cache-dtype int8: K int8_channel_t<block> (10 bits at t16, 8.5 at t64) and V int8 (8.125),
+//  * --kv-cache-dtype int8: K int8_channel_t<block> (10 bits at t16, 8.5 at t64) and V int8
+//  (8.125),
 //    blocks of kDefault4BitTile tokens unless given; per-token int8 keys lose 5x to q8_0 on
 //    Qwen2.5 for the same reason. --kv-cache-dtype-k int8 gives the per-token format.
 //  * The rotation defaults to on whenever K is int4_asym, and for the default 4-bit recipe's keys;
