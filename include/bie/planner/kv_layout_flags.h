@@ -23,30 +23,18 @@ struct KvLayoutFlags {
   std::optional<bool> rotate;  // --kv-rotate / --no-kv-rotate; unset: on for int4_asym keys
 };
 
-// Tokens per paged block, and so per KIVI key tile, of the default 4-bit and int8 recipes. 64-token
-// tiles cost less (4.5 bits per value over K and V instead of 5.25) and are what
-// docs/kv-quality.md measured, but with 64-token blocks prefix caching changed Gemma 3's greedy
-// output (Gemma3Golden.PrefixCachingOnAndOffGiveTheSameOutput: cached KV of generated tokens,
-// computed on the decode path, re-encodes a whole 64-token key tile) and several block-count
-// expectations were never re-derived; until that is understood the default stays 16 and
-// --paged-block-size 64 gives the 4.5-bit form.
-inline constexpr int kDefault4BitTile = 16;
-
 // Rules:
-//  * --kv-cache-dtype int4_asym (or int4) is BIE's default 4-bit recipe: K int4_channel_t<block>
-//    (KIVI keys: fp16 scale and zero per channel over each block) and V int4_asym_g<group>, with
-//    blocks of kDefault4BitTile = 16 tokens unless --paged-block-size is given (5.25 bits per
-//    value over K and V at g64; with --paged-block-size 64, 4.5, what llama.cpp's q4_0 costs).
-//    Per-token key groups collapse on Qwen2.5, whose keys carry bias channels ~80x the others
-//    (docs/kv-quality.md "Why the old int4_asym collapsed on Qwen2.5"); per-channel scales do not.
-//    The old recipe (rotated g64 keys) is spelled --kv-cache-dtype int4_asym_g64.
-//    int4_channel: the same KIVI recipe with the ordinary block size (16 unless given).
-//  * --kv-cache-dtype int8: K int8_channel_t<block> (10 bits at t16, 8.5 at t64) and V int8
-//  (8.125),
-//    blocks of kDefault4BitTile tokens unless given; per-token int8 keys lose 5x to q8_0 on
-//    Qwen2.5 for the same reason. --kv-cache-dtype-k int8 gives the per-token format.
-//  * The rotation defaults to on whenever K is int4_asym, and for the default 4-bit recipe's keys;
-//    --kv-rotate / --no-kv-rotate override.
+//  * --kv-cache-dtype int4_asym (or int4): K and V int4_asym_g<group> (per-token groups), keys
+//    Hadamard-rotated: 4.5 bits per value at g64, the bytes the planner's 8B-at-64k headline uses.
+//    It collapses on Qwen2.5, whose keys carry bias channels ~80x the others (docs/kv-quality.md
+//    "Why the old int4_asym collapsed on Qwen2.5"); the outlier-robust recipes are named below and
+//    are not the default yet (docs/kv-quality.md "Defaults").
+//  * --kv-cache-dtype int4_channel: K int4_channel_t<block> (KIVI keys: fp16 scale and zero per
+//    channel over each block) and V int4_asym_g<group>: 5.25 bits per value at the default
+//    16-token block, 4.5 with --paged-block-size 64.
+//  * --kv-cache-dtype int8_channel: K int8_channel_t<block> (10 bits at 16, 8.5 at 64) and V int8
+//    (8.125). --kv-cache-dtype int8: per-token int8 K and V.
+//  * The rotation defaults to on whenever K is int4_asym; --kv-rotate / --no-kv-rotate override.
 //  * --kv-cache-dtype-k / -v are taken literally and override --kv-cache-dtype.
 //  * Other names: parse_kv_format.
 // Errors name the flag and the accepted spellings.
