@@ -312,13 +312,12 @@ void int4_score(int d, int G, const uint8_t* tile, int rows, const float* const*
   }
 }
 
-// int4_channel: per tile, fold the channel scales into the queries (qs = q * scale) and the zero
-// points into one constant per query; a row is then a plain dot of qs with its nibbles.
+// Per-channel tiles (int4_channel, int8_channel): folds the tile's per-channel scales into the
+// queries (qs[r][c] = q[r][c] * scale[c]) and its zero points into one constant per query
+// (zt[r] = sum_c q[r][c] * zero[c]), so a row's score is qs . codes + zt.
 template <int R>
-void chan_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
-  const int half = d / 2;
-  alignas(32) float qs[R][kMaxHeadDim];
-  float zt[R];
+void fold_channel_params(int d, const uint8_t* tile, const float* const* q,
+                         float (&qs)[R][kMaxHeadDim], float (&zt)[R]) {
   __m256 vz[R];
   BIE_UNROLL
   for (int r = 0; r < R; ++r) vz[r] = _mm256_setzero_ps();
@@ -334,6 +333,16 @@ void chan_score(int d, const uint8_t* tile, int rows, const float* const* q, flo
   }
   BIE_UNROLL
   for (int r = 0; r < R; ++r) zt[r] = hsum(vz[r]);
+}
+
+// int4_channel: per tile, fold the channel scales into the queries (qs = q * scale) and the zero
+// points into one constant per query; a row is then a plain dot of qs with its nibbles.
+template <int R>
+void chan_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
+  const int half = d / 2;
+  alignas(32) float qs[R][kMaxHeadDim];
+  float zt[R];
+  fold_channel_params<R>(d, tile, q, qs, zt);
   const float* qp[R];
   BIE_UNROLL
   for (int r = 0; r < R; ++r) qp[r] = qs[r];
@@ -356,21 +365,7 @@ template <int R>
 void chan8_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
   alignas(32) float qs[R][kMaxHeadDim];
   float zt[R];
-  __m256 vz[R];
-  BIE_UNROLL
-  for (int r = 0; r < R; ++r) vz[r] = _mm256_setzero_ps();
-  for (int c = 0; c < d; c += 8) {
-    __m256 sc, zc;
-    load8_params(tile + 4 * c, &sc, &zc);
-    BIE_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const __m256 qc = _mm256_loadu_ps(q[r] + c);
-      _mm256_store_ps(qs[r] + c, _mm256_mul_ps(qc, sc));
-      vz[r] = _mm256_fmadd_ps(qc, zc, vz[r]);
-    }
-  }
-  BIE_UNROLL
-  for (int r = 0; r < R; ++r) zt[r] = hsum(vz[r]);
+  fold_channel_params<R>(d, tile, q, qs, zt);
   const float* qp[R];
   BIE_UNROLL
   for (int r = 0; r < R; ++r) qp[r] = qs[r];
