@@ -118,7 +118,8 @@ std::string describe_devices(const std::vector<GpuDeviceInfo>& devices) {
       }
       out += "\n";
     }
-    out += fmt::format("  subgroup size       {}\n", d.subgroup_size);
+    out += fmt::format("  subgroup size       {}{}\n", d.subgroup_size,
+                       d.subgroup_arithmetic ? " (arithmetic in compute)" : " (no arithmetic)");
     out += fmt::format("  fp16 / int8 math    {} / {}\n", yes(d.fp16_arithmetic),
                        yes(d.int8_arithmetic));
     out +=

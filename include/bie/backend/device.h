@@ -42,6 +42,7 @@ struct GpuDeviceInfo {
   uint32_t device_id = 0;
   std::vector<GpuMemoryHeap> heaps;
   uint32_t subgroup_size = 0;
+  bool subgroup_arithmetic = false;           // subgroupAdd & co. in compute shaders (needed)
   bool fp16_arithmetic = false;               // shaderFloat16
   bool int8_arithmetic = false;               // shaderInt8
   bool storage_16bit = false;                 // storageBuffer16BitAccess

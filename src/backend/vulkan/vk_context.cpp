@@ -140,6 +140,9 @@ GpuDeviceInfo Instance::describe(int index) const {
   d.device_id = p.deviceID;
   d.driver = fmt::format("{} ({})", driver.driverName, driver.driverInfo);
   d.subgroup_size = subgroup.subgroupSize;
+  d.subgroup_arithmetic =
+      (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0 &&
+      (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0;
   d.max_storage_buffer_range = p.limits.maxStorageBufferRange;
   d.min_storage_buffer_alignment = p.limits.minStorageBufferOffsetAlignment;
   d.max_compute_shared_memory = p.limits.maxComputeSharedMemorySize;
@@ -381,6 +384,10 @@ Result<Buffer> Device::create_buffer(size_t bytes) {
   return b;
 }
 
+Result<Buffer> Device::create_host_buffer(size_t bytes) {
+  return make_buffer(bytes, true);
+}
+
 void Device::destroy(Buffer& b) {
   if (!b.valid()) return;
   if (b.mapped != nullptr) f_->vkUnmapMemory(device_, b.memory);
@@ -602,6 +609,7 @@ Status Device::sync() {
       !s.ok()) {
     return s;
   }
+  ++submits_;
   f.vkResetFences(device_, 1, &fence_);
   f.vkResetCommandBuffer(cmd_, 0);
   f.vkResetDescriptorPool(device_, desc_pool_, 0);

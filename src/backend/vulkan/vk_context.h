@@ -84,6 +84,9 @@ class Device {
 
   // A device-local storage buffer of `bytes` (rounded up to 16), zero-filled.
   [[nodiscard]] Result<Buffer> create_buffer(size_t bytes);
+  // A host-visible, coherent, mapped storage buffer of `bytes` (small per-dispatch parameters the
+  // host writes while earlier work is recorded: write only bytes no pending work reads).
+  [[nodiscard]] Result<Buffer> create_host_buffer(size_t bytes);
   void destroy(Buffer& b);
   // note: call only with no recorded work pending on the bytes touched (they sync first).
   [[nodiscard]] Status upload(const Buffer& dst, size_t offset, const void* src, size_t bytes);
@@ -106,6 +109,9 @@ class Device {
   // Bytes of device memory this Device holds now (buffers and staging), from the allocations.
   [[nodiscard]] uint64_t allocated_bytes() const { return allocated_bytes_; }
   [[nodiscard]] uint64_t dispatch_count() const { return dispatches_; }
+  // Submissions so far (each sync() that had work recorded): work recorded before submission k
+  // has finished once submit_count() > k.
+  [[nodiscard]] uint64_t submit_count() const { return submits_; }
   // Bytes one binding may span (maxStorageBufferRange, at most 2^31 so that shader offsets in
   // 32-bit words and bytes never overflow) and the alignment of a binding's offset.
   [[nodiscard]] size_t max_binding_bytes() const;
@@ -141,6 +147,7 @@ class Device {
   std::map<std::string, Pipeline> pipelines_;
   uint64_t allocated_bytes_ = 0;
   uint64_t dispatches_ = 0;
+  uint64_t submits_ = 0;
 };
 
 }  // namespace bie::vk
