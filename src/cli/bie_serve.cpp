@@ -161,7 +161,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bie-serve: %s (see --help)\n", e.what());
     return kExitBadInput;
   }
-  if (auto dev = bie::cli::model_device(a.kv); !dev.ok()) {
+  auto dev = bie::cli::model_device(a.kv);
+  if (!dev.ok()) {
     std::fprintf(stderr, "bie-serve: %s\n", dev.error().c_str());
     return kExitBadInput;
   }
@@ -174,6 +175,7 @@ int main(int argc, char** argv) {
   ec.model = a.model;
   ec.kv = *kv;
   ec.threads = a.threads;
+  ec.device = *dev;
   ec.max_num_batched_tokens = a.max_num_batched_tokens;
   ec.enable_prefix_caching = a.prefix_caching;
   ec.max_queue = a.max_queue;

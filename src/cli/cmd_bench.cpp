@@ -81,10 +81,8 @@ int bench(const BenchArgs& a) {
     std::fprintf(stderr, "bie bench: %s\n", msg.c_str());
     return code;
   };
-  if (auto dev = model_device(a.kv); !dev.ok()) {
-    std::fprintf(stderr, "bie bench: %s\n", dev.error().c_str());
-    return kExitBadInput;
-  }
+  auto dev = model_device(a.kv);
+  if (!dev.ok()) return fail(kExitBadInput, dev.error());
   auto base = to_engine_options(a.kv);
   if (!base) return fail(kExitBadInput, base.error());
   if (!a.speculative.empty()) {
@@ -119,6 +117,10 @@ int bench(const BenchArgs& a) {
                             std::max(max_pp, a.n_decode), base->max_model_len));
   }
 
+  // Made before the model and the caches, so it outlives the buffers they hold on it.
+  auto backend = create_backend(BackendConfig{*dev, std::max(0, a.threads)});
+  if (!backend) return fail(kExitFailure, backend.error());
+  Backend& be = **backend;
   LoadOptions lo;
   lo.max_batch_tokens = static_cast<int32_t>(base->chunked_prefill_size);
   auto model = load_named_model(a.model, lo);
@@ -136,7 +138,7 @@ int bench(const BenchArgs& a) {
   for (const std::string& name : names) {
     KvEngineOptions o = *base;
     o.kv.dtype = name;
-    auto s = setup_kv_cache(m, o);
+    auto s = setup_kv_cache(m, o, &be);
     if (!s) return fail(kExitBadInput, fmt::format("regime {}: {}", name, s.error()));
     regimes.push_back({name, std::move(s).value()});
   }
@@ -145,9 +147,6 @@ int bench(const BenchArgs& a) {
     std::fwrite(text.data(), 1, text.size(), stderr);
   }
 
-  auto backend = create_backend(BackendConfig{"cpu", std::max(0, a.threads)});
-  if (!backend) return fail(kExitFailure, backend.error());
-  Backend& be = **backend;
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> tok(0, m.hparams().n_vocab - 1);
   const auto random_tokens = [&](int32_t n) {

@@ -58,10 +58,17 @@ int run(const RunArgs& a) {
     std::fprintf(stderr, "bie run: give a prompt with -p TEXT or -f FILE\n");
     return kExitBadInput;
   }
-  if (auto dev = model_device(a.kv); !dev.ok()) {
+  auto dev = model_device(a.kv);
+  if (!dev.ok()) {
     std::fprintf(stderr, "bie run: %s\n", dev.error().c_str());
     return kExitBadInput;
   }
+  auto backend = create_backend(BackendConfig{*dev, std::max(0, a.threads)});
+  if (!backend) {
+    std::fprintf(stderr, "bie run: %s\n", backend.error().c_str());
+    return kExitFailure;
+  }
+  Backend& be = **backend;
   auto opts = to_engine_options(a.kv);
   if (!opts) {
     std::fprintf(stderr, "bie run: %s\n", opts.error().c_str());
@@ -81,7 +88,7 @@ int run(const RunArgs& a) {
                "noise; use it for memory and speed only\n",
                m.file().path());
   }
-  auto kv = setup_kv_cache(m, *opts);
+  auto kv = setup_kv_cache(m, *opts, &be);
   if (!kv) {
     std::fprintf(stderr, "bie run: %s\n", kv.error().c_str());
     return kExitBadInput;
@@ -112,13 +119,6 @@ int run(const RunArgs& a) {
   }
   const std::string report = format_kv_report(kv->report);  // the one start-up report
   std::fwrite(report.data(), 1, report.size(), stderr);
-  auto backend = create_backend(BackendConfig{"cpu", std::max(0, a.threads)});
-  if (!backend) {
-    std::fprintf(stderr, "bie run: %s\n", backend.error().c_str());
-    return kExitFailure;
-  }
-  Backend& be = **backend;
-
   if (a.show_prompt) {
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
     std::fflush(stdout);

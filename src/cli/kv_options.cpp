@@ -54,15 +54,11 @@ Result<ResolvedDevice> resolve_cli_device(const KvCliFlags& f) {
   return resolve_device(*spec, list_vulkan_devices());
 }
 
-Result<ResolvedDevice> model_device(const KvCliFlags& f) {
-  auto spec = parse_device_spec(f.device);
-  if (!spec.ok()) return Error{"--device: " + spec.error()};
-  if (spec->kind != DeviceSpec::Kind::kVulkan) return ResolvedDevice{};
-  auto d = resolve_device(*spec, list_vulkan_devices());
-  if (!d.ok()) return d;
-  return Error{"--device " + f.device + ": " + d->description +
-               " found, but the decoder does not run on the Vulkan backend in this build yet "
-               "(use --device cpu)"};
+Result<std::string> model_device(const KvCliFlags& f) {
+  auto d = resolve_cli_device(f);
+  if (!d.ok()) return Error{d.error()};
+  if (d->cpu) return std::string("cpu");
+  return fmt::format("vulkan:{}", d->vulkan_index);
 }
 
 Result<KvEngineOptions> to_engine_options(const KvCliFlags& f) {

@@ -28,10 +28,10 @@ void add_kv_engine_flags(CLI::App* cmd, KvCliFlags& f, const std::string& dtype_
 // The device --device names on this machine (errors name the flag and what exists).
 [[nodiscard]] Result<ResolvedDevice> resolve_cli_device(const KvCliFlags& f);
 
-// The device a model runs on for `cmd` ("bie run", ...): the CPU, or an error line when --device
-// names a Vulkan device (missing, or present: the decoder does not run on the Vulkan backend in
-// this build yet; its kernels are tested on their own). auto stays on the CPU until it does.
-[[nodiscard]] Result<ResolvedDevice> model_device(const KvCliFlags& f);
+// The backend device a model runs on: "cpu" or "vulkan:N" (create_backend's names). auto picks
+// a real GPU when one is present (never a CPU-type Vulkan device such as lavapipe) and the CPU
+// otherwise; a named device that is missing is an error line naming what exists.
+[[nodiscard]] Result<std::string> model_device(const KvCliFlags& f);
 
 // The options with byte sizes parsed; errors name the flag.
 [[nodiscard]] Result<KvEngineOptions> to_engine_options(const KvCliFlags& f);

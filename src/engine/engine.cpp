@@ -134,6 +134,9 @@ class EngineImpl final : public Engine {
 
   EngineConfig cfg_;
   int64_t max_model_len_ = 0;
+  // First member: destroyed last, after the model, the KV stores and the drafter, whose buffers
+  // may live on its device.
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<tokenizer::Tokenizer> tok_;
   KvSetupReport report_;
@@ -161,7 +164,6 @@ class EngineImpl final : public Engine {
   std::vector<KvLengthRule> policy_;
   std::atomic<bool> force_f16_{false};
   std::unique_ptr<Scheduler> sched_;
-  std::unique_ptr<Backend> backend_;
   std::unique_ptr<Drafter> drafter_;       // null: speculation off
   std::unique_ptr<VocabTrie> vocab_trie_;  // structured output's token trie (built on first use)
   // Measured cost of decode-only forward passes by token count (EMA, ms; 0: not seen yet).
@@ -383,6 +385,7 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
     sc.budget = budget_.get();
     sc.events = cfg_.kv_events;
     sc.events_medium = name.empty() ? label : name;
+    if (backend_->supports_paged_kv()) sc.device = backend_.get();  // pools on the device
     auto store = PagedKvStore::create(sc);
     if (!store) return Error{store.error()};
     // The longest single sequence the budget holds in this regime (page-rounded blocks).

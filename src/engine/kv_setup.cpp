@@ -198,7 +198,7 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
   return r;
 }
 
-Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts) {
+Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts, Backend* device) {
   auto g = planner::geometry_from_gguf(model.file());
   if (!g) return Error{g.error()};
   auto r = plan_kv_setup(*g, model.weight_bytes(), model.hparams().n_ctx_train, opts);
@@ -208,6 +208,7 @@ Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts) 
   c.layout = r->layout;
   c.max_tokens = r->max_model_len;
   c.max_append = r->chunked_prefill_size;
+  if (device != nullptr && device->supports_paged_kv()) c.device = device;
   auto cache = PagedKvCache::create(c, r->groups);
   if (!cache) return Error{cache.error()};
   KvSetup s;

@@ -28,6 +28,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(
     sc.body_blocks = groups[0].body_blocks;
   }
   sc.enable_prefix_caching = false;  // no token ids reach the cache through KvCache
+  sc.device = cfg.device;
   auto store = PagedKvStore::create(sc);
   if (!store) return Error{store.error()};
   return std::unique_ptr<PagedKvCache>(new PagedKvCache(cfg, std::move(store).value()));
@@ -43,6 +44,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const PagedKvCacheCon
   sc.fp16_blocks = fp16_blocks;
   sc.body_blocks = body_blocks;
   sc.enable_prefix_caching = false;  // no token ids reach the cache through KvCache
+  sc.device = cfg.device;
   auto store = PagedKvStore::create(sc);
   if (!store) return Error{store.error()};
   return std::unique_ptr<PagedKvCache>(new PagedKvCache(cfg, std::move(store).value()));
@@ -100,6 +102,19 @@ void PagedKvCache::store(int il, int64_t pos0, int64_t n, const float* k, const 
 void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
                           float* out, Backend& backend, int64_t window) {
   store_->attend(kSeq, il, pos0, n, q, n_head, scale, out, backend.host_threads(), window);
+  after_attend(il, pos0, n);
+}
+
+Status PagedKvCache::attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
+                               const Tensor& out, Backend& backend, int64_t window) {
+  if (Status st = store_->attention(kSeq, il, pos0, q, n_head, scale, out, backend, window); !st) {
+    return st;
+  }
+  after_attend(il, pos0, q.rows);
+  return {};
+}
+
+void PagedKvCache::after_attend(int il, int64_t pos0, int64_t n) {
   if (il == cfg_.geometry.n_layer - 1 && pos0 + n == n_tokens_) {
     // Every layer of the batch is written: blocks that left the window can be re-quantised. A
     // failure (body pool exhausted; impossible with planned pools) leaves them FP16, which is

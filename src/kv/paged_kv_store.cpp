@@ -10,6 +10,7 @@
 #include "bie/backend/thread_pool.h"
 #include "bie/kv/kv_format_rotate.h"
 #include "bie/planner/kv_bytes.h"
+#include "bie/planner/kv_layout_flags.h"
 #include "bie/planner/model_geometry.h"
 #include "bie/quant/fp16.h"
 
@@ -122,7 +123,7 @@ Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreCon
                                                          : 0;
     mc.fp16_block_bytes = p.fp16_block_bytes;
     mc.body_block_bytes = p.body_block_bytes;
-    mc.reserve_memory = true;  // the store writes into the pools' memory
+    mc.reserve_memory = cfg.device == nullptr;  // a host store writes into the pools' memory
     mc.budget = cfg.budget;
     mc.events = cfg.events;
     mc.events_medium =
@@ -147,7 +148,72 @@ Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreCon
       if (f.tk == nullptr || f.tv == nullptr) return Error{"paged KV cache: missing kernels"};
     }
   }
+  if (cfg.device != nullptr) {
+    if (Status st = c->alloc_device_pools(); !st) return Error{st.error()};
+  }
   return c;
+}
+
+Status PagedKvStore::alloc_device_pools() {
+  Backend& be = *cfg_.device;
+  const planner::KvLayout& l = cfg_.layout;
+  for (const PoolFormat& f : fmt_) {
+    if (!be.supports_paged_kv() ||
+        !be.supports_kv_types(static_cast<uint8_t>(f.k.type), static_cast<uint8_t>(f.v.type),
+                              l.rotate)) {
+      return Error{fmt::format(
+          "KV regime {} does not run on the {} backend yet (it holds f16 KV on the device: use "
+          "--kv-cache-dtype f16, or --device cpu)",
+          planner::kv_layout_label(l), be.name())};
+    }
+  }
+  device_pools_.resize(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (int p = 0; p < kv::kPoolKinds; ++p) {
+      const kv::BlockPool& pool = groups_[g].mgr->pool(kv::PoolKind(p));
+      const PoolFormat& f = fmt_[static_cast<size_t>(p)];
+      KvPoolDesc& d = device_pools_[g][static_cast<size_t>(p)];
+      d.k_type = static_cast<uint8_t>(f.k.type);
+      d.v_type = static_cast<uint8_t>(f.v.type);
+      d.k_group = f.k.group;
+      d.v_group = f.v.group;
+      d.k_tile_bytes = f.k_tile;
+      d.v_tile_bytes = f.v_tile;
+      if (pool.n_blocks() == 0) continue;
+      const size_t bytes = static_cast<size_t>(pool.n_blocks()) * pool.block_bytes();
+      auto buf = be.alloc(bytes);
+      if (!buf) {
+        return Error{fmt::format("KV pool of {} blocks ({} bytes) on the {} device: {}",
+                                 pool.n_blocks(), bytes, be.name(), buf.error())};
+      }
+      d.memory = Tensor{buf->get(),
+                        0,
+                        quant::GgmlType::I8,
+                        pool.n_blocks(),
+                        static_cast<int64_t>(pool.block_bytes()),
+                        pool.block_bytes()};
+      device_buffers_.push_back(std::move(buf).value());
+    }
+  }
+  return {};
+}
+
+KvBlockRef PagedKvStore::device_ref(const kv::BlockTableEntry& e) {
+  // Pool blocks are numbered from 1 (0 is the null block, which has no storage); a null entry
+  // (a block a sliding window dropped) names block 0, which attention never reads.
+  return KvBlockRef{static_cast<int32_t>(e.pool),
+                    e.block.index == kv::kNullBlock ? 0 : static_cast<int32_t>(e.block.index) - 1};
+}
+
+Result<Tensor> PagedKvStore::staging(int slot, int64_t rows, int64_t cols) {
+  const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(cols) * sizeof(float);
+  std::unique_ptr<DeviceBuffer>& b = staging_[static_cast<size_t>(slot)];
+  if (b == nullptr || b->size() < bytes) {
+    auto nb = cfg_.device->alloc(std::max<size_t>(bytes, 4096));
+    if (!nb) return Error{nb.error()};
+    b = std::move(nb).value();
+  }
+  return tensor_of(*b, quant::GgmlType::F32, rows, cols);
 }
 
 PagedKvStore::~PagedKvStore() = default;
@@ -392,7 +458,7 @@ Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
       auto r = manager(g).append(s, tokens.subspan(off, static_cast<size_t>(k)));
       if (!r) return Error{r.error()};  // unreachable after plan_append
       off += static_cast<size_t>(k);
-      execute_copies(g, *r);
+      if (Status st = execute_copies(g, *r); !st) return Error{st.error()};
       if (cfg_.layout.mixed() && migrate) {
         if (Status st = move_exits(g, s, written, false); !st) return Error{st.error()};
       }
@@ -401,15 +467,121 @@ Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
   return int64_t{0};
 }
 
-void PagedKvStore::execute_copies(int g, std::span<const kv::KvCopy> copies) {
+Status PagedKvStore::execute_copies(int g, std::span<const kv::KvCopy> copies) {
+  if (on_device()) {
+    std::vector<KvBlockCopy> jobs;
+    for (const kv::KvCopy& c : copies) {
+      jobs.push_back({device_ref({c.pool, c.src}), device_ref({c.pool, c.dst})});
+    }
+    if (jobs.empty()) return {};
+    return cfg_.device->copy_blocks(device_pools_[static_cast<size_t>(g)], jobs);
+  }
   for (const kv::KvCopy& c : copies) {  // copy-on-write of a shared last block
     kv::BlockPool& p = manager(g).pool(c.pool);
     std::memcpy(p.data(c.dst.index), p.data(c.src.index), p.block_bytes());
   }
+  return {};
+}
+
+Status PagedKvStore::write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, const Tensor& v,
+                           Backend& backend) {
+  if (!on_device()) {
+    backend.synchronize();
+    const auto* kp = static_cast<const float*>(k.host());
+    const auto* vp = static_cast<const float*>(v.host());
+    if (kp == nullptr || vp == nullptr) {
+      return Error{"KV pools in host memory, but K/V live on the " + backend.name() + " device"};
+    }
+    store(s, il, pos0, k.rows, kp, vp);
+    return {};
+  }
+  const LayerSlot slot = slots_[static_cast<size_t>(il)];
+  const kv::BlockTable& t = manager(slot.group).table(s);
+  const int B = cfg_.layout.block_size;
+  slots_buf_.clear();
+  for (int64_t p = pos0; p < pos0 + k.rows; ++p) {
+    const kv::BlockTableEntry& e = t[static_cast<size_t>(p / B)];
+    assert(e.block.index != kv::kNullBlock);
+    slots_buf_.push_back({device_ref(e), static_cast<int32_t>(p % B)});
+  }
+  KvWriteMetadata m;
+  m.k = k;
+  m.v = v;
+  m.layer_in_group = slot.index;
+  m.n_head_kv = cfg_.geometry.n_head_kv;
+  m.head_dim = cfg_.geometry.head_dim;
+  m.block_size = B;
+  m.rotate_keys = cfg_.layout.rotate;
+  m.pools = device_pools_[static_cast<size_t>(slot.group)];
+  m.slots = slots_buf_;
+  return cfg_.device->kv_write(m);
+}
+
+Status PagedKvStore::attention(kv::SeqId s, int il, int64_t pos0, const Tensor& q, int n_head,
+                               float scale, const Tensor& out, Backend& backend, int64_t window) {
+  if (!on_device()) {
+    backend.synchronize();
+    const auto* qp = static_cast<const float*>(q.host());
+    auto* op = static_cast<float*>(out.host());
+    if (qp == nullptr || op == nullptr) {
+      return Error{"KV pools in host memory, but queries live on the " + backend.name() +
+                   " device"};
+    }
+    attend(s, il, pos0, q.rows, qp, n_head, scale, op, backend.host_threads(), window);
+    return {};
+  }
+  const LayerSlot slot = slots_[static_cast<size_t>(il)];
+  const kv::BlockTable& t = manager(slot.group).table(s);
+  const int B = cfg_.layout.block_size;
+  const int64_t nb = (pos0 + q.rows + B - 1) / B;
+  table_buf_.clear();
+  int32_t pool_id = -1;
+  for (int64_t b = 0; b < nb; ++b) {
+    table_buf_.push_back(device_ref(t[static_cast<size_t>(b)]));
+    if (t[static_cast<size_t>(b)].block.index != kv::kNullBlock) pool_id = table_buf_.back().pool;
+  }
+  // Dropped blocks name the pool of the others (one pool per call).
+  for (KvBlockRef& r : table_buf_) {
+    if (pool_id >= 0) r.pool = pool_id;
+  }
+  const int32_t query_start[2] = {0, static_cast<int32_t>(q.rows)};
+  const int64_t q_pos0[1] = {pos0};
+  const int32_t table_start[2] = {0, static_cast<int32_t>(nb)};
+  AttnMetadata m;
+  m.q = q;
+  m.out = out;
+  m.layer_in_group = slot.index;
+  m.n_layers_in_group = groups_[static_cast<size_t>(slot.group)].n_layers;
+  m.n_head = n_head;
+  m.n_head_kv = cfg_.geometry.n_head_kv;
+  m.head_dim = cfg_.geometry.head_dim;
+  m.block_size = B;
+  m.scale = scale;
+  m.window = window;
+  m.rotate_keys = cfg_.layout.rotate;
+  m.pools = device_pools_[static_cast<size_t>(slot.group)];
+  m.query_start = query_start;
+  m.q_pos0 = q_pos0;
+  m.block_table_start = table_start;
+  m.block_table = table_buf_;
+  return cfg_.device->paged_attention(m);
 }
 
 void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* k,
                          const float* v) {
+  if (on_device()) {  // staged: host rows -> device tensors -> kv_write
+    const int64_t kv_dim = cfg_.geometry.kv_dim();
+    auto kt = staging(0, n, kv_dim);
+    auto vt = staging(1, n, kv_dim);
+    Status st = !kt ? Status{Error{kt.error()}} : !vt ? Status{Error{vt.error()}} : Status{};
+    if (st) {
+      cfg_.device->upload(*kt, k);
+      cfg_.device->upload(*vt, v);
+      st = write(s, il, pos0, *kt, *vt, *cfg_.device);
+    }
+    if (!st) device_error_ = st.error();
+    return;
+  }
   const LayerSlot slot = slots_[static_cast<size_t>(il)];
   const kv::BlockManager& mgr = manager(slot.group);
   assert(pos0 >= 0 && pos0 + n <= mgr.num_tokens(s));
@@ -487,6 +659,20 @@ void PagedKvStore::build_views(kv::SeqId s, int il, int64_t n_ctx) {
 
 void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* q, int n_head,
                           float scale, float* out, ThreadPool& pool, int64_t window) {
+  if (on_device()) {  // staged: host queries -> device -> paged_attention -> host output
+    const int64_t q_dim = static_cast<int64_t>(n_head) * cfg_.geometry.head_dim;
+    auto qt = staging(2, n, q_dim);
+    auto ot = staging(3, n, q_dim);
+    Status st = !qt ? Status{Error{qt.error()}} : !ot ? Status{Error{ot.error()}} : Status{};
+    if (st) {
+      cfg_.device->upload(*qt, q);
+      st = attention(s, il, pos0, *qt, n_head, scale, *ot, *cfg_.device, window);
+      cfg_.device->download(*ot, out);
+    }
+    if (st) st = cfg_.device->status();
+    if (!st) device_error_ = st.error();
+    return;
+  }
   const int B = cfg_.layout.block_size;
   const int d = cfg_.geometry.head_dim;
   const int H = cfg_.geometry.n_head_kv;
@@ -601,7 +787,14 @@ void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const fl
   });
 }
 
-void PagedKvStore::quantise_block(int g, const kv::Migration& m, int rows) {
+Status PagedKvStore::quantise_block(int g, const kv::Migration& m, int rows) {
+  if (on_device()) {
+    const KvBlockQuantise job{device_ref({kv::PoolKind::kFp16, m.src}),
+                              device_ref({kv::PoolKind::kBody, m.dst}), rows};
+    return cfg_.device->quantise_blocks(
+        device_pools_[static_cast<size_t>(g)], {&job, 1}, groups_[static_cast<size_t>(g)].n_layers,
+        cfg_.geometry.n_head_kv, cfg_.geometry.head_dim, cfg_.layout.block_size);
+  }
   const PoolFormat& src_f = format(kv::PoolKind::kFp16);
   const PoolFormat& dst_f = format(kv::PoolKind::kBody);
   const uint8_t* src = manager(g).pool(kv::PoolKind::kFp16).data(m.src.index);
@@ -622,6 +815,7 @@ void PagedKvStore::quantise_block(int g, const kv::Migration& m, int rows) {
                       t + H * dst_f.k_tile + h * dst_f.v_tile, 0, rows);
     }
   }
+  return {};
 }
 
 Status PagedKvStore::move_exits(int g, kv::SeqId s, int64_t written, bool drop) {
@@ -643,7 +837,9 @@ Status PagedKvStore::move_exits(int g, kv::SeqId s, int64_t written, bool drop) 
     if (!can_migrate_now(rows)) continue;  // partly written per-channel tile: after the pass
     auto m = mgr.begin_migration(s, x.logical);
     if (!m) return Error{m.error()};
-    if (m->needs_quantise && rows > 0) quantise_block(g, *m, static_cast<int>(rows));
+    if (m->needs_quantise && rows > 0) {
+      if (Status st = quantise_block(g, *m, static_cast<int>(rows)); !st) return st;
+    }
     auto r = mgr.migrate(s, x.logical, m->dst);
     if (!r) return Error{r.error()};
   }
@@ -669,6 +865,7 @@ uint64_t PagedKvStore::held_bytes() const {
 }
 
 Status PagedKvStore::check_integrity() const {
+  if (!device_error_.empty()) return Error{"paged KV cache on the device: " + device_error_};
   const kv::BlockManager& lead = manager();
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const kv::BlockManager& m = *groups_[gi].mgr;

@@ -24,6 +24,19 @@ Status SequenceKv::append(int64_t n) {
 void SequenceKv::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
                         float* out, Backend& backend, int64_t window) {
   store_.attend(seq_, il, pos0, n, q, n_head, scale, out, backend.host_threads(), window);
+  after_attend(il, pos0, n);
+}
+
+Status SequenceKv::attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
+                             const Tensor& out, Backend& backend, int64_t window) {
+  if (Status st = store_.attention(seq_, il, pos0, q, n_head, scale, out, backend, window); !st) {
+    return st;
+  }
+  after_attend(il, pos0, q.rows);
+  return {};
+}
+
+void SequenceKv::after_attend(int il, int64_t pos0, int64_t n) {
   if (migrate_after_pass_ && il == store_.geometry().n_layer - 1 && pos0 + n == computed_ &&
       (store_.layout().mixed() || store_.has_local_groups())) {
     if (Status s = store_.migrate_exits(seq_, computed_); !s) migration_deferred_ = true;

@@ -245,15 +245,6 @@ Status DecoderModel::bind(Backend& be) {
     }
     *s.t = *t;
   }
-  if (ws_.x.host() == nullptr) {
-    // The KV caches read and write activations in host memory (KvCache); a backend without
-    // host-visible buffers needs the paged-KV data path wired into this decoder first.
-    ws_ = Workspace{};
-    return Error{
-        fmt::format("the {} backend's buffers are not host-visible, which the KV caches "
-                    "need",
-                    be.name())};
-  }
   bound_backend_ = be.id();
   return {};
 }
@@ -265,8 +256,6 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
   if (Status st = plan_.prepare(seqs, hp.n_vocab, max_batch_); !st) return Error{st.error()};
   const int64_t n = plan_.n_tokens();
   const int64_t hd = hp.head_dim;
-  const int64_t q_dim = static_cast<int64_t>(hp.n_head) * hd;
-  const int64_t kv_dim = static_cast<int64_t>(hp.n_head_kv) * hd;
   const float embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
   // Where the attention scale goes: into q (scale_q archs) or into the attention kernel.
   const float kernel_scale = spec_.scale_q ? 1.0f : attn_scale_;
@@ -314,18 +303,19 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
     be.rope(rope, cs, q, hp.n_head, hp.head_dim);
     be.rope(rope, cs, k, hp.n_head_kv, hp.head_dim);
     if (spec_.scale_q) be.scale(q, attn_scale_);
-    be.synchronize();  // the caches read K/V/q in host memory
-    const auto* kp = static_cast<const float*>(k.host());
-    const auto* vp = static_cast<const float*>(v.host());
-    const auto* qp = static_cast<const float*>(q.host());
-    auto* op = static_cast<float*>(attn.host());
     for (size_t sq = 0; sq < seqs.size(); ++sq) {
       KvCache& kv = *seqs[sq].kv;
       const int64_t r0 = plan_.seq_row(sq);
       const auto ns = static_cast<int64_t>(seqs[sq].tokens.size());
-      kv.store(il, plan_.seq_pos(sq), ns, kp + r0 * kv_dim, vp + r0 * kv_dim);
-      kv.attend(il, plan_.seq_pos(sq), ns, qp + r0 * q_dim, hp.n_head, kernel_scale,
-                op + r0 * q_dim, be, window);
+      const int64_t p0 = plan_.seq_pos(sq);
+      if (Status st = kv.write(il, p0, k.slice_rows(r0, ns), v.slice_rows(r0, ns), be); !st) {
+        return Error{st.error()};
+      }
+      if (Status st = kv.attention(il, p0, q.slice_rows(r0, ns), hp.n_head, kernel_scale,
+                                   attn.slice_rows(r0, ns), be, window);
+          !st) {
+        return Error{st.error()};
+      }
     }
     plan_.mm(be, l.wo, attn, proj);
     if (!l.attn_post_norm.empty()) be.rms_norm(proj, l.attn_post_norm, proj, hp.rms_eps);
@@ -363,12 +353,18 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
   plan_.mm_out(be, output_, xo, logits);
   if (softcap_ > 0.0f) be.softcap(logits, softcap_);
   const size_t count = static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab);
+  std::span<float> out;
   if (auto* host = static_cast<float*>(logits.host()); host != nullptr) {
-    return std::span<float>(host, count);
+    be.synchronize();  // host-visible logits: wait for the last operations
+    out = std::span<float>(host, count);
+  } else {
+    host_logits_.resize(count);
+    be.download(logits, host_logits_.data());
+    out = std::span<float>(host_logits_);
   }
-  host_logits_.resize(count);
-  be.download(logits, host_logits_.data());
-  return std::span<float>(host_logits_);
+  // A device backend reports the first failed operation of the pass here.
+  if (Status st = be.status(); !st) return Error{st.error()};
+  return out;
 }
 
 }  // namespace

@@ -216,6 +216,9 @@ class Backend {
   virtual void download(const Tensor& src, void* dst) = 0;
   // Waits until every issued operation has finished.
   virtual void synchronize() = 0;
+  // The first failure of an operation since the backend was made (operations return void; a
+  // device backend that fails one records it and skips the rest). The CPU backend never fails.
+  [[nodiscard]] virtual Status status() const { return {}; }
 
   // ---- dense operations (F32 activations [rows, cols], row-wise) ------------------------------
   // y[t] = W x[t] for each of x's rows, with the kernel family `path` names (see MatmulPath: the
@@ -247,6 +250,12 @@ class Backend {
   // jobs on its host pools) answers an error naming the operation; the KV storage calls them only
   // on a backend that supports_paged_kv().
   [[nodiscard]] virtual bool supports_paged_kv() const { return false; }
+  // Whether the KV operations take pools of these K / V formats (planner::KvType ids), keys
+  // Hadamard-rotated or not.
+  [[nodiscard]] virtual bool supports_kv_types(uint8_t /*k_type*/, uint8_t /*v_type*/,
+                                               bool /*rotate_keys*/) const {
+    return false;
+  }
   [[nodiscard]] virtual Status paged_attention(const AttnMetadata& meta);
   [[nodiscard]] virtual Status kv_write(const KvWriteMetadata& meta);
   [[nodiscard]] virtual Status copy_blocks(std::span<const KvPoolDesc> pools,

@@ -107,7 +107,9 @@ struct KvSetup {
 };
 
 // plan_kv_setup for a loaded model, then the PagedKvCache with exactly the report's pools.
-[[nodiscard]] Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts);
+// device: pools in that backend's memory when it supports_paged_kv() (else host memory).
+[[nodiscard]] Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts,
+                                             Backend* device = nullptr);
 
 // Bytes of the blocks the cache holds now (active blocks of both pools).
 [[nodiscard]] uint64_t kv_held_bytes(const PagedKvCache& kv);

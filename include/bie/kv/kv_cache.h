@@ -57,10 +57,45 @@ class KvCache {
   virtual void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
                       float* out, Backend& backend, int64_t window = 0) = 0;
 
+  // The forward pass's entry points: the same store / attend on backend tensors (q, k, v, out:
+  // this sequence's n rows, F32). A cache whose storage lives on the device (a PagedKvStore with
+  // PagedKvStoreConfig::device) runs them as backend operations without leaving the device; the
+  // defaults below serve a host cache: they wait for the backend, then call store / attend on
+  // the tensors' host memory (every CPU backend tensor is host-visible).
+  [[nodiscard]] virtual Status write(int il, int64_t pos0, const Tensor& k, const Tensor& v,
+                                     Backend& backend);
+  [[nodiscard]] virtual Status attention(int il, int64_t pos0, const Tensor& q, int n_head,
+                                         float scale, const Tensor& out, Backend& backend,
+                                         int64_t window = 0);
+
   // Drops every position >= n (rollback, or reuse of a common prefix); n <= 0 empties the cache.
   // A paged cache may refuse a rollback into blocks already re-quantised out of its FP16 window;
   // it then returns an error and changes nothing.
   [[nodiscard]] virtual Status truncate(int64_t n) = 0;
 };
+
+inline Status KvCache::write(int il, int64_t pos0, const Tensor& k, const Tensor& v,
+                             Backend& backend) {
+  backend.synchronize();
+  const auto* kp = static_cast<const float*>(k.host());
+  const auto* vp = static_cast<const float*>(v.host());
+  if (kp == nullptr || vp == nullptr) {
+    return Error{"KV cache in host memory, but K/V live on the " + backend.name() + " device"};
+  }
+  store(il, pos0, k.rows, kp, vp);
+  return {};
+}
+
+inline Status KvCache::attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
+                                 const Tensor& out, Backend& backend, int64_t window) {
+  backend.synchronize();
+  const auto* qp = static_cast<const float*>(q.host());
+  auto* op = static_cast<float*>(out.host());
+  if (qp == nullptr || op == nullptr) {
+    return Error{"KV cache in host memory, but queries live on the " + backend.name() + " device"};
+  }
+  attend(il, pos0, q.rows, qp, n_head, scale, op, backend, window);
+  return {};
+}
 
 }  // namespace bie

@@ -27,6 +27,7 @@ struct PagedKvCacheConfig {
   // sliding-window layer groups (planner::kv_pool_plan's chunk_tokens); no effect without them.
   // With local groups, can_append(n > max_append) answers for appends in chunks of max_append.
   int64_t max_append = 0;
+  Backend* device = nullptr;  // pools in this backend's memory (PagedKvStoreConfig::device)
 };
 
 class PagedKvCache final : public KvCache {
@@ -60,6 +61,12 @@ class PagedKvCache final : public KvCache {
   // FP16 window (so rollback of the batch just run may be refused; see truncate).
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
               Backend& backend, int64_t window = 0) override;
+  [[nodiscard]] Status write(int il, int64_t pos0, const Tensor& k, const Tensor& v,
+                             Backend& backend) override {
+    return store_->write(kSeq, il, pos0, k, v, backend);
+  }
+  [[nodiscard]] Status attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
+                                 const Tensor& out, Backend& backend, int64_t window = 0) override;
   // Through BlockManager::truncate: only FP16 window blocks may be cut; n == 0 frees everything.
   [[nodiscard]] Status truncate(int64_t n) override;
 
@@ -82,6 +89,8 @@ class PagedKvCache final : public KvCache {
   static constexpr kv::SeqId kSeq = 0;
   PagedKvCache(const PagedKvCacheConfig& cfg, std::unique_ptr<PagedKvStore> store);
   [[nodiscard]] std::vector<int32_t> placeholder_tokens(int64_t n) const;
+  // After the last layer's attention over the newest tokens: window exits.
+  void after_attend(int il, int64_t pos0, int64_t n);
   PagedKvCacheConfig cfg_;
   std::unique_ptr<PagedKvStore> store_;
   int64_t n_tokens_ = 0;

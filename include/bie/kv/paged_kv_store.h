@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "bie/kv/block_manager.h"
-#include "bie/kv/kv_format.h"
 #include "bie/kv/kv_cache.h"
+#include "bie/kv/kv_format.h"
 
 namespace bie::attention {
 struct PagedBlockView;  // bie/attention/paged_attention.h
@@ -59,6 +59,10 @@ struct PagedKvStoreConfig {
   // layer groups names them "<events_medium>/g<group>/<pool>".
   kv::KvEventSink* events = nullptr;
   std::string events_medium = "kv";
+  // Pools in this backend's memory (a backend that supports_paged_kv() and the layout's formats):
+  // K/V writes, attention, copy-on-write copies and window exits run as its operations, and no
+  // block data is held on the host. nullptr: pools in host memory, kernels of attention/.
+  Backend* device = nullptr;
 };
 
 class PagedKvStore {
@@ -132,9 +136,20 @@ class PagedKvStore {
   // or a rollback could need a dropped block.
   [[nodiscard]] Status migrate_exits(kv::SeqId s, int64_t written);
   // Executes group g's copy-on-write copies.
-  void execute_copies(int g, std::span<const kv::KvCopy> copies);
+  [[nodiscard]] Status execute_copies(int g, std::span<const kv::KvCopy> copies);
 
   // ---- data ------------------------------------------------------------------------------
+  // Whether the pools live in a device backend's memory (PagedKvStoreConfig::device).
+  [[nodiscard]] bool on_device() const { return cfg_.device != nullptr; }
+  // store / attend on backend tensors (k, v, q, out: the sequence's rows, F32). On a device store
+  // they are kv_write / paged_attention operations on the device; on a host store they wait for
+  // the backend and run store / attend on the tensors' host memory.
+  [[nodiscard]] Status write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, const Tensor& v,
+                             Backend& backend);
+  [[nodiscard]] Status attention(kv::SeqId s, int il, int64_t pos0, const Tensor& q, int n_head,
+                                 float scale, const Tensor& out, Backend& backend,
+                                 int64_t window = 0);
+  // Host-memory data path (host stores; on a device store these stage through device buffers).
   // note: positions [pos0, pos0 + n) must be allocated for s.
   void store(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* k, const float* v);
   // Causal attention of n queries at positions [pos0, pos0 + n) of s over [0, pos0 + i], or with
@@ -145,7 +160,7 @@ class PagedKvStore {
 
   // Bytes of the blocks held by sequences (active blocks of both pools of every group).
   [[nodiscard]] uint64_t held_bytes() const;
-  // Read-only storage of a table entry's block (tests and tools).
+  // Read-only storage of a table entry's block (tests and tools; nullptr on a device store).
   [[nodiscard]] const uint8_t* block_storage(const kv::BlockTableEntry& e) const {
     return groups_[lead_].mgr->pool(e.pool).data(e.block.index);
   }
@@ -153,6 +168,8 @@ class PagedKvStore {
   [[nodiscard]] const uint8_t* block_storage(int g, const kv::BlockTableEntry& e) const {
     return groups_[static_cast<size_t>(g)].mgr->pool(e.pool).data(e.block.index);
   }
+  // check_integrity also reports the first failure of a host call (store / attend) on a device
+  // store, which return void.
   [[nodiscard]] Status check_integrity() const;
 
  private:
@@ -175,7 +192,7 @@ class PagedKvStore {
   explicit PagedKvStore(const PagedKvStoreConfig& cfg);
   [[nodiscard]] const PoolFormat& format(kv::PoolKind p) const { return fmt_[static_cast<int>(p)]; }
   [[nodiscard]] uint8_t* block_data(int g, const kv::BlockTableEntry& e);
-  void quantise_block(int g, const kv::Migration& m, int rows);
+  [[nodiscard]] Status quantise_block(int g, const kv::Migration& m, int rows);
   void build_views(kv::SeqId s, int il, int64_t n_ctx);
   // The manager appends an append of n tokens to s (holding `written` tokens) makes in group g:
   // first up to a block boundary, then one block at a time; nullopt when the pools cannot hold
@@ -189,6 +206,12 @@ class PagedKvStore {
   [[nodiscard]] Status move_exits(int g, kv::SeqId s, int64_t written, bool drop);
   // Whether a block with `written` of its rows stored may move to the body pool now.
   [[nodiscard]] bool can_migrate_now(int64_t written_rows) const;
+  // Device pools: allocates each group's pools in cfg_.device's memory.
+  [[nodiscard]] Status alloc_device_pools();
+  // The backend's name for table entry e of group g.
+  [[nodiscard]] static KvBlockRef device_ref(const kv::BlockTableEntry& e);
+  // A device staging tensor of rows x cols F32 for host calls on a device store (slot 0..3).
+  [[nodiscard]] Result<Tensor> staging(int slot, int64_t rows, int64_t cols);
 
   PagedKvStoreConfig cfg_;
   std::vector<Group> groups_;
@@ -200,6 +223,14 @@ class PagedKvStore {
   std::vector<float> scratch_;                    // per thread: paged_attn_scratch_floats
   std::vector<float> partials_;                   // per task: paged_partial_floats
   std::vector<float> q_rot_;                      // [n, n_head * head_dim] rotated queries
+  // Device store: per group, the pools' descriptions in kv::PoolKind order (their memory in
+  // device_buffers_), and staging buffers for host calls.
+  std::vector<std::array<KvPoolDesc, kv::kPoolKinds>> device_pools_;
+  std::vector<std::unique_ptr<DeviceBuffer>> device_buffers_;
+  std::array<std::unique_ptr<DeviceBuffer>, 4> staging_;
+  std::vector<KvSlot> slots_buf_;
+  std::vector<KvBlockRef> table_buf_;
+  std::string device_error_;  // sticky: the first failed host call on a device store
 };
 
 }  // namespace bie

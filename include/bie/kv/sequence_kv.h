@@ -34,6 +34,12 @@ class SequenceKv final : public KvCache {
   }
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
               Backend& backend, int64_t window = 0) override;
+  [[nodiscard]] Status write(int il, int64_t pos0, const Tensor& k, const Tensor& v,
+                             Backend& backend) override {
+    return store_.write(seq_, il, pos0, k, v, backend);
+  }
+  [[nodiscard]] Status attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
+                                 const Tensor& out, Backend& backend, int64_t window = 0) override;
   // Rollback goes through the scheduler (BlockManager::truncate); refused here.
   [[nodiscard]] Status truncate(int64_t n) override;
   // Window exits that could not move to the body pool this pass (body pool full): they stay
@@ -41,6 +47,8 @@ class SequenceKv final : public KvCache {
   [[nodiscard]] bool migration_deferred() const { return migration_deferred_; }
 
  private:
+  // After the last layer's attention over the newest tokens: window exits and sliding drops.
+  void after_attend(int il, int64_t pos0, int64_t n);
   PagedKvStore& store_;
   kv::SeqId seq_;
   int64_t computed_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <vector>
 
 #include "bie/backend/ops.h"
@@ -105,12 +106,17 @@ struct KvWritePush {
 Result<std::unique_ptr<VulkanBackend>> VulkanBackend::create(const VulkanBackendOptions& o) {
   auto dev = vk::Device::open(o.device_index, o.device);
   if (!dev.ok()) return Error{dev.error()};
+  if (!(*dev)->info().subgroup_arithmetic) {
+    return Error{(*dev)->info().name +
+                 ": no subgroup arithmetic in compute shaders (the matrix-vector kernels need it)"};
+  }
   return std::unique_ptr<VulkanBackend>(new VulkanBackend(std::move(*dev), o));
 }
 
 VulkanBackend::VulkanBackend(std::unique_ptr<vk::Device> dev, const VulkanBackendOptions& o)
     : dev_(std::move(dev)), pool_(std::max(1, o.n_host_threads)) {
   weight_window_bytes_ = dev_->max_binding_bytes();
+  subgroup_size_ = dev_->info().subgroup_size;
   if (o.max_weight_window_bytes > 0) {
     weight_window_bytes_ = std::min(weight_window_bytes_, o.max_weight_window_bytes);
   }
@@ -118,7 +124,7 @@ VulkanBackend::VulkanBackend(std::unique_ptr<vk::Device> dev, const VulkanBacken
 
 VulkanBackend::~VulkanBackend() {
   (void)dev_->sync();
-  for (vk::Buffer& b : params_) dev_->destroy(b);
+  dev_->destroy(ring_);
 }
 
 std::string VulkanBackend::name() const {
@@ -138,22 +144,34 @@ void VulkanBackend::run(const char* name, std::initializer_list<vk::BufferRef> b
   if (Status s = dev_->dispatch(**p, bufs, &push, gx, gy, gz); !s.ok()) fail(s.error());
 }
 
-const vk::Buffer* VulkanBackend::params(int slot, const void* data, size_t bytes) {
-  vk::Buffer& b = params_[slot];
-  if (b.size < bytes) {
-    dev_->destroy(b);
-    auto nb = dev_->create_buffer(std::max<size_t>(bytes * 2, 4096));
-    if (!nb.ok()) {
-      fail(nb.error());
-      return nullptr;
+vk::BufferRef VulkanBackend::params(const void* data, size_t bytes) {
+  const size_t align = std::max<size_t>(dev_->binding_alignment(), 16);
+  const size_t need = (bytes + 15) / 16 * 16;
+  if (ring_submit_ != dev_->submit_count()) {  // everything recorded before has run
+    ring_used_ = 0;
+    ring_submit_ = dev_->submit_count();
+  }
+  size_t off = (ring_used_ + align - 1) / align * align;
+  if (!ring_.valid() || off + need > ring_.size) {
+    if (Status s = dev_->sync(); !s.ok()) {
+      fail(s.error());
+      return vk::BufferRef{nullptr};
     }
-    b = *nb;
+    ring_submit_ = dev_->submit_count();
+    off = 0;
+    if (!ring_.valid() || need > ring_.size) {
+      dev_->destroy(ring_);
+      auto nb = dev_->create_host_buffer(std::max<size_t>(need * 2, size_t{4} << 20));
+      if (!nb.ok()) {
+        fail(nb.error());
+        return vk::BufferRef{nullptr};
+      }
+      ring_ = *nb;
+    }
   }
-  if (Status s = dev_->upload(b, 0, data, bytes); !s.ok()) {
-    fail(s.error());
-    return nullptr;
-  }
-  return &b;
+  std::memcpy(static_cast<uint8_t*>(ring_.mapped) + off, data, bytes);
+  ring_used_ = off + need;
+  return vk::BufferRef{&ring_, off, need};
 }
 
 // ---- memory -------------------------------------------------------------------------------------
@@ -243,12 +261,15 @@ void VulkanBackend::matmul(const Tensor& w, const Tensor& x, const Tensor& y, Ma
               stride4(y),
               static_cast<uint32_t>(n)};
     if (vec) {
-      const auto gx = static_cast<uint32_t>(std::min<int64_t>(rows, 32768));
+      // One subgroup per row: as many rows per 64-lane workgroup as it has subgroups.
+      const uint32_t per = std::max<uint32_t>(1, 64 / std::max<uint32_t>(1, subgroup_size_));
+      const int64_t groups = div_up(rows, per);
+      const auto gx = static_cast<uint32_t>(std::min<int64_t>(groups, 32768));
       struct {
-        uint32_t a[8];
-      } mv{{p.n_in, p.n_out, p.row_bytes, p.w_off, p.x_off, p.x_stride, p.y_off, p.y_stride}};
+        uint32_t a[9];
+      } mv{{p.n_in, p.n_out, p.row_bytes, p.w_off, p.x_off, p.x_stride, p.y_off, p.y_stride, per}};
       run(name.c_str(), {win.ref, whole(x), whole(y)}, mv, gx, static_cast<uint32_t>(n),
-          div_up(rows, gx));
+          div_up(groups, gx));
     } else {
       run(name.c_str(), {win.ref, whole(x), whole(y)}, p, div_up(rows, 32), div_up(n, 32));
     }
@@ -281,8 +302,8 @@ void VulkanBackend::get_rows(const Tensor& table, const Tensor& ids, const Tenso
   std::vector<int32_t> host_ids(static_cast<size_t>(n));
   download(ids, host_ids.data());
   const int32_t zero = 0;
-  const vk::Buffer* zero_id = params(3, &zero, sizeof zero);
-  if (zero_id == nullptr) return;
+  const vk::BufferRef zero_id = params(&zero, sizeof zero);
+  if (zero_id.buffer == nullptr) return;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t id = host_ids[static_cast<size_t>(i)];
     if (id < 0 || id >= table.rows)
@@ -295,7 +316,7 @@ void VulkanBackend::get_rows(const Tensor& table, const Tensor& ids, const Tenso
                off4(out) + static_cast<uint32_t>(i) * stride4(out),
                0u,
                scale};
-    run(name.c_str(), {win.ref, vk::BufferRef{zero_id}, whole(out)}, p, gx, 1);
+    run(name.c_str(), {win.ref, zero_id, whole(out)}, p, gx, 1);
   }
 }
 
@@ -411,6 +432,11 @@ Status check_f16_pool(const KvPoolDesc& pool, int block_size, int head_dim) {
 
 }  // namespace
 
+bool VulkanBackend::supports_kv_types(uint8_t k_type, uint8_t v_type, bool rotate_keys) const {
+  const auto f16 = static_cast<uint8_t>(planner::KvType::kF16);
+  return k_type == f16 && v_type == f16 && !rotate_keys;
+}
+
 Status VulkanBackend::paged_attention(const AttnMetadata& m) {
   if (!error_.ok()) return error_;
   if (m.head_dim > 512) return Error{"vulkan attention: head_dim above 512"};
@@ -436,9 +462,9 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
   }
   std::vector<int32_t> table(m.block_table.size() + 1, 0);
   for (size_t i = 0; i < m.block_table.size(); ++i) table[i] = m.block_table[i].block;
-  const vk::Buffer* tb = params(0, table.data(), table.size() * 4);
-  const vk::Buffer* mb = params(1, meta.data(), meta.size() * 4);
-  if (tb == nullptr || mb == nullptr) return error_;
+  const vk::BufferRef tb = params(table.data(), table.size() * 4);
+  const vk::BufferRef mb = params(meta.data(), meta.size() * 4);
+  if (tb.buffer == nullptr || mb.buffer == nullptr) return error_;
   const size_t layer_bytes =
       static_cast<size_t>(m.n_head_kv) * (pool.k_tile_bytes + pool.v_tile_bytes);
   const size_t k_off =
@@ -461,8 +487,7 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
       static_cast<uint32_t>(k_off),
       static_cast<uint32_t>(k_off + static_cast<size_t>(m.n_head_kv) * pool.k_tile_bytes / 2)};
   vk::BufferRef pool_ref{&vbuf(pool.memory)};
-  run("attn_paged_f16",
-      {whole(m.q), pool_ref, pool_ref, vk::BufferRef{tb}, vk::BufferRef{mb}, whole(m.out)}, p,
+  run("attn_paged_f16", {whole(m.q), pool_ref, pool_ref, tb, mb, whole(m.out)}, p,
       static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(m.n_head));
   return error_;
 }
@@ -483,8 +508,8 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
     slot[i] = m.slots[i].block.block;
     slot[n + i] = m.slots[i].row;
   }
-  const vk::Buffer* sb = params(2, slot.data(), slot.size() * 4);
-  if (sb == nullptr) return error_;
+  const vk::BufferRef sb = params(slot.data(), slot.size() * 4);
+  if (sb.buffer == nullptr) return error_;
   const size_t layer_bytes =
       static_cast<size_t>(m.n_head_kv) * (pool.k_tile_bytes + pool.v_tile_bytes);
   const size_t k_off =
@@ -501,8 +526,7 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
       stride4(m.k),
       off4(m.v),
       stride4(m.v)};
-  run("kv_write_f16",
-      {whole(m.k), whole(m.v), vk::BufferRef{sb}, vk::BufferRef{&vbuf(pool.memory)}}, p,
+  run("kv_write_f16", {whole(m.k), whole(m.v), sb, vk::BufferRef{&vbuf(pool.memory)}}, p,
       div_up(m.n_head_kv * m.head_dim / 2, 64), static_cast<uint32_t>(n));
   return error_;
 }

@@ -36,7 +36,7 @@ class VulkanBackend final : public Backend {
 
   [[nodiscard]] std::string name() const override;  // "vulkan:N"
   [[nodiscard]] ThreadPool& host_threads() override { return pool_; }
-  [[nodiscard]] Status status() const { return error_; }
+  [[nodiscard]] Status status() const override { return error_; }
   [[nodiscard]] vk::Device& device() { return *dev_; }
 
   [[nodiscard]] Result<std::unique_ptr<DeviceBuffer>> alloc(size_t bytes) override;
@@ -61,6 +61,9 @@ class VulkanBackend final : public Backend {
   // fp16 KV pools only (both K and V planner::KvType::kF16); quantised formats are refused with
   // an error naming them (the quantised regimes on the GPU are a later issue).
   [[nodiscard]] bool supports_paged_kv() const override { return true; }
+  // fp16 K and V, unrotated (the quantised KV formats on the device are the next step).
+  [[nodiscard]] bool supports_kv_types(uint8_t k_type, uint8_t v_type,
+                                       bool rotate_keys) const override;
   [[nodiscard]] Status paged_attention(const AttnMetadata& meta) override;
   [[nodiscard]] Status kv_write(const KvWriteMetadata& meta) override;
   [[nodiscard]] Status copy_blocks(std::span<const KvPoolDesc> pools,
@@ -75,14 +78,19 @@ class VulkanBackend final : public Backend {
   void run(const char* name, std::initializer_list<vk::BufferRef> bufs, const Push& push,
            uint32_t gx, uint32_t gy = 1, uint32_t gz = 1);
   void fail(const std::string& what);
-  // A device buffer of at least `bytes` holding `data` (grown as needed; one per purpose).
-  [[nodiscard]] const vk::Buffer* params(int slot, const void* data, size_t bytes);
+  // `data` in the parameter ring: a host-visible buffer written front to back between
+  // submissions (so no recorded dispatch reads bytes written after it), reset at each
+  // submission; a full ring submits what is recorded first. Empty ref on failure (recorded).
+  [[nodiscard]] vk::BufferRef params(const void* data, size_t bytes);
 
   std::unique_ptr<vk::Device> dev_;
   ThreadPool pool_;
   Status error_;
-  vk::Buffer params_[4];
+  vk::Buffer ring_;
+  size_t ring_used_ = 0;
+  uint64_t ring_submit_ = 0;  // dev_->submit_count() when ring_used_ was last reset
   size_t weight_window_bytes_ = 0;
+  uint32_t subgroup_size_ = 0;  // the device's reported subgroup size (matvec rows per group)
 };
 
 // The backend `cfg.device` ("vulkan", "vulkan:N") names; create_backend's Vulkan branch.
