@@ -167,7 +167,36 @@ void check_matmul(const TypeCase& c, int64_t n_tokens, MatmulPath path, VulkanBa
 }
 
 TEST_P(VulkanMatmul, MatVecDecodeMatchesScalarReference) {
-  check_matmul(GetParam(), 3, MatmulPath::kDecode);
+  check_matmul(GetParam(), 11, MatmulPath::kDecode);  // two groups of 8 tokens, the second partial
+}
+
+TEST_P(VulkanMatmul, MatVecOfElevenTokensIsBitIdenticalToEachTokenAlone) {
+  // Decode batch invariance on the device: a token's bits do not depend on the tokens batched
+  // with it (here two groups of the kernel's 8 tokens per workgroup, the second partial).
+  const TypeCase c = GetParam();
+  const int64_t n_out = 37, n_tok = 11;
+  QuantMatrix m = make_matrix(c.type, c.n_in, n_out, 17);
+  Holder h{gpu()};
+  auto wb = gpu().upload_weights(m.bytes);
+  ASSERT_TRUE(wb.ok()) << wb.error();
+  const Tensor w =
+      Tensor{wb->get(), 0, c.type, n_out + 2, c.n_in, m.row_bytes}.slice_rows(2, n_out);
+  const std::vector<float> xv = randn(static_cast<size_t>(c.n_in * n_tok), 9, 2.0f);
+  const Tensor x = h.f32(xv, n_tok, c.n_in);
+  const Tensor y = h.zeros(n_tok, n_out);
+  gpu().matmul(w, x, y, MatmulPath::kDecode);
+  const std::vector<float> all = h.read(y);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const Tensor y1 = h.zeros(1, n_out);
+    gpu().matmul(w, x.slice_rows(t, 1), y1, MatmulPath::kDecode);
+    const std::vector<float> one = h.read(y1);
+    ASSERT_TRUE(gpu().status().ok()) << gpu().status().error();
+    for (int64_t r = 0; r < n_out; ++r) {
+      ASSERT_EQ(std::memcmp(&one[r], &all[t * n_out + r], 4), 0)
+          << quant::type_name(c.type) << " token " << t << " row " << r << ": " << one[r]
+          << " alone, " << all[t * n_out + r] << " in the batch";
+    }
+  }
 }
 
 TEST_P(VulkanMatmul, TiledPrefillMatchesScalarReference) {

@@ -10,6 +10,8 @@ import requests
 
 SERVE_BIN = os.environ.get("BIE_SERVE_BIN", os.path.join(os.path.dirname(__file__), "..", "..",
                                                          "build", "bie-serve"))
+# BIE_E2E_DEVICE=vulkan (ctest server_test_openai_e2e_vulkan): every server runs on that device.
+DEVICE = os.environ.get("BIE_E2E_DEVICE")
 MODEL = os.path.join(os.environ.get("BIE_HOME", os.path.expanduser("~/.cache/bie")), "models",
                      "SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -32,6 +34,8 @@ class ServerProcess:
         self.api_key = api_key
         cmd = [SERVE_BIN, "--host", "127.0.0.1", "--port", str(self.port), "--threads", "2",
                *args]
+        if DEVICE:
+            cmd += ["--device", DEVICE]
         if api_key:
             cmd += ["--api-key", api_key]
         self.log_path = f"/tmp/bie-serve-test-{self.port}.log"

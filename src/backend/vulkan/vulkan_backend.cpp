@@ -266,10 +266,10 @@ void VulkanBackend::matmul(const Tensor& w, const Tensor& x, const Tensor& y, Ma
       const int64_t groups = div_up(rows, per);
       const auto gx = static_cast<uint32_t>(std::min<int64_t>(groups, 32768));
       struct {
-        uint32_t a[9];
-      } mv{{p.n_in, p.n_out, p.row_bytes, p.w_off, p.x_off, p.x_stride, p.y_off, p.y_stride, per}};
-      run(name.c_str(), {win.ref, whole(x), whole(y)}, mv, gx, static_cast<uint32_t>(n),
-          div_up(groups, gx));
+        uint32_t a[10];
+      } mv{{p.n_in, p.n_out, p.row_bytes, p.w_off, p.x_off, p.x_stride, p.y_off, p.y_stride, per,
+            static_cast<uint32_t>(n)}};
+      run(name.c_str(), {win.ref, whole(x), whole(y)}, mv, gx, div_up(n, 8), div_up(groups, gx));
     } else {
       run(name.c_str(), {win.ref, whole(x), whole(y)}, p, div_up(rows, 32), div_up(n, 32));
     }

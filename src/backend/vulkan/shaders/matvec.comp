@@ -1,7 +1,9 @@
 #version 450
 // y[t][r] = sum_k W[r][k] * x[t][k]: one subgroup per weight row, `rows_per_group` rows per
-// workgroup of 64 lanes (the subgroups take its rows in turn, so any subgroup size works), token t
-// = group y. W is read in its GGUF block layout (quant.glsl); a row's lanes stride over it and
+// workgroup of 64 lanes (the subgroups take its rows in turn, so any subgroup size works), up to
+// 8 tokens per workgroup (group y: tokens 8y..8y+7) sharing each decoded weight. Every token runs
+// the same operations in the same order whatever the others are, so its bits do not depend on
+// the batch (decode batch invariance). W is read in its GGUF block layout (quant.glsl); a row's lanes stride over it and
 // reduce with subgroupAdd: no shared memory, no barrier (a CPU driver such as lavapipe runs a
 // barrier as a switch between every invocation). Rows beyond the x-dimension's workgroups fold
 // into group z. Offsets and strides are in floats (w_off in bytes): whole buffers are bound, so
@@ -15,21 +17,26 @@ layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform P {
   uint n_in; uint n_out; uint row_bytes; uint w_off; uint x_off; uint x_stride; uint y_off;
-  uint y_stride; uint rows_per_group;
+  uint y_stride; uint rows_per_group; uint n_tok;
 } p;
 #include "quant.glsl"
 void main() {
   const uint group = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;
-  const uint t = gl_WorkGroupID.y;
+  const uint t0 = gl_WorkGroupID.y * 8u;
+  const uint nt = min(8u, p.n_tok - t0);
   const uint lane = gl_SubgroupInvocationID;
-  const uint xo = p.x_off + t * p.x_stride;
   for (uint i = gl_SubgroupID; i < p.rows_per_group; i += gl_NumSubgroups) {
     const uint row = group * p.rows_per_group + i;
     if (row >= p.n_out) break;  // uniform per subgroup
     const uint roff = p.w_off + row * p.row_bytes;
-    float acc = 0.0;
-    for (uint k = lane; k < p.n_in; k += gl_SubgroupSize) acc += wget(roff, k) * x[xo + k];
-    acc = subgroupAdd(acc);
-    if (subgroupElect()) y[p.y_off + t * p.y_stride + row] = acc;
+    float acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    for (uint k = lane; k < p.n_in; k += gl_SubgroupSize) {
+      const float wk = wget(roff, k);
+      for (uint j = 0u; j < nt; ++j) acc[j] += wk * x[p.x_off + (t0 + j) * p.x_stride + k];
+    }
+    for (uint j = 0u; j < nt; ++j) {
+      const float s = subgroupAdd(acc[j]);
+      if (subgroupElect()) y[p.y_off + (t0 + j) * p.y_stride + row] = s;
+    }
   }
 }
