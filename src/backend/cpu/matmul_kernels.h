@@ -33,6 +33,15 @@ void avx2_prepare_acts(quant::GgmlType type, int64_t n_in, const float* x, int64
 void avx2_tile_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
                     int64_t n_tokens, int64_t r0, int64_t r1, float* y, uint8_t* panel);
 
+// AVX-512 twins of the tiles for the K-quants (matmul_avx512.cpp), same contract (own plan and
+// panel layout; the activations are the AVX2 tiles' Q8_K rows) and the AVX2 tiles' bits.
+// note: call these only if has_avx512().
+[[nodiscard]] TilePlan avx512_tile_plan(quant::GgmlType type, int64_t n_in);
+void avx512_prepare_acts(quant::GgmlType type, int64_t n_in, const float* x, int64_t t0, int64_t t1,
+                         uint8_t* acts);
+void avx512_tile_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
+                      int64_t n_tokens, int64_t r0, int64_t r1, float* y, uint8_t* panel);
+
 // ---- decode: matrix-vector kernels over the weights in place (matvec_avx2.cpp) -------------
 
 // Token counts up to this use the matvec kernels; more tokens amortise the tile repacking.
