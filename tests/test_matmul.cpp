@@ -276,14 +276,15 @@ TEST(Matmul, Avx512DecodeGivesTheAvx2Bits) {
   }
 }
 
-// The AVX-512 prefill tiles (K-quants) give the AVX2 tiles' bits: the same exact integer sums
-// and the same float operations per (row, token). Shapes: 45 rows (a short last panel of 16),
-// 13 and 17 tokens (short token tiles of 8), 9 super-blocks.
+// The AVX-512 prefill tiles (K-quants, 32-value formats) give the AVX2 tiles' bits: the same exact
+// integer sums and the same float operations per (row, token). Shapes: 45 rows (a short last panel
+// of 16), 13 and 17 tokens (short token tiles of 8), 9 super-blocks / 72 blocks.
 TEST(Matmul, Avx512PrefillGivesTheAvx2Bits) {
   if (best_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   ThreadPool pool(2);
   MatmulScratch scratch;
-  for (G type : {G::Q2_K, G::Q3_K, G::Q4_K, G::Q5_K, G::Q6_K}) {
+  for (G type :
+       {G::Q4_0, G::Q4_1, G::Q5_0, G::Q5_1, G::Q8_0, G::Q2_K, G::Q3_K, G::Q4_K, G::Q5_K, G::Q6_K}) {
     const Matrix m = make_matrix(type, 2304, 45, 13);
     for (int64_t n_tokens : {1, 13, 17}) {
       const auto x = make_acts(2304, n_tokens, 14);

@@ -51,15 +51,6 @@ inline void store_rows(float* y, __m256 v, int n_valid) {
 // Unsigned formats keep q without its offset (Q4_0: 8, Q5_0: 16); the kernel subtracts
 // offset * isum in integers, so the integer dot equals ggml's exactly.
 
-struct ActB32 {
-  int8_t qs[kQK32];
-  float d;
-  float s;
-  int32_t isum;
-  int32_t pad;
-};
-static_assert(sizeof(ActB32) == 48);
-
 constexpr size_t kPanelB32 = 256 + 2 * 32;  // bytes per block of 8 rows
 
 void prepare_b32(int64_t n_in, const float* x, ActB32* out) {

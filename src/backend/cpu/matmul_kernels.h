@@ -20,6 +20,18 @@ struct TilePlan {
   int rows_per_panel = 0;
 };
 
+// Tile activations of the 32-value block formats, per block (both ISAs' tiles): the Q8_0/Q8_1
+// quantiser's values, d and s = d * sum(qs) rounded through fp16 as the blocks would store
+// them, and isum = sum(qs) exact.
+struct ActB32 {
+  int8_t qs[32];
+  float d;
+  float s;
+  int32_t isum;
+  int32_t pad;
+};
+static_assert(sizeof(ActB32) == 48);
+
 // note: call the functions below only if has_avx2().
 [[nodiscard]] TilePlan avx2_tile_plan(quant::GgmlType type, int64_t n_in);
 
