@@ -79,24 +79,38 @@ void pack(const WeightView& w, int64_t r0, int n_valid, uint8_t* panel) {
         std::memset(regs[r].m, 0, sizeof(regs[r].m));
         regs[r].d = regs[r].dmin = 0.0f;
       }
-      for (int g = 0; g < 16; ++g) scv[g * kRows + r] = regs[r].sc[g];
-      for (int h = 0; h < 8; ++h) {
-        mv[h * kRows + r] =
-            static_cast<uint16_t>(regs[r].m[2 * h]) |
-            (static_cast<uint32_t>(static_cast<uint16_t>(regs[r].m[2 * h + 1])) << 16);
-      }
       d[r] = regs[r].d;
       dmin[r] = regs[r].dmin;
     }
-    for (int cv = 0; cv < 8; ++cv) {
-      for (int half = 0; half < 2; ++half) {
-        __m256i rows[8], cols[8];
-        for (int r = 0; r < 8; ++r) rows[r] = regs[8 * half + r].q[cv];
+    // Rows to lanes by 8x8 transposes of 32-bit elements: the qu chunks, the group scales
+    // (widened to int32) and the min pairs (m[2h], m[2h+1]), which are the 32-bit words of m.
+    for (int half = 0; half < 2; ++half) {
+      const KRegs* rr = regs + 8 * half;
+      __m256i rows[8], cols[8];
+      for (int cv = 0; cv < 8; ++cv) {
+        for (int i = 0; i < 8; ++i) rows[i] = rr[i].q[cv];
         transpose8x32(rows, cols);
         for (int j = 0; j < 8; ++j) {
           _mm256_store_si256(reinterpret_cast<__m256i*>(p + 64 * (8 * cv + j) + 32 * half),
                              cols[j]);
         }
+      }
+      for (int gh = 0; gh < 2; ++gh) {
+        for (int i = 0; i < 8; ++i) {
+          rows[i] = _mm256_cvtepi16_epi32(
+              _mm_load_si128(reinterpret_cast<const __m128i*>(rr[i].sc + 8 * gh)));
+        }
+        transpose8x32(rows, cols);
+        for (int j = 0; j < 8; ++j) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(scv + (8 * gh + j) * kRows + 8 * half),
+                             cols[j]);
+        }
+      }
+      for (int i = 0; i < 8; ++i)
+        rows[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(rr[i].m));
+      transpose8x32(rows, cols);
+      for (int h = 0; h < 8; ++h) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(mv + h * kRows + 8 * half), cols[h]);
       }
     }
   }
