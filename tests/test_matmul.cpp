@@ -276,6 +276,34 @@ TEST(Matmul, Avx512DecodeGivesTheAvx2Bits) {
   }
 }
 
+// The AVX-512 prefill tiles (K-quants, 32-value formats) give the AVX2 tiles' bits: the same exact
+// integer sums and the same float operations per (row, token). Shapes: 45 rows (a short last panel
+// of 16), 13 and 17 tokens (short token tiles of 8), 9 super-blocks / 72 blocks.
+TEST(Matmul, Avx512PrefillGivesTheAvx2Bits) {
+  if (best_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  ThreadPool pool(2);
+  MatmulScratch scratch;
+  for (G type :
+       {G::Q4_0, G::Q4_1, G::Q5_0, G::Q5_1, G::Q8_0, G::Q2_K, G::Q3_K, G::Q4_K, G::Q5_K, G::Q6_K}) {
+    const Matrix m = make_matrix(type, 2304, 45, 13);
+    for (int64_t n_tokens : {1, 13, 17}) {
+      const auto x = make_acts(2304, n_tokens, 14);
+      std::vector<float> y2(static_cast<size_t>(n_tokens * 45)), y5(y2.size());
+      {
+        IsaScope scope(Isa::kAvx2);
+        matmul(m.view(), x.data(), n_tokens, y2.data(), pool, scratch, MatmulPath::kPrefill);
+      }
+      {
+        IsaScope scope(Isa::kAvx512);
+        matmul(m.view(), x.data(), n_tokens, y5.data(), pool, scratch, MatmulPath::kPrefill);
+      }
+      for (size_t i = 0; i < y2.size(); ++i) {
+        ASSERT_EQ(y2[i], y5[i]) << quant::type_name(type) << " tokens=" << n_tokens << " i=" << i;
+      }
+    }
+  }
+}
+
 TEST(CpuFeatures, IsaChoiceIsClampedToTheMachineAndFollowedByTheTraits) {
   const Isa saved = active_isa();
   EXPECT_EQ(set_isa(Isa::kAvx512), best_isa());  // never above what the machine has

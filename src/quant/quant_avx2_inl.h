@@ -106,6 +106,28 @@ inline void store_scaled_u8_add(__m256i q, __m256 d, __m256 m, float* y) {
   }
 }
 
+// 8x8 transpose of 32-bit elements: out[j] lane i = in[i] lane j.
+inline void transpose8x32(const __m256i in[8], __m256i out[8]) {
+  __m256i t[8], u[8];
+#pragma GCC unroll 16
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 4; ++i) {
+    out[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
+    out[4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
+  }
+}
+
 // Per K type: unpack a super-block into 8 vectors of 32 unsigned values qu (the unified form of
 // quant_internal.h, values e = 32c .. 32c+31 in q[c]) plus scales.
 struct KRegs {

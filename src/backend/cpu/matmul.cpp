@@ -19,6 +19,9 @@ constexpr size_t kAlign = 64;
 constexpr int64_t kMinTileTokens = 2;
 // Rows per inner chunk of the row-by-row path (their weights stay in L1 across the tokens).
 constexpr int64_t kRowChunk = 16;
+// Rows per work chunk of the tiled path: a multiple of every tile plan's rows_per_panel (4, 8,
+// 16) and a whole cache line of each token's y.
+constexpr int64_t kTileChunkRows = 16;
 
 struct RowDotJob {
   const WeightView* w;
@@ -177,8 +180,12 @@ bool matvec_path(const WeightView& w, const float* x, int64_t n_tokens, float* y
 bool tile_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
                MatmulScratch& scratch) {
   if (!has_avx2()) return false;
-  const cpu::TilePlan plan = cpu::avx2_tile_plan(w.type, w.n_in);
+  // AVX-512 tiles where the machine and the type have them (the AVX2 tiles' bits, faster).
+  const bool wide = has_avx512() && cpu::avx512_tile_plan(w.type, w.n_in).supported;
+  const cpu::TilePlan plan =
+      wide ? cpu::avx512_tile_plan(w.type, w.n_in) : cpu::avx2_tile_plan(w.type, w.n_in);
   if (!plan.supported) return false;
+  assert(kTileChunkRows % plan.rows_per_panel == 0);
   const int nth = pool.size();
   scratch.reserve(plan.act_row_bytes * static_cast<size_t>(n_tokens), nth, plan.panel_bytes);
   auto* acts = static_cast<uint8_t*>(scratch.activations(0));
@@ -190,18 +197,37 @@ bool tile_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, 
     MatmulScratch* scratch;
     cpu::TilePlan plan;
     uint8_t* acts;
-  } job{&w, x, n_tokens, y, &scratch, plan, acts};
+    bool wide;
+  } job{&w, x, n_tokens, y, &scratch, plan, acts, wide};
   const Job* jp = &job;
   pool.run_on_all([jp](int ith, int nt) {
     const auto [t0, t1] = split(jp->n_tokens, 1, ith, nt);
-    if (t0 < t1) cpu::avx2_prepare_acts(jp->w->type, jp->w->n_in, jp->x, t0, t1, jp->acts);
+    if (t0 >= t1) return;
+    if (jp->wide) {
+      cpu::avx512_prepare_acts(jp->w->type, jp->w->n_in, jp->x, t0, t1, jp->acts);
+    } else {
+      cpu::avx2_prepare_acts(jp->w->type, jp->w->n_in, jp->x, t0, t1, jp->acts);
+    }
   });
-  pool.run_on_all([jp](int ith, int nt) {
-    const auto [r0, r1] = split(jp->w->n_out, jp->plan.rows_per_panel, ith, nt);
-    if (r0 >= r1) return;
-    auto* panel = static_cast<uint8_t*>(jp->scratch->panel(ith, 0));
-    cpu::avx2_tile_rows(*jp->w, jp->acts, jp->plan.act_row_bytes, jp->n_tokens, r0, r1, jp->y,
-                        panel);
+  // Threads take chunks of kTileChunkRows rows as they come free (a thread slowed by another
+  // process does not hold the call back); a chunk is whole panels and whole 64-byte lines of y.
+  // Which thread computes a row does not change its bits.
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t>* np = &next;
+  pool.run_on_all([jp, np](int part, int) {
+    auto* panel = static_cast<uint8_t*>(jp->scratch->panel(part, 0));
+    for (;;) {
+      const int64_t r0 = np->fetch_add(kTileChunkRows, std::memory_order_relaxed);
+      if (r0 >= jp->w->n_out) break;
+      const int64_t r1 = std::min(jp->w->n_out, r0 + kTileChunkRows);
+      if (jp->wide) {
+        cpu::avx512_tile_rows(*jp->w, jp->acts, jp->plan.act_row_bytes, jp->n_tokens, r0, r1, jp->y,
+                              panel);
+      } else {
+        cpu::avx2_tile_rows(*jp->w, jp->acts, jp->plan.act_row_bytes, jp->n_tokens, r0, r1, jp->y,
+                            panel);
+      }
+    }
   });
   return true;
 }

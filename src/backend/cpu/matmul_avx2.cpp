@@ -26,29 +26,6 @@ constexpr int kTokens = 4;     // tokens per micro-kernel call
 constexpr int kFloatRows = 4;  // rows per float panel
 constexpr int kFloatTokens = 3;
 
-// ---- 8x8 transpose of 32-bit elements ------------------------------------------------------
-
-inline void transpose8(const __m256i in[8], __m256i out[8]) {
-  __m256i t[8], u[8];
-#pragma GCC unroll 16
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < 4; ++i) {
-    out[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
-    out[4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
-  }
-}
-
 inline __m256i bcast32(const void* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -73,15 +50,6 @@ inline void store_rows(float* y, __m256 v, int n_valid) {
 // Panel: per block, 8 chunks x 8 rows x 4 bytes, then d[8], m[8] (fp32).
 // Unsigned formats keep q without its offset (Q4_0: 8, Q5_0: 16); the kernel subtracts
 // offset * isum in integers, so the integer dot equals ggml's exactly.
-
-struct ActB32 {
-  int8_t qs[kQK32];
-  float d;
-  float s;
-  int32_t isum;
-  int32_t pad;
-};
-static_assert(sizeof(ActB32) == 48);
 
 constexpr size_t kPanelB32 = 256 + 2 * 32;  // bytes per block of 8 rows
 
@@ -172,7 +140,7 @@ void pack_b32(const WeightView& w, int64_t r0, int n_valid, uint8_t* panel) {
         d[r] = m[r] = 0.0f;
       }
     }
-    transpose8(rows, cols);
+    transpose8x32(rows, cols);
     for (int c = 0; c < 8; ++c) _mm256_store_si256(reinterpret_cast<__m256i*>(p + 32 * c), cols[c]);
   }
 }
@@ -280,7 +248,7 @@ void pack_k(const WeightView& w, int64_t r0, int n_valid, uint8_t* panel) {
     for (int cv = 0; cv < 8; ++cv) {
       __m256i rows[kRows], cols[kRows];
       for (int r = 0; r < kRows; ++r) rows[r] = regs[r].q[cv];
-      transpose8(rows, cols);
+      transpose8x32(rows, cols);
       for (int j = 0; j < 8; ++j)
         _mm256_store_si256(reinterpret_cast<__m256i*>(p + 32 * (8 * cv + j)), cols[j]);
     }

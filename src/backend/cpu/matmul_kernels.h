@@ -20,6 +20,18 @@ struct TilePlan {
   int rows_per_panel = 0;
 };
 
+// Tile activations of the 32-value block formats, per block (both ISAs' tiles): the Q8_0/Q8_1
+// quantiser's values, d and s = d * sum(qs) rounded through fp16 as the blocks would store
+// them, and isum = sum(qs) exact.
+struct ActB32 {
+  int8_t qs[32];
+  float d;
+  float s;
+  int32_t isum;
+  int32_t pad;
+};
+static_assert(sizeof(ActB32) == 48);
+
 // note: call the functions below only if has_avx2().
 [[nodiscard]] TilePlan avx2_tile_plan(quant::GgmlType type, int64_t n_in);
 
@@ -32,6 +44,15 @@ void avx2_prepare_acts(quant::GgmlType type, int64_t n_in, const float* x, int64
 // the last panel short (only at the matrix's end).
 void avx2_tile_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
                     int64_t n_tokens, int64_t r0, int64_t r1, float* y, uint8_t* panel);
+
+// AVX-512 twins of the tiles for the K-quants (matmul_avx512.cpp), same contract (own plan and
+// panel layout; the activations are the AVX2 tiles' Q8_K rows) and the AVX2 tiles' bits.
+// note: call these only if has_avx512().
+[[nodiscard]] TilePlan avx512_tile_plan(quant::GgmlType type, int64_t n_in);
+void avx512_prepare_acts(quant::GgmlType type, int64_t n_in, const float* x, int64_t t0, int64_t t1,
+                         uint8_t* acts);
+void avx512_tile_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
+                      int64_t n_tokens, int64_t r0, int64_t r1, float* y, uint8_t* panel);
 
 // ---- decode: matrix-vector kernels over the weights in place (matvec_avx2.cpp) -------------
 
