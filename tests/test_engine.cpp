@@ -2,6 +2,7 @@
 // generate() path, a concurrent batch equals its requests run alone, prefix-cache hits change
 // nothing but the work done, preemption under a tight KV budget loses nothing, cancellation and
 // refusals free every block.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -210,14 +211,25 @@ TEST(Engine, PrefixCacheWithQuantisedBody) {
 
 // Every 4-bit regime under continuous batching with prefill chunks that do not fall on block
 // boundaries (per-channel keys need whole tiles): all requests finish, invariants hold after
-// every step, nothing leaks.
+// every step, nothing leaks. With 64-token blocks the 24-token chunk is shorter than a tile: a
+// chunk that cannot reach the next block boundary runs to it (within the step's budget) instead
+// of being rounded down to nothing, which left every prompt waiting forever.
 TEST(Engine, QuantisedRegimesUnderBatchingWithOddChunks) {
   BIE_REQUIRE_FILE(::bie::test::smollm2_path());
-  for (const char* dtype : {"int4_asym", "int4_channel", "fp8_e4m3"}) {
+  struct Case {
+    const char* dtype;
+    int block_size;
+    int64_t batched;
+  };
+  for (const Case c : {Case{"int4_asym", 16, 40}, Case{"int4_channel", 16, 40},
+                       Case{"fp8_e4m3", 16, 40}, Case{"int4_channel", 64, 80},
+                       Case{"int8_channel", 64, 80}}) {
+    const std::string dtype = fmt::format("{} B={}", c.dtype, c.block_size);
     EngineConfig cfg = base_config();
-    cfg.kv.kv.dtype = dtype;
+    cfg.kv.kv.dtype = c.dtype;
+    cfg.kv.kv.block_size = c.block_size;
     cfg.kv.chunked_prefill_size = 24;
-    cfg.max_num_batched_tokens = 40;
+    cfg.max_num_batched_tokens = c.batched;
     auto e = Engine::create(cfg);
     ASSERT_TRUE(e.ok()) << dtype << ": " << e.error();
     Engine& eng = **e;
@@ -235,6 +247,17 @@ TEST(Engine, QuantisedRegimesUnderBatchingWithOddChunks) {
     eng.wait_idle();
     EXPECT_EQ(used_blocks(eng), 0) << dtype;
   }
+  // A step budget below a per-channel tile could never run a chunk past it: refused up front.
+  EngineConfig cfg = base_config();
+  cfg.kv.kv.dtype = "int4_channel";
+  cfg.kv.kv.block_size = 64;
+  cfg.kv.chunked_prefill_size = 24;
+  cfg.max_num_batched_tokens = 40;
+  auto e = Engine::create(cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().find("--max-num-batched-tokens 40 must be at least the block size 64"),
+            std::string::npos)
+      << e.error();
 }
 
 TEST(Engine, PreemptionUnderATightBudgetLosesNothing) {
