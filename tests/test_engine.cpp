@@ -179,13 +179,15 @@ TEST(Engine, PrefixCacheWithQuantisedBody) {
   for (int i = 0; i < 40; ++i) text += "Line " + std::to_string(i) + " of the shared context. ";
   const EngineRequest a = greedy(eng.tokenizer(), text, 12);
   ASSERT_GT(a.prompt.size(), 300u);  // well past the 128-token window
+  // int8 = per-channel int8 keys over 64-token blocks (kDefaultInt8Block), per-token int8 values.
+  const int64_t B = eng.kv_report().layout.block_size;
+  EXPECT_EQ(eng.kv_report().layout_label, "k=int8_channel_t64 v=int8");
   Collected first, again, longer;
   ASSERT_FALSE(eng.submit(1, a, collect(first)));
   first.wait();
   ASSERT_FALSE(eng.submit(2, a, collect(again)));
   again.wait();
-  EXPECT_EQ(again.finish->metrics.cached_tokens,
-            static_cast<int64_t>((a.prompt.size() - 1) / 16 * 16));
+  EXPECT_EQ(again.finish->metrics.cached_tokens, static_cast<int64_t>(a.prompt.size() - 1) / B * B);
   EXPECT_EQ(again.tokens, first.tokens);
 
   EngineRequest b = a;
@@ -193,7 +195,7 @@ TEST(Engine, PrefixCacheWithQuantisedBody) {
   b.prompt.insert(b.prompt.end(), more.begin(), more.end());
   ASSERT_FALSE(eng.submit(3, b, collect(longer)));
   longer.wait();
-  EXPECT_GE(longer.finish->metrics.cached_tokens, static_cast<int64_t>(a.prompt.size() / 16 * 16));
+  EXPECT_GE(longer.finish->metrics.cached_tokens, static_cast<int64_t>(a.prompt.size()) / B * B);
   EXPECT_EQ(longer.finish->finish_reason, "length");
   eng.wait_idle();
   EXPECT_EQ(used_blocks(eng), 0);
@@ -221,9 +223,9 @@ TEST(Engine, QuantisedRegimesUnderBatchingWithOddChunks) {
     int block_size;
     int64_t batched;
   };
-  for (const Case c : {Case{"int4_asym", 16, 40}, Case{"int4_channel", 16, 40},
-                       Case{"fp8_e4m3", 16, 40}, Case{"int4_channel", 64, 80},
-                       Case{"int8_channel", 64, 80}}) {
+  for (const Case c :
+       {Case{"int4_asym", 16, 40}, Case{"int4_channel", 16, 40}, Case{"fp8_e4m3", 16, 40},
+        Case{"int4_channel", 64, 80}, Case{"int8_channel", 64, 80}}) {
     const std::string dtype = fmt::format("{} B={}", c.dtype, c.block_size);
     EngineConfig cfg = base_config();
     cfg.kv.kv.dtype = c.dtype;

@@ -30,9 +30,11 @@ QualityRegime regime(const std::string& spec, planner::KvLayoutFlags base = {}) 
 }
 
 TEST(QualityRegimes, NamesResolveLikeKvCacheDtype) {
-  EXPECT_EQ(regime("int8").layout.k, (KvFormat{KvType::kInt8, 0}));
+  EXPECT_EQ(regime("int8").layout.k, (KvFormat{KvType::kInt8Channel, 64}));
   EXPECT_EQ(regime("int8").layout.v, (KvFormat{KvType::kInt8, 0}));
+  EXPECT_EQ(regime("int8").layout.block_size, 64);
   EXPECT_FALSE(regime("int8").layout.rotate);
+  EXPECT_EQ(regime("k=int8:v=int8").layout.k, (KvFormat{KvType::kInt8, 0}));  // the per-token one
   EXPECT_EQ(regime("int8_channel").layout.k, (KvFormat{KvType::kInt8Channel, 16}));
   const QualityRegime q4 = regime("int4_asym");
   EXPECT_EQ(q4.layout.k, (KvFormat{KvType::kInt4Asym, 64}));
