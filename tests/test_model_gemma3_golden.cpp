@@ -468,7 +468,8 @@ TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
     ASSERT_EQ(off.size(), 5u);
     for (size_t i = 0; i < on.size(); ++i) {
       EXPECT_EQ(on[i].tokens.size(), 8u) << "request " << i;
-      EXPECT_EQ(on[i].tokens, off[i].tokens) << "request " << i << " (" << on[i].cached << " tokens cached)";
+      EXPECT_EQ(on[i].tokens, off[i].tokens)
+          << "request " << i << " (" << on[i].cached << " tokens cached)";
       EXPECT_EQ(off[i].cached, 0) << "request " << i;
     }
     EXPECT_EQ(on[0].cached, 0);
