@@ -134,7 +134,7 @@ TEST_F(QualitySmolLM2, F16AgainstItselfIsExactAndInt8IsClose) {
   CpuBackend pool(2);
   auto rep = measure_kv_quality(*model_, *tok_, text_, cfg, pool);
   ASSERT_TRUE(rep.ok()) << rep.error();
-  ASSERT_EQ(rep->regimes.size(), 2u);  // "f16" is the baseline, not run twice
+  ASSERT_EQ(rep->regimes.size(), 3u);  // "f16" is the baseline, not run twice
   const RegimeQuality& base = rep->regimes[0];
   const RegimeQuality& same = rep->regimes[1];
   const RegimeQuality& q8 = rep->regimes[2];
