@@ -186,7 +186,7 @@ INSTANTIATE_TEST_SUITE_P(
         "plan --preset llama-3-8b --weights AWQ --vram -8 --bandwidth 100",
         "plan --preset llama-3-8b --weights AWQ --vram 1e12 --bandwidth 100",
         "plan --preset llama-3-8b --weights AWQ --gpu-memory-utilization 1.5" + kDev,
-        "plan --preset llama-3-8b --weights AWQ --paged-block-size 0" + kDev,
+        "plan --preset llama-3-8b --weights AWQ --paged-block-size 5000" + kDev,
         "plan --preset llama-3-8b --weights AWQ --kv-cache-dtype int3" + kDev,
         "plan --preset llama-3-8b --weights AWQ --kv-cache-dtype int4_asym --kv-group-size 48" +
             kDev,

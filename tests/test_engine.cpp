@@ -2,6 +2,7 @@
 // generate() path, a concurrent batch equals its requests run alone, prefix-cache hits change
 // nothing but the work done, preemption under a tight KV budget loses nothing, cancellation and
 // refusals free every block.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -178,13 +179,15 @@ TEST(Engine, PrefixCacheWithQuantisedBody) {
   for (int i = 0; i < 40; ++i) text += "Line " + std::to_string(i) + " of the shared context. ";
   const EngineRequest a = greedy(eng.tokenizer(), text, 12);
   ASSERT_GT(a.prompt.size(), 300u);  // well past the 128-token window
+  // int8 = per-channel int8 keys over 64-token blocks (kDefaultInt8Block), per-token int8 values.
+  const int64_t B = eng.kv_report().layout.block_size;
+  EXPECT_EQ(eng.kv_report().layout_label, "k=int8_channel_t64 v=int8");
   Collected first, again, longer;
   ASSERT_FALSE(eng.submit(1, a, collect(first)));
   first.wait();
   ASSERT_FALSE(eng.submit(2, a, collect(again)));
   again.wait();
-  EXPECT_EQ(again.finish->metrics.cached_tokens,
-            static_cast<int64_t>((a.prompt.size() - 1) / 16 * 16));
+  EXPECT_EQ(again.finish->metrics.cached_tokens, static_cast<int64_t>(a.prompt.size() - 1) / B * B);
   EXPECT_EQ(again.tokens, first.tokens);
 
   EngineRequest b = a;
@@ -192,7 +195,7 @@ TEST(Engine, PrefixCacheWithQuantisedBody) {
   b.prompt.insert(b.prompt.end(), more.begin(), more.end());
   ASSERT_FALSE(eng.submit(3, b, collect(longer)));
   longer.wait();
-  EXPECT_GE(longer.finish->metrics.cached_tokens, static_cast<int64_t>(a.prompt.size() / 16 * 16));
+  EXPECT_GE(longer.finish->metrics.cached_tokens, static_cast<int64_t>(a.prompt.size()) / B * B);
   EXPECT_EQ(longer.finish->finish_reason, "length");
   eng.wait_idle();
   EXPECT_EQ(used_blocks(eng), 0);
@@ -210,14 +213,25 @@ TEST(Engine, PrefixCacheWithQuantisedBody) {
 
 // Every 4-bit regime under continuous batching with prefill chunks that do not fall on block
 // boundaries (per-channel keys need whole tiles): all requests finish, invariants hold after
-// every step, nothing leaks.
+// every step, nothing leaks. With 64-token blocks the 24-token chunk is shorter than a tile: a
+// chunk that cannot reach the next block boundary runs to it (within the step's budget) instead
+// of being rounded down to nothing, which left every prompt waiting forever.
 TEST(Engine, QuantisedRegimesUnderBatchingWithOddChunks) {
   BIE_REQUIRE_FILE(::bie::test::smollm2_path());
-  for (const char* dtype : {"int4_asym", "int4_channel", "fp8_e4m3"}) {
+  struct Case {
+    const char* dtype;
+    int block_size;
+    int64_t batched;
+  };
+  for (const Case c :
+       {Case{"int4_asym", 16, 40}, Case{"int4_channel", 16, 40}, Case{"fp8_e4m3", 16, 40},
+        Case{"int4_channel", 64, 80}, Case{"int8_channel", 64, 80}}) {
+    const std::string dtype = fmt::format("{} B={}", c.dtype, c.block_size);
     EngineConfig cfg = base_config();
-    cfg.kv.kv.dtype = dtype;
+    cfg.kv.kv.dtype = c.dtype;
+    cfg.kv.kv.block_size = c.block_size;
     cfg.kv.chunked_prefill_size = 24;
-    cfg.max_num_batched_tokens = 40;
+    cfg.max_num_batched_tokens = c.batched;
     auto e = Engine::create(cfg);
     ASSERT_TRUE(e.ok()) << dtype << ": " << e.error();
     Engine& eng = **e;
@@ -235,6 +249,17 @@ TEST(Engine, QuantisedRegimesUnderBatchingWithOddChunks) {
     eng.wait_idle();
     EXPECT_EQ(used_blocks(eng), 0) << dtype;
   }
+  // A step budget below a per-channel tile could never run a chunk past it: refused up front.
+  EngineConfig cfg = base_config();
+  cfg.kv.kv.dtype = "int4_channel";
+  cfg.kv.kv.block_size = 64;
+  cfg.kv.chunked_prefill_size = 24;
+  cfg.max_num_batched_tokens = 40;
+  auto e = Engine::create(cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().find("--max-num-batched-tokens 40 must be at least the block size 64"),
+            std::string::npos)
+      << e.error();
 }
 
 TEST(Engine, PreemptionUnderATightBudgetLosesNothing) {

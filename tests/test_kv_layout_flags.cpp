@@ -45,13 +45,42 @@ TEST(KvLayoutFlags, Int4ChannelKeysWithPerTokenValues) {
   EXPECT_EQ(kv_layout_label(l), "k=int4_channel_t32 v=int4_asym_g64");
 }
 
+// int8: 8-bit per-channel keys over 64-token blocks (q8_0's 8.5 bits), per-token int8 values.
+TEST(KvLayoutFlags, Int8IsPerChannelKeysWithPerTokenValues) {
+  KvLayoutFlags f;
+  f.dtype = "int8";
+  const KvLayout l = resolve(f);
+  EXPECT_EQ(l.block_size, kDefaultInt8Block);
+  EXPECT_EQ(l.block_size, 64);
+  EXPECT_EQ(l.k, (KvFormat{KvType::kInt8Channel, 64}));
+  EXPECT_EQ(l.v, (KvFormat{KvType::kInt8, 0}));
+  EXPECT_FALSE(l.rotate);
+  EXPECT_EQ(kv_layout_label(l), "k=int8_channel_t64 v=int8");
+  f.block_size = 16;  // an explicit block size is the tile
+  EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt8Channel, 16}));
+  f.dtype_k = "int8";  // the per-token key format, literally
+  EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt8, 0}));
+  // int8_channel: the same recipe at the ordinary block size.
+  KvLayoutFlags c;
+  c.dtype = "int8_channel";
+  EXPECT_EQ(resolve(c).block_size, 16);
+  EXPECT_EQ(resolve(c).k, (KvFormat{KvType::kInt8Channel, 16}));
+  EXPECT_EQ(resolve(c).v, (KvFormat{KvType::kInt8, 0}));
+  // Every other name keeps 16-token blocks by default.
+  for (const char* name : {"f16", "fp8", "int4_asym", "int4", "int4_channel", "int8_channel"}) {
+    KvLayoutFlags o;
+    o.dtype = name;
+    EXPECT_EQ(resolve(o).block_size, 16) << name;
+  }
+}
+
 TEST(KvLayoutFlags, PerTensorFlagsOverride) {
   KvLayoutFlags f;
   f.dtype = "int8";
   f.dtype_v = "fp8";
   f.rotate = true;
   const KvLayout l = resolve(f);
-  EXPECT_EQ(l.k.type, KvType::kInt8);
+  EXPECT_EQ(l.k.type, KvType::kInt8Channel);  // the int8 recipe's keys
   EXPECT_EQ(l.v.type, KvType::kFp8E4M3);
   EXPECT_TRUE(l.rotate);
 }
@@ -68,8 +97,12 @@ TEST(KvLayoutFlags, ErrorsNameTheFlag) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().find("--kv-cache-dtype-v"), std::string::npos) << r.error();
   f = {};
-  f.block_size = 0;
+  f.block_size = -1;
   EXPECT_FALSE(resolve_kv_layout(f).ok());
+  f.block_size = 5000;
+  EXPECT_FALSE(resolve_kv_layout(f).ok());
+  f.block_size = 0;  // the regime's default
+  EXPECT_EQ(resolve(f).block_size, 16);
 }
 
 }  // namespace

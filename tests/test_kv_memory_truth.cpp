@@ -103,7 +103,8 @@ struct Case {
   const char* model;  // "smollm2" | "gemma3"
   const char* dtype;
   int64_t max_model_len;
-  // Tokens before the first full chunk. int4_channel: 0, block-aligned chunks as the engine's
+  // Tokens before the first full chunk. Per-channel keys (int4_channel, int8): 0, block-aligned
+  // chunks as the engine's
   // prefill runs them (prefill_chunk_len); a chunk starting mid-block there needs one FP16 block
   // of slack that a one-sequence plan does not hold, and fill_kv_synthetic's append is refused.
   int64_t offset = 8;
@@ -173,13 +174,16 @@ TEST_P(KvMemoryTruth, StorageReservesAndCommitsWhatBiePlanSays) {
   // tight), so the pools committed all their reserved pages. Blocks are laid out back to back (no
   // budget: stride = block bytes), so a pool's last page may be partly its own: up to one page per
   // pool of rounding. Local (sliding-window) groups: the plan adds pass headroom for the engine's
-  // path (SequenceKv migrates window exits only after the pass: one more FP16 window, 8 + 1
-  // blocks, in a mixed layout), and one body block for a chunk straddling blocks; this cache
-  // migrates between blocks, so exactly that headroom stays unused, and nothing more.
+  // path (SequenceKv migrates window exits only after the pass: one more FP16 window, the blocks
+  // holding window_tokens plus one: 8 + 1 at B = 16, 2 + 1 at int8's B = 64, in a mixed layout),
+  // and one body block for a chunk straddling blocks; this cache migrates between blocks, so
+  // exactly that headroom stays unused, and nothing more.
   const Measured after = measure(st);
   const uint64_t slack = page_size() * static_cast<uint64_t>(2 * st.n_groups());
   EXPECT_EQ(after.unused_global, 0);
-  EXPECT_EQ(after.unused_local_fp16, st.n_groups() > 1 && layout->mixed() ? 9 : 0);
+  const int window_blocks =
+      (layout->window_tokens + layout->block_size - 1) / layout->block_size + 1;
+  EXPECT_EQ(after.unused_local_fp16, st.n_groups() > 1 && layout->mixed() ? window_blocks : 0);
   EXPECT_LE(after.unused_local_body, st.n_groups() > 1 ? 1 : 0);
   EXPECT_LE(after.committed, plan_kv + slack);
   if (st.n_groups() == 1) {
@@ -200,10 +204,10 @@ TEST_P(KvMemoryTruth, StorageReservesAndCommitsWhatBiePlanSays) {
 
 INSTANTIATE_TEST_SUITE_P(
     Regimes, KvMemoryTruth,
-    ::testing::Values(Case{"smollm2", "f16", 4096}, Case{"smollm2", "int8", 4096},
+    ::testing::Values(Case{"smollm2", "f16", 4096}, Case{"smollm2", "int8", 4096, 0},
                       Case{"smollm2", "fp8_e4m3", 4096}, Case{"smollm2", "int4_asym", 4096},
                       Case{"smollm2", "int4_channel", 4096, 0}, Case{"gemma3", "f16", 2048},
-                      Case{"gemma3", "int4_asym", 2048}),
+                      Case{"gemma3", "int4_asym", 2048}, Case{"gemma3", "int8", 2048, 0}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return std::string(i.param.model) + "_" + i.param.dtype;
     });

@@ -191,10 +191,11 @@ TEST(KvRegimes, KillSwitchOverrideAndPolicy) {
 
   const std::string text = "The capital of France is";
   const std::string label4 = info.regimes[0].label;
+  const std::string label8 = "k=int8_channel_t64 v=int8";  // the int8 recipe's layout
   EXPECT_EQ(run(eng, greedy(eng, text, 4)).fin.metrics.kv_regime, label4);
   EngineRequest want8 = greedy(eng, text, 4);
   want8.kv_cache_dtype = "int8";
-  EXPECT_EQ(run(eng, want8).fin.metrics.kv_regime, "int8");
+  EXPECT_EQ(run(eng, want8).fin.metrics.kv_regime, label8);
   EngineRequest longer = greedy(eng, text, 1200);  // prompt + max_tokens >= 1000: policy
   longer.max_tokens = 1100;
   longer.ignore_eos = true;
@@ -215,7 +216,7 @@ TEST(KvRegimes, KillSwitchOverrideAndPolicy) {
   EXPECT_EQ(run(eng, want8).fin.metrics.kv_regime, "f16");
   EXPECT_EQ(eng.kv_regime_for(longer), "f16");
   eng.set_force_f16(false);
-  EXPECT_EQ(run(eng, want8).fin.metrics.kv_regime, "int8");
+  EXPECT_EQ(run(eng, want8).fin.metrics.kv_regime, label8);
   eng.wait_idle();
   for (const auto& p : eng.metrics().pools) EXPECT_EQ(p.blocks_used, 0) << p.format;
 }

@@ -17,11 +17,11 @@
 #include "backend/cpu/cpu_backend.h"
 #include "bie/engine/engine.h"
 #include "bie/engine/generate.h"
-#include "support/contiguous_kv_cache.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
 #include "bie/tokenizer/chat_template.h"
 #include "bie/tokenizer/tokenizer.h"
+#include "support/contiguous_kv_cache.h"
 #include "support/engine_collect.h"
 #include "support/paths.h"
 
@@ -399,8 +399,12 @@ TEST_F(Gemma3Golden, LocalLayersKeepOnlyTheirWindow) {
 // turn on one engine: A; A again (hit, all but the last token's block); a second turn (A, its
 // answer, a new message: the hit reaches past A into the answer); a branch off A's first 600
 // tokens (its window blocks 5..36 were dropped by A's local layers and hit from the pool's cache);
-// and A once more. Greedy outputs must equal an engine without prefix caching, in f16 and in
-// the default 4-bit regime (FP16 hits quantised into the body format where the prompt needs it).
+// and A once more. Greedy outputs must equal an engine without prefix caching, in f16, in the
+// default 4-bit regime (FP16 hits quantised into the body format where the prompt needs it) and
+// in int8 (per-channel keys, 64-token blocks). With quantised KV this equality is not guaranteed
+// (docs/kv-cache.md §4 "An honest caveat": a cached block's rows at layers > 0 were computed with
+// the window roles of the request that computed them); the 4-bit regimes in 64-token blocks do
+// break it here, on request 3 (docs/kv-quality.md "What blocks a 64-token 4-bit default").
 TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
   const nlohmann::json* p = prompt(kLongPrompt);
   ASSERT_NE(p, nullptr) << "regenerate tests/golden/gemma3/logits.json";
@@ -415,9 +419,10 @@ TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
     std::vector<int32_t> tokens;
     int64_t cached = 0;
   };
-  const auto run = [&](const std::string& dtype, bool caching) {
+  const auto run = [&](const std::string& dtype, int block_size, bool caching) {
     EngineConfig cfg = engine_config(256);
     cfg.kv.kv.dtype = dtype;
+    cfg.kv.kv.block_size = block_size;
     cfg.enable_prefix_caching = caching;
     auto e = Engine::create(cfg);
     EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error());
@@ -449,30 +454,39 @@ TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
     EXPECT_EQ(test::used_blocks(**e), 0) << dtype;
     return turns;
   };
-  for (const std::string dtype : {"f16", "int4_asym"}) {
-    SCOPED_TRACE(dtype);
-    const std::vector<Turn> on = run(dtype, true);
-    const std::vector<Turn> off = run(dtype, false);
+  struct Case {
+    std::string dtype;
+    int64_t block_size;
+  };
+  for (const Case& c : {Case{"f16", 16}, Case{"int4_asym", 16}, Case{"int8", 64}}) {
+    const std::string& dtype = c.dtype;
+    const int64_t B = c.block_size;
+    SCOPED_TRACE(dtype + " B=" + std::to_string(B));
+    const std::vector<Turn> on = run(dtype, static_cast<int>(B), true);
+    const std::vector<Turn> off = run(dtype, static_cast<int>(B), false);
     ASSERT_EQ(on.size(), 5u);
     ASSERT_EQ(off.size(), 5u);
     for (size_t i = 0; i < on.size(); ++i) {
       EXPECT_EQ(on[i].tokens.size(), 8u) << "request " << i;
-      EXPECT_EQ(on[i].tokens, off[i].tokens) << "request " << i;
+      EXPECT_EQ(on[i].tokens, off[i].tokens)
+          << "request " << i << " (" << on[i].cached << " tokens cached)";
       EXPECT_EQ(off[i].cached, 0) << "request " << i;
     }
     EXPECT_EQ(on[0].cached, 0);
-    EXPECT_EQ(on[1].cached, 688);  // 43 full blocks; the 44th holds the last prompt token
-    // A's 700 prompt tokens and 7 of its 8 answer tokens were computed: 44 full blocks.
-    EXPECT_EQ(on[2].cached, 704);
+    // B = 16: 43 full blocks; the 44th holds the last prompt token (B = 64: 10, the 11th).
+    EXPECT_EQ(on[1].cached, 699 / B * B);
+    // A's 700 prompt tokens and 7 of its 8 answer tokens were computed: 44 full blocks (11).
+    EXPECT_EQ(on[2].cached, 707 / B * B);
     if (dtype == "f16") {
-      EXPECT_EQ(on[3].cached, 592);  // the branch: 37 blocks, 5..36 from the local groups' cache
+      // The branch: 37 blocks, 5..36 from the local groups' cache.
+      EXPECT_EQ(on[3].cached, 600 / B * B);
     } else {
-      // The branch needs blocks 31..36 in FP16 (its window); A's FP16 copies of them sat in the
-      // small FP16 pools' caches, where later allocations may have reused some.
+      // The branch needs its last blocks in FP16 (its window); A's FP16 copies of them sat in
+      // the small FP16 pools' caches, where later allocations may have reused some.
       EXPECT_GT(on[3].cached, 0);
-      EXPECT_LE(on[3].cached, 592);
+      EXPECT_LE(on[3].cached, 600 / B * B);
     }
-    EXPECT_EQ(on[4].cached, 688);
+    EXPECT_EQ(on[4].cached, 699 / B * B);
     EXPECT_EQ(on[0].tokens, on[1].tokens);
     EXPECT_EQ(on[0].tokens, on[4].tokens);
   }

@@ -30,9 +30,11 @@ QualityRegime regime(const std::string& spec, planner::KvLayoutFlags base = {}) 
 }
 
 TEST(QualityRegimes, NamesResolveLikeKvCacheDtype) {
-  EXPECT_EQ(regime("int8").layout.k, (KvFormat{KvType::kInt8, 0}));
+  EXPECT_EQ(regime("int8").layout.k, (KvFormat{KvType::kInt8Channel, 64}));
   EXPECT_EQ(regime("int8").layout.v, (KvFormat{KvType::kInt8, 0}));
+  EXPECT_EQ(regime("int8").layout.block_size, 64);
   EXPECT_FALSE(regime("int8").layout.rotate);
+  EXPECT_EQ(regime("k=int8:v=int8").layout.k, (KvFormat{KvType::kInt8, 0}));  // the per-token one
   EXPECT_EQ(regime("int8_channel").layout.k, (KvFormat{KvType::kInt8Channel, 16}));
   const QualityRegime q4 = regime("int4_asym");
   EXPECT_EQ(q4.layout.k, (KvFormat{KvType::kInt4Asym, 64}));
@@ -198,16 +200,19 @@ TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
   EXPECT_NEAR(rep->regimes[0].ppl[0].ppl(), expect, 1e-4 * expect);
 }
 
-// ---- the default 4-bit regime on Qwen2.5 ------------------------------------------------------
+// ---- the outlier-robust 4-bit regime on Qwen2.5 ----------------------------------------------
 
-// Qwen2.5 keys carry bias channels ~80x the others; the old default (rotated int4_asym_g64 keys)
-// collapsed there (PPL 14 -> 6,475, docs/kv-quality.md). One 512-token window of
-// tinyshakespeare, second half scored: the default 4-bit regime must stay within the 4-bit bar
-// (mean KLD <= 0.02 against f16; the old recipe, rotated g64 keys, gives 1.67 here: PPL 34.9 ->
-// 137, seen failing once). The tighter bar for this
-// model, 0.01, is missed at 2k (0.013, docs/kv-quality.md), so it is not what this test holds.
+// Qwen2.5 keys carry bias channels ~80x the others; per-token key scales collapse there (rotated
+// int4_asym_g64, still the int4_asym default: PPL 14 -> 6,475 at 2k, 34.9 -> 137 / KLD 1.67 on
+// this window; docs/kv-quality.md). One 512-token window of tinyshakespeare, second half scored:
+// int4_channel (per-channel keys, the outlier-robust 4-bit recipe, opt-in until docs/kv-quality.md
+// "What blocks a 64-token 4-bit default" is solved) stays within the general 4-bit bar (mean KLD
+// <= 0.02; 0.0050 here; the 0.01 for this model is missed at 2k, 0.013). The default 4-bit
+// regime is not held to the bar: it fails it (the collapse above). int8 is not held here either:
+// on this window and at 1024 the new per-channel int8 (0.0038 / 0.0041) and the old per-token one
+// (0.0042 / 0.0051) are too close for a bar to tell them apart; at 2k they are 0.0042 vs 0.034.
 // ~1 min on 2 idle cores.
-TEST(QualityQwen15B, Default4BitRegimeStaysUnderTheKldBar) {
+TEST(QualityQwen15B, OutlierRobust4BitRegimeStaysUnderTheKldBar) {
   const std::string path = test::models_dir() + "/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
   BIE_REQUIRE_FILE(path);
   auto m = load_model(path);
@@ -229,10 +234,11 @@ TEST(QualityQwen15B, Default4BitRegimeStaysUnderTheKldBar) {
   auto rep = measure_kv_quality(**m, *tok, text, cfg, pool);
   ASSERT_TRUE(rep.ok()) << rep.error();
   ASSERT_EQ(rep->regimes.size(), 2u);
+  const double ppl16 = rep->regimes[0].ppl[0].ppl();
   const PplStats& q4 = rep->regimes[1].ppl[0];
   EXPECT_EQ(q4.n_scored, 255);
   EXPECT_GT(q4.mean_kld(), 0.0);  // the body really is quantised
-  EXPECT_LE(q4.mean_kld(), 0.02) << "PPL " << rep->regimes[0].ppl[0].ppl() << " -> " << q4.ppl();
+  EXPECT_LE(q4.mean_kld(), 0.02) << "PPL " << ppl16 << " -> " << q4.ppl();
   EXPECT_LE(std::fabs(rep->delta_ppl_pct(1, 0)), 2.0);
 }
 

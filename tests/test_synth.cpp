@@ -235,7 +235,9 @@ TEST(SyntheticKv, FillsToDepthWithThePlannersBlocks) {
     EXPECT_EQ(progress, depth);
     EXPECT_EQ((*kv)->n_tokens(), depth);
     ASSERT_TRUE((*kv)->check_integrity().ok());
-    const int64_t blocks = (depth + 15) / 16;
+    const int64_t B = layout->block_size;  // 16; 64 for int8 (per-channel keys)
+    EXPECT_EQ(B, std::string(dtype) == "int8" ? 64 : 16);
+    const int64_t blocks = (depth + B - 1) / B;
     EXPECT_EQ(static_cast<int64_t>((*kv)->table().size()), blocks);
     EXPECT_EQ(kv_held_bytes(**kv), planner::kv_sequence_bytes(g, *layout, depth));
     if (layout->mixed()) {
@@ -243,8 +245,8 @@ TEST(SyntheticKv, FillsToDepthWithThePlannersBlocks) {
       const int64_t fp16 = (*kv)->manager().pool(kv::PoolKind::kFp16).num_active();
       const int64_t body = (*kv)->manager().pool(kv::PoolKind::kBody).num_active();
       EXPECT_EQ(fp16 + body, blocks);
-      EXPECT_GE(fp16, 1 + 128 / 16);
-      EXPECT_LE(fp16, 1 + 128 / 16 + 1);
+      EXPECT_GE(fp16, 1 + 128 / B);
+      EXPECT_LE(fp16, 1 + 128 / B + 1);
     }
     // The cache can still decode on top of it, and refuses to go past its pools.
     EXPECT_FALSE(fill_kv_synthetic(**kv, 1001, so).ok());

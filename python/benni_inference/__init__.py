@@ -103,7 +103,7 @@ class EngineConfig:
         kv_group_size: int4_asym values per (scale, zero) group: 32, 64 or 128.
         kv_sink_tokens: first tokens of every sequence kept in FP16 (attention sinks).
         kv_window_tokens: most recent tokens kept in FP16.
-        paged_block_size: tokens per KV block.
+        paged_block_size: tokens per KV block (0: 64 for kv_cache_dtype "int8", else 16).
         enable_prefix_caching: share identical prompt prefixes between requests.
         chunked_prefill_size: prompt tokens per forward pass (bounds activation memory).
         max_num_seqs: sequences run at once (they share the KV pools, admitted by free blocks;
@@ -138,7 +138,7 @@ class EngineConfig:
     kv_group_size: int = 64
     kv_sink_tokens: int = 8
     kv_window_tokens: int = 128
-    paged_block_size: int = 16
+    paged_block_size: int = 0
     enable_prefix_caching: bool = True
     chunked_prefill_size: int = 512
     max_num_seqs: int = 8
@@ -179,7 +179,7 @@ class EngineConfig:
             raise ValueError(f"kv_group_size must be 32, 64 or 128, got {self.kv_group_size}")
         _check_int("kv_sink_tokens", self.kv_sink_tokens, 0)
         _check_int("kv_window_tokens", self.kv_window_tokens, 0)
-        _check_int("paged_block_size", self.paged_block_size, 1)
+        _check_int("paged_block_size", self.paged_block_size, 0)
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(
                 f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}"

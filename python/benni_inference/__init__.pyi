@@ -16,7 +16,7 @@ class EngineConfig:
     kv_group_size: int = 64
     kv_sink_tokens: int = 8
     kv_window_tokens: int = 128
-    paged_block_size: int = 16
+    paged_block_size: int = 0
     enable_prefix_caching: bool = True
     chunked_prefill_size: int = 512
     max_num_seqs: int = 8

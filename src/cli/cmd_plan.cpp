@@ -29,7 +29,7 @@ struct PlanFlags {
   double reserve_gib = 0, margin_gib = 0;
   int64_t max_model_len = 0, max_num_seqs = 1;
   std::string kv_dtype = "f16", kv_dtype_k, kv_dtype_v;
-  int kv_group_size = 64, kv_sink_tokens = 8, kv_window_tokens = 128, block_size = 16;
+  int kv_group_size = 64, kv_sink_tokens = 8, kv_window_tokens = 128, block_size = 0;
   int64_t chunked_prefill_size = 512;
   int draft_tokens = 0;
   std::string draft_model, draft_preset, draft_weights;
@@ -218,7 +218,8 @@ void add_plan_command(CLI::App& root, int* rc) {
       ->capture_default_str();
   cmd->add_option("--kv-window-tokens", f->kv_window_tokens, "last tokens kept in FP16")
       ->capture_default_str();
-  cmd->add_option("--paged-block-size", f->block_size, "tokens per KV block")
+  cmd->add_option("--paged-block-size", f->block_size,
+                  "tokens per KV block (0: 64 for int8, else 16)")
       ->capture_default_str();
   cmd->add_option("--chunked-prefill-size", f->chunked_prefill_size, "prefill chunk in tokens")
       ->capture_default_str();

@@ -237,7 +237,7 @@ void add_quality_command(CLI::App& root, int* rc) {
   cmd->add_option("--kv-group-size", a->kv.group_size, "int4_asym values per group")
       ->capture_default_str();
   cmd->add_option("--paged-block-size", a->kv.block_size,
-                  "Tokens per KV block (0: 64 for the default 4-bit recipe, else 16)")
+                  "Tokens per KV block (0: 64 for int8, else 16)")
       ->capture_default_str();
   cmd->add_option("--kv-sink-tokens", a->kv.sink_tokens, "First tokens kept in FP16")
       ->capture_default_str();

@@ -11,8 +11,9 @@ void add_kv_engine_flags(CLI::App* cmd, KvCliFlags& f, const std::string& dtype_
   cmd->add_option("--kv-cache-dtype-v", kv.dtype_v, "V format (overrides --kv-cache-dtype)");
   cmd->add_option("--kv-group-size", kv.group_size, "int4_asym group size: 32, 64 or 128")
       ->capture_default_str();
-  cmd->add_option("--paged-block-size", kv.block_size,
-                  "tokens per KV block (and per int4/int8_channel key tile)")
+  cmd->add_option(
+         "--paged-block-size", kv.block_size,
+         "tokens per KV block and per int4/int8_channel key tile (0: 64 for int8, else 16)")
       ->capture_default_str();
   cmd->add_option("--kv-sink-tokens", kv.sink_tokens, "first tokens kept in FP16")
       ->capture_default_str();

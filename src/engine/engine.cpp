@@ -294,6 +294,17 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     policy_ = std::move(rules).value();
   }
   if (Status st = make_regimes(*g, *sha); !st) return st;
+  for (const Regime& r : regimes_) {
+    // A per-channel body block is written as one tile by one pass (Scheduler::chunk_for): a
+    // step budget below the block size could never run a prompt chunk that reaches past it.
+    const planner::KvLayout& l = r.store->layout();
+    if ((planner::is_per_channel(l.k) || planner::is_per_channel(l.v)) && batched < l.block_size) {
+      return Error{fmt::format(
+          "KV regime {} writes {}-token tiles in one pass: --max-num-batched-tokens {} must be at "
+          "least the block size {}",
+          r.label.empty() ? r.name : r.label, l.block_size, batched, l.block_size)};
+    }
+  }
 
   kind = CreateError::kInvalidConfig;
   if (cfg.speculative_draft_tokens > 0) {

@@ -50,25 +50,49 @@ Status Scheduler::finish(kv::SeqId id) {
   return {};
 }
 
+namespace {
+
+bool per_channel_layout(const PagedKvStore& store) {
+  const planner::KvLayout& l = store.layout();
+  return planner::is_per_channel(l.k) || planner::is_per_channel(l.v);
+}
+
+}  // namespace
+
+int64_t Scheduler::prefill_span(const Sequence& s) const {
+  int64_t span = cfg_.chunked_prefill_size;
+  if (per_channel_layout(*s.store)) {
+    // A chunk of a per-channel layout must be able to reach the next block boundary.
+    const int64_t B = s.store->layout().block_size;
+    span = std::max(span, B - s.computed % B);
+  }
+  return span;
+}
+
 int64_t Scheduler::chunk_for(const Sequence& s, int64_t budget) const {
   const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.computed;
   int64_t n = std::min({remaining, budget, cfg_.chunked_prefill_size});
   if (n <= 0) return 0;
-  const planner::KvLayout& l = s.store->layout();
-  const bool per_channel = planner::is_per_channel(l.k) || planner::is_per_channel(l.v);
-  if (per_channel && n < remaining) {
+  if (per_channel_layout(*s.store) && n < remaining) {
     // A body block of a per-channel format is written as a whole tile: a chunk that is not the
-    // last ends on a block boundary (the last one ends in the FP16 window).
-    const int64_t B = l.block_size;
-    n = (s.computed + n) / B * B - s.computed;
+    // last ends on a block boundary (the last one ends in the FP16 window). Rounded down, a
+    // chunk shorter than the rest of its block would be empty, every step, and the sequence
+    // would never run: such a chunk runs to the boundary instead if the step's budget holds it
+    // (--chunked-prefill-size is a target; the budget, which sizes the workspace, is the
+    // limit), and waits for a step with that budget otherwise (Engine refuses a budget below
+    // the block size).
+    const int64_t B = s.store->layout().block_size;
+    const int64_t down = (s.computed + n) / B * B - s.computed;
+    const int64_t up = std::min(remaining, B - s.computed % B);
+    n = down > 0 ? down : up <= budget ? up : 0;
   }
-  return std::max<int64_t>(n, 0);
+  return n;
 }
 
 int64_t Scheduler::tokens_to_hold(const Sequence& s) const {
   const auto known = static_cast<int64_t>(s.tokens.size());
   if (!s.store->has_local_groups()) return known;
-  return std::min(known, s.computed + cfg_.chunked_prefill_size);
+  return std::min(known, s.computed + prefill_span(s));
 }
 
 int64_t Scheduler::tokens_to_hold_at_start(const Sequence& s) const {
@@ -80,7 +104,7 @@ int64_t Scheduler::tokens_to_hold_at_start(const Sequence& s) const {
   // at that length: the window's FP16 roles move with it).
   const int64_t hit = s.store->prefix_hit_tokens(s.tokens);
   if (hit == 0) return n_hold;
-  const int64_t n_try = std::min(known, hit + cfg_.chunked_prefill_size);
+  const int64_t n_try = std::min(known, hit + prefill_span(s));
   const auto first = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(n_try));
   return s.store->prefix_hit_tokens(first) == hit ? n_try : n_hold;
 }

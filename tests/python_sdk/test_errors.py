@@ -10,7 +10,7 @@ BAD_CONFIGS = [
     (dict(max_model_len="long"), "max_model_len must be an int"),
     (dict(kv_group_size=48), "kv_group_size must be 32, 64 or 128"),
     (dict(kv_sink_tokens=-8), "kv_sink_tokens must be >= 0"),
-    (dict(paged_block_size=0), "paged_block_size must be >= 1"),
+    (dict(paged_block_size=-1), "paged_block_size must be >= 0"),
     (dict(chunked_prefill_size=0), "chunked_prefill_size must be >= 1"),
     (dict(max_num_seqs=0), "max_num_seqs must be >= 1"),
     (dict(gpu_memory_utilization=1.5), r"gpu_memory_utilization must be in \(0, 1\]"),

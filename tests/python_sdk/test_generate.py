@@ -236,7 +236,8 @@ def test_kv_regimes_kill_switch_and_per_request_regime():
         out = e.generate("The capital of France is", params)[0]
         assert out.metrics.kv_regime.startswith("int4_asym")
         own = bi.SamplingParams(temperature=0.0, max_tokens=4, kv_cache_dtype="int8")
-        assert e.generate("The capital of France is", own)[0].metrics.kv_regime == "int8"
+        assert e.generate("The capital of France is", own)[0].metrics.kv_regime == \
+            "k=int8_channel_t64 v=int8"
         e.set_force_f16(True)
         assert e.kv_policy()["force_f16"] is True
         assert e.generate("The capital of France is", own)[0].metrics.kv_regime == "f16"

@@ -38,7 +38,7 @@ def test_regimes_policy_override_and_kill_switch(server, client):
     assert info["force_f16"] is False and info["policy"] == "fp8_e4m3:900-"
     default_kv, text4 = kv_of(client)
     assert default_kv.startswith("int4_asym")
-    assert kv_of(client, extra_body={"kv_cache_dtype": "int8"})[0] == "int8"
+    assert kv_of(client, extra_body={"kv_cache_dtype": "int8"})[0] == "k=int8_channel_t64 v=int8"
     # prompt + max_tokens >= 900: the policy's regime
     r = client.completions.create(model="default", prompt="Hello", max_tokens=950, temperature=0,
                                   stop=["."])
@@ -60,4 +60,4 @@ def test_regimes_policy_override_and_kill_switch(server, client):
     server.wait_idle()
     assert server.used_blocks() == 0
     logs = server.logs()
-    assert "kv=f16" in logs and "kv=int8" in logs and "force_f16 on" in logs
+    assert "kv=f16" in logs and "kv=k=int8_channel_t64 v=int8" in logs and "force_f16 on" in logs

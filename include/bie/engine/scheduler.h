@@ -84,6 +84,9 @@ class Scheduler {
  private:
   // Tokens of the next prefill chunk of s within `budget` (0: none fits this step).
   [[nodiscard]] int64_t chunk_for(const Sequence& s, int64_t budget) const;
+  // The most prompt tokens the next chunk of s may take: --chunked-prefill-size, or with a
+  // per-channel layout at least the rest of the block s.computed lies in (see chunk_for).
+  [[nodiscard]] int64_t prefill_span(const Sequence& s) const;
   // Makes the manager hold every known token of s (decode: the last sampled token) and, with
   // draft, its draft tokens (no window exits for those: they may be rolled back).
   [[nodiscard]] bool ensure_blocks(Sequence& s, bool draft = false);
