@@ -2,7 +2,8 @@
 // four concurrent greedy requests give the CPU backend's tokens, except after a step where the
 // CPU's own top-2 margin is a near-tie (the two backends round differently; llama.cpp's own
 // flash-on/off spread on SmolLM2 moves the margin by up to 0.67, tests/golden/README.md), and
-// every block comes back. The start-up refusals on the device are clear.
+// every block comes back; a prefix-cache hit on the device gives the same tokens. The start-up
+// refusal of a regime the device does not run is clear.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -79,6 +80,18 @@ TEST(VulkanEngine, FourConcurrentRequestsGiveTheCpuTokensWhereMarginsAllow) {
   const std::vector<std::vector<int32_t>> got = run_four(**gpu);
   const EngineMetrics gm = (*gpu)->metrics();
   EXPECT_GT(gm.batched_seqs, gm.steps);  // some steps ran several sequences on the device
+  {
+    // The long prompt again: its full blocks come from the device's prefix cache, same tokens.
+    EngineRequest r;
+    r.prompt = (*gpu)->tokenizer().encode(kPrompts[1]);
+    r.sampling.temperature = 0;
+    r.max_tokens = kTokens;
+    Collected c;
+    ASSERT_FALSE((*gpu)->submit(99, r, collect(c)).has_value());
+    c.wait();
+    EXPECT_GE(c.finish->metrics.cached_tokens, 16);
+    EXPECT_EQ(c.tokens, got[1]);
+  }
   (*gpu)->wait_idle();
   EXPECT_EQ(test::used_blocks(**gpu), 0);
   gpu->reset();

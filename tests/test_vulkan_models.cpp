@@ -122,5 +122,108 @@ TEST(VulkanModels, Gemma3WeightsOnTheDeviceMatchTheScalarReference) {
   check_model(test::gemma3_path());
 }
 
+// The whole tied embedding of Gemma 3 as the output layer (262,144 rows, several binding
+// windows on lavapipe), rows sampled across every window, decode and prefill kernels, one and
+// five tokens.
+TEST(VulkanModels, Gemma3OutputLayerAcrossBindingWindowsMatchesTheScalarReference) {
+  BIE_REQUIRE_FILE(test::gemma3_path());
+  auto file = gguf::GgufFile::open(test::gemma3_path());
+  ASSERT_TRUE(file.ok()) << file.error();
+  const gguf::GgufFile& f = **file;
+  const gguf::TensorInfo* t = f.find_tensor("token_embd.weight");
+  ASSERT_NE(t, nullptr);
+  const auto type = static_cast<GgmlType>(t->type);
+  const int64_t n_in = t->ne[0], n_out = t->ne[1];
+  const size_t row_bytes = quant::row_size(type, n_in);
+  VulkanBackendOptions o;
+  o.device_index = lavapipe_index();
+  auto be = VulkanBackend::create(o);
+  ASSERT_TRUE(be.ok()) << be.error();
+  VulkanBackend& gpu = **be;
+  ASSERT_GT(static_cast<uint64_t>(n_out) * row_bytes, gpu.device().max_binding_bytes());
+  auto wb = gpu.upload_weights({f.tensor_data(*t), t->n_bytes});
+  ASSERT_TRUE(wb.ok()) << wb.error();
+  const Tensor w{wb->get(), 0, type, n_out, n_in, row_bytes};
+  const quant::TypeTraits* tr = quant::traits_scalar(type);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (const int64_t n_tok : {int64_t{1}, int64_t{5}}) {
+    std::vector<float> xv(static_cast<size_t>(n_in * n_tok));
+    for (float& v : xv) v = dist(rng);
+    auto xb = gpu.alloc(xv.size() * 4);
+    auto yb = gpu.alloc(static_cast<size_t>(n_out * n_tok) * 4);
+    ASSERT_TRUE(xb.ok() && yb.ok());
+    const Tensor x = tensor_of(**xb, GgmlType::F32, n_tok, n_in);
+    const Tensor y = tensor_of(**yb, GgmlType::F32, n_tok, n_out);
+    gpu.upload(x, xv.data());
+    for (MatmulPath path : {MatmulPath::kDecode, MatmulPath::kPrefill}) {
+      gpu.matmul(w, x, y, path);
+      std::vector<float> got(static_cast<size_t>(n_out * n_tok));
+      gpu.download(y, got.data());
+      ASSERT_TRUE(gpu.status().ok()) << gpu.status().error();
+      std::vector<float> deq(static_cast<size_t>(n_in));
+      for (int64_t r = 0; r < n_out; r += 4099) {
+        tr->to_float(f.tensor_data(*t) + static_cast<size_t>(r) * row_bytes, deq.data(), n_in);
+        for (int64_t tk = 0; tk < n_tok; ++tk) {
+          double ref = 0, abs_sum = 0;
+          for (int64_t k = 0; k < n_in; ++k) {
+            const double p = static_cast<double>(deq[static_cast<size_t>(k)]) * xv[tk * n_in + k];
+            ref += p;
+            abs_sum += std::fabs(p);
+          }
+          ASSERT_NEAR(got[tk * n_out + r], ref, f32_sum_bound(n_in, abs_sum))
+              << "row " << r << " token " << tk << " of " << n_tok
+              << (path == MatmulPath::kDecode ? " decode" : " prefill");
+        }
+      }
+    }
+  }
+}
+
+// Gemma 3's embedding rows gathered through per-row binding windows (the table is larger than
+// one binding), scaled as the decoder scales them.
+TEST(VulkanModels, Gemma3EmbeddingRowsAcrossBindingWindowsMatchTheScalarReference) {
+  BIE_REQUIRE_FILE(test::gemma3_path());
+  auto file = gguf::GgufFile::open(test::gemma3_path());
+  ASSERT_TRUE(file.ok()) << file.error();
+  const gguf::GgufFile& f = **file;
+  const gguf::TensorInfo* t = f.find_tensor("token_embd.weight");
+  ASSERT_NE(t, nullptr);
+  const auto type = static_cast<GgmlType>(t->type);
+  const int64_t n_in = t->ne[0], n_out = t->ne[1];
+  const size_t row_bytes = quant::row_size(type, n_in);
+  VulkanBackendOptions o;
+  o.device_index = lavapipe_index();
+  auto be = VulkanBackend::create(o);
+  ASSERT_TRUE(be.ok()) << be.error();
+  VulkanBackend& gpu = **be;
+  auto wb = gpu.upload_weights({f.tensor_data(*t), t->n_bytes});
+  ASSERT_TRUE(wb.ok()) << wb.error();
+  const Tensor w{wb->get(), 0, type, n_out, n_in, row_bytes};
+  const std::vector<int32_t> ids = {2, 262143, 106, 150000, 2, 7, 200001};
+  const auto n = static_cast<int64_t>(ids.size());
+  auto ib = gpu.alloc(ids.size() * 4);
+  auto ob = gpu.alloc(static_cast<size_t>(n * n_in) * 4);
+  ASSERT_TRUE(ib.ok() && ob.ok());
+  const Tensor idt = tensor_of(**ib, GgmlType::I32, n, 1);
+  const Tensor out = tensor_of(**ob, GgmlType::F32, n, n_in);
+  gpu.upload(idt, ids.data());
+  gpu.get_rows(w, idt, out, 25.3f);
+  std::vector<float> got(static_cast<size_t>(n * n_in));
+  gpu.download(out, got.data());
+  ASSERT_TRUE(gpu.status().ok()) << gpu.status().error();
+  const quant::TypeTraits* tr = quant::traits_scalar(type);
+  std::vector<float> deq(static_cast<size_t>(n_in));
+  for (int64_t i = 0; i < n; ++i) {
+    tr->to_float(f.tensor_data(*t) + static_cast<size_t>(ids[static_cast<size_t>(i)]) * row_bytes,
+                 deq.data(), n_in);
+    for (int64_t k = 0; k < n_in; ++k) {
+      const float want = deq[static_cast<size_t>(k)] * 25.3f;
+      ASSERT_NEAR(got[i * n_in + k], want, 1e-5f * (std::fabs(want) + 1e-3f))
+          << "id " << ids[static_cast<size_t>(i)] << " k " << k;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bie

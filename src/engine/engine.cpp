@@ -369,7 +369,10 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
   // The report's pools (local layer groups with their pass headroom), within the KV budget:
   // --kv-cache-memory is never exceeded.
   const uint64_t planned = page_bytes(report_.groups);
-  budget_ = std::make_unique<kv::MemoryBudget>(std::min(planned, report_.kv_budget_bytes));
+  uint64_t limit = std::min(planned, report_.kv_budget_bytes);
+  // A device binds each pool as one buffer: its budget stops at what one pool may span.
+  if (backend_->supports_paged_kv()) limit = std::min(limit, backend_->max_kv_pool_bytes());
+  budget_ = std::make_unique<kv::MemoryBudget>(limit);
   const KvGeometry geo = model_->hparams().kv_geometry();
   std::string line;
   for (const auto& [name, why] : wanted) {

@@ -181,6 +181,12 @@ Status PagedKvStore::alloc_device_pools() {
       d.v_tile_bytes = f.v_tile;
       if (pool.n_blocks() == 0) continue;
       const size_t bytes = static_cast<size_t>(pool.n_blocks()) * pool.block_bytes();
+      if (bytes > be.max_kv_pool_bytes()) {
+        return Error{fmt::format(
+            "a KV pool of {} blocks ({} MiB) is larger than the {} device binds at once ({} MiB); "
+            "lower --max-model-len or --kv-cache-memory",
+            pool.n_blocks(), bytes >> 20, be.name(), be.max_kv_pool_bytes() >> 20)};
+      }
       auto buf = be.alloc(bytes);
       if (!buf) {
         return Error{fmt::format("KV pool of {} blocks ({} bytes) on the {} device: {}",

@@ -250,6 +250,8 @@ class Backend {
   // jobs on its host pools) answers an error naming the operation; the KV storage calls them only
   // on a backend that supports_paged_kv().
   [[nodiscard]] virtual bool supports_paged_kv() const { return false; }
+  // Bytes one KV pool may span (a device binds a pool as one shader binding).
+  [[nodiscard]] virtual uint64_t max_kv_pool_bytes() const { return UINT64_MAX; }
   // Whether the KV operations take pools of these K / V formats (planner::KvType ids), keys
   // Hadamard-rotated or not.
   [[nodiscard]] virtual bool supports_kv_types(uint8_t /*k_type*/, uint8_t /*v_type*/,

@@ -609,7 +609,6 @@ Status Device::sync() {
       !s.ok()) {
     return s;
   }
-  ++submits_;
   f.vkResetFences(device_, 1, &fence_);
   f.vkResetCommandBuffer(cmd_, 0);
   f.vkResetDescriptorPool(device_, desc_pool_, 0);

@@ -109,9 +109,6 @@ class Device {
   // Bytes of device memory this Device holds now (buffers and staging), from the allocations.
   [[nodiscard]] uint64_t allocated_bytes() const { return allocated_bytes_; }
   [[nodiscard]] uint64_t dispatch_count() const { return dispatches_; }
-  // Submissions so far (each sync() that had work recorded): work recorded before submission k
-  // has finished once submit_count() > k.
-  [[nodiscard]] uint64_t submit_count() const { return submits_; }
   // Bytes one binding may span (maxStorageBufferRange, at most 2^31 so that shader offsets in
   // 32-bit words and bytes never overflow) and the alignment of a binding's offset.
   [[nodiscard]] size_t max_binding_bytes() const;
@@ -147,7 +144,6 @@ class Device {
   std::map<std::string, Pipeline> pipelines_;
   uint64_t allocated_bytes_ = 0;
   uint64_t dispatches_ = 0;
-  uint64_t submits_ = 0;
 };
 
 }  // namespace bie::vk

@@ -14,34 +14,39 @@ namespace bie::vk {
 #define BIE_VK_GLOBAL_FNS(X) \
   X(vkEnumerateInstanceVersion) X(vkEnumerateInstanceExtensionProperties) X(vkCreateInstance)
 
-#define BIE_VK_INSTANCE_FNS(X)                                                            \
-  X(vkDestroyInstance)                                                                    \
-  X(vkEnumeratePhysicalDevices)                                                           \
-  X(vkGetPhysicalDeviceProperties)                                                        \
-  X(vkGetPhysicalDeviceProperties2)                                                       \
-  X(vkGetPhysicalDeviceFeatures2) X(vkGetPhysicalDeviceMemoryProperties)                  \
-      X(vkGetPhysicalDeviceMemoryProperties2) X(vkGetPhysicalDeviceQueueFamilyProperties) \
-          X(vkEnumerateDeviceExtensionProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr)
+#define BIE_VK_INSTANCE_FNS(X)                                                        \
+  X(vkDestroyInstance)                                                                \
+  X(vkEnumeratePhysicalDevices)                                                       \
+  X(vkGetPhysicalDeviceProperties)                                                    \
+  X(vkGetPhysicalDeviceProperties2)                                                   \
+  X(vkGetPhysicalDeviceFeatures2)                                                     \
+  X(vkGetPhysicalDeviceMemoryProperties)                                              \
+  X(vkGetPhysicalDeviceMemoryProperties2) X(vkGetPhysicalDeviceQueueFamilyProperties) \
+      X(vkEnumerateDeviceExtensionProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr)
 
 #define BIE_VK_DEVICE_FNS(X)                                                                       \
   X(vkDestroyDevice)                                                                               \
   X(vkGetDeviceQueue)                                                                              \
   X(vkDeviceWaitIdle)                                                                              \
-  X(vkCreateBuffer) X(vkDestroyBuffer) X(vkGetBufferMemoryRequirements) X(vkAllocateMemory) X(     \
-      vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) X(vkUnmapMemory) X(vkCreateShaderModule)  \
-      X(vkDestroyShaderModule) X(vkCreateDescriptorSetLayout) X(vkDestroyDescriptorSetLayout)      \
-          X(vkCreatePipelineLayout) X(vkDestroyPipelineLayout) X(vkCreatePipelineCache)            \
-              X(vkDestroyPipelineCache) X(vkCreateComputePipelines) X(vkDestroyPipeline)           \
-                  X(vkCreateDescriptorPool) X(vkDestroyDescriptorPool) X(vkResetDescriptorPool) X( \
-                      vkAllocateDescriptorSets) X(vkUpdateDescriptorSets) X(vkCreateCommandPool)   \
-                      X(vkDestroyCommandPool) X(vkAllocateCommandBuffers) X(vkBeginCommandBuffer)  \
-                          X(vkEndCommandBuffer) X(vkResetCommandBuffer) X(vkCmdBindPipeline)       \
-                              X(vkCmdBindDescriptorSets) X(vkCmdPushConstants) X(vkCmdDispatch)    \
-                                  X(vkCmdPipelineBarrier) X(vkCmdCopyBuffer) X(vkCmdFillBuffer)    \
-                                      X(vkQueueSubmit) X(vkCreateFence) X(vkDestroyFence)          \
-                                          X(vkWaitForFences) X(vkResetFences) X(vkCreateSemaphore) \
-                                              X(vkDestroySemaphore) X(vkGetSemaphoreCounterValue)  \
-                                                  X(vkWaitSemaphores)
+  X(vkCreateBuffer)                                                                                \
+  X(vkDestroyBuffer)                                                                               \
+  X(vkGetBufferMemoryRequirements) X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory)       \
+      X(vkMapMemory) X(vkUnmapMemory) X(vkCreateShaderModule) X(vkDestroyShaderModule)             \
+          X(vkCreateDescriptorSetLayout) X(vkDestroyDescriptorSetLayout) X(vkCreatePipelineLayout) \
+              X(vkDestroyPipelineLayout) X(vkCreatePipelineCache) X(vkDestroyPipelineCache) X(     \
+                  vkCreateComputePipelines) X(vkDestroyPipeline) X(vkCreateDescriptorPool)         \
+                  X(vkDestroyDescriptorPool) X(vkResetDescriptorPool) X(vkAllocateDescriptorSets)  \
+                      X(vkUpdateDescriptorSets) X(vkCreateCommandPool) X(vkDestroyCommandPool)     \
+                          X(vkAllocateCommandBuffers) X(vkBeginCommandBuffer)                      \
+                              X(vkEndCommandBuffer) X(vkResetCommandBuffer) X(vkCmdBindPipeline)   \
+                                  X(vkCmdBindDescriptorSets) X(vkCmdPushConstants)                 \
+                                      X(vkCmdDispatch) X(vkCmdPipelineBarrier) X(vkCmdCopyBuffer)  \
+                                          X(vkCmdFillBuffer) X(vkQueueSubmit) X(vkCreateFence)     \
+                                              X(vkDestroyFence) X(vkWaitForFences)                 \
+                                                  X(vkResetFences) X(vkCreateSemaphore)            \
+                                                      X(vkDestroySemaphore)                        \
+                                                          X(vkGetSemaphoreCounterValue)            \
+                                                              X(vkWaitSemaphores)
 
 struct Fns {
   PFN_vkGetInstanceProcAddr vkGetInstanceProcAddr = nullptr;

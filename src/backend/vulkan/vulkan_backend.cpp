@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "bie/backend/ops.h"
@@ -39,6 +41,20 @@ uint32_t off4(const Tensor& t) {
 }
 uint32_t stride4(const Tensor& t) {
   return static_cast<uint32_t>(t.row_bytes / 4);
+}
+// A small read-only view (a norm weight, a bias) that may lie anywhere in the model's weight
+// buffer: bound from an aligned offset at or before it (a whole-buffer binding spans at most
+// max_binding_bytes, and the data section of a large model is longer); *off4 is its first
+// element within the binding.
+vk::BufferRef near_ref(vk::Device& dev, const Tensor& t, uint32_t* off4) {
+  if (t.offset + t.bytes() <= dev.max_binding_bytes()) {
+    *off4 = static_cast<uint32_t>(t.offset / 4);
+    return vk::BufferRef{&vbuf(t)};
+  }
+  const size_t align = dev.binding_alignment();
+  const size_t bind = t.offset / align * align;
+  *off4 = static_cast<uint32_t>((t.offset - bind) / 4);
+  return vk::BufferRef{&vbuf(t), bind, (t.offset - bind + t.bytes() + 3) / 4 * 4};
 }
 uint32_t div_up(int64_t a, int64_t b) {
   return static_cast<uint32_t>((a + b - 1) / b);
@@ -144,34 +160,37 @@ void VulkanBackend::run(const char* name, std::initializer_list<vk::BufferRef> b
   if (Status s = dev_->dispatch(**p, bufs, &push, gx, gy, gz); !s.ok()) fail(s.error());
 }
 
-vk::BufferRef VulkanBackend::params(const void* data, size_t bytes) {
+std::array<vk::BufferRef, 2> VulkanBackend::params(std::span<const uint8_t> a,
+                                                   std::span<const uint8_t> b) {
   const size_t align = std::max<size_t>(dev_->binding_alignment(), 16);
-  const size_t need = (bytes + 15) / 16 * 16;
-  if (ring_submit_ != dev_->submit_count()) {  // everything recorded before has run
-    ring_used_ = 0;
-    ring_submit_ = dev_->submit_count();
-  }
-  size_t off = (ring_used_ + align - 1) / align * align;
+  const auto up = [](size_t n, size_t k) { return (n + k - 1) / k * k; };
+  const size_t na = up(std::max<size_t>(a.size(), 4), 16);
+  const size_t nb = up(std::max<size_t>(b.size(), 4), 16);
+  const size_t b_at = up(na, align);  // b's offset from a's
+  const size_t need = b_at + nb;
+  size_t off = up(ring_used_, align);
   if (!ring_.valid() || off + need > ring_.size) {
-    if (Status s = dev_->sync(); !s.ok()) {
-      fail(s.error());
-      return vk::BufferRef{nullptr};
+    // Wrap: everything recorded so far (which may read any byte of the ring) runs first.
+    if (Status st = dev_->sync(); !st.ok()) {
+      fail(st.error());
+      return {vk::BufferRef{nullptr}, vk::BufferRef{nullptr}};
     }
-    ring_submit_ = dev_->submit_count();
     off = 0;
     if (!ring_.valid() || need > ring_.size) {
       dev_->destroy(ring_);
-      auto nb = dev_->create_host_buffer(std::max<size_t>(need * 2, size_t{4} << 20));
-      if (!nb.ok()) {
-        fail(nb.error());
-        return vk::BufferRef{nullptr};
+      auto r = dev_->create_host_buffer(std::max<size_t>(need * 2, size_t{4} << 20));
+      if (!r.ok()) {
+        fail(r.error());
+        return {vk::BufferRef{nullptr}, vk::BufferRef{nullptr}};
       }
-      ring_ = *nb;
+      ring_ = *r;
     }
   }
-  std::memcpy(static_cast<uint8_t*>(ring_.mapped) + off, data, bytes);
+  auto* base = static_cast<uint8_t*>(ring_.mapped) + off;
+  if (!a.empty()) std::memcpy(base, a.data(), a.size());
+  if (!b.empty()) std::memcpy(base + b_at, b.data(), b.size());
   ring_used_ = off + need;
-  return vk::BufferRef{&ring_, off, need};
+  return {vk::BufferRef{&ring_, off, na}, vk::BufferRef{&ring_, off + b_at, nb}};
 }
 
 // ---- memory -------------------------------------------------------------------------------------
@@ -302,7 +321,7 @@ void VulkanBackend::get_rows(const Tensor& table, const Tensor& ids, const Tenso
   std::vector<int32_t> host_ids(static_cast<size_t>(n));
   download(ids, host_ids.data());
   const int32_t zero = 0;
-  const vk::BufferRef zero_id = params(&zero, sizeof zero);
+  const vk::BufferRef zero_id = params({reinterpret_cast<const uint8_t*>(&zero), sizeof zero})[0];
   if (zero_id.buffer == nullptr) return;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t id = host_ids[static_cast<size_t>(i)];
@@ -321,23 +340,27 @@ void VulkanBackend::get_rows(const Tensor& table, const Tensor& ids, const Tenso
 }
 
 void VulkanBackend::rms_norm(const Tensor& x, const Tensor& w, const Tensor& out, float eps) {
+  uint32_t w_off = 0;
+  const vk::BufferRef wref = near_ref(*dev_, w, &w_off);
   NormPush p{static_cast<uint32_t>(x.rows),
              static_cast<uint32_t>(x.cols),
              off4(x),
              stride4(x),
-             off4(w),
+             w_off,
              off4(out),
              stride4(out),
              eps};
   const auto gx = static_cast<uint32_t>(std::min<int64_t>(x.rows, 65535));
-  run("rms_norm", {whole(x), whole(w), whole(out)}, p, gx, div_up(x.rows, gx));
+  run("rms_norm", {whole(x), wref, whole(out)}, p, gx, div_up(x.rows, gx));
 }
 
 void VulkanBackend::add(const Tensor& x, const Tensor& y) {
+  uint32_t y_off = 0;
+  const vk::BufferRef yref = near_ref(*dev_, y, &y_off);  // y may be a bias in the weights
   BinPush p{
-      static_cast<uint32_t>(x.rows), static_cast<uint32_t>(x.cols), off4(x), stride4(x), off4(y),
+      static_cast<uint32_t>(x.rows), static_cast<uint32_t>(x.cols), off4(x), stride4(x), y_off,
       y.rows == 1 ? 0u : stride4(y)};
-  run("add", {whole(x), whole(y)}, p, div_up(x.cols, 256), static_cast<uint32_t>(x.rows));
+  run("add", {whole(x), yref}, p, div_up(x.cols, 256), static_cast<uint32_t>(x.rows));
 }
 
 void VulkanBackend::scale(const Tensor& x, float s) {
@@ -462,8 +485,10 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
   }
   std::vector<int32_t> table(m.block_table.size() + 1, 0);
   for (size_t i = 0; i < m.block_table.size(); ++i) table[i] = m.block_table[i].block;
-  const vk::BufferRef tb = params(table.data(), table.size() * 4);
-  const vk::BufferRef mb = params(meta.data(), meta.size() * 4);
+  // One ring allocation for both (a wrap between two could let later parameters overwrite the
+  // first before the dispatch runs).
+  const auto [tb, mb] = params({reinterpret_cast<const uint8_t*>(table.data()), table.size() * 4},
+                               {reinterpret_cast<const uint8_t*>(meta.data()), meta.size() * 4});
   if (tb.buffer == nullptr || mb.buffer == nullptr) return error_;
   const size_t layer_bytes =
       static_cast<size_t>(m.n_head_kv) * (pool.k_tile_bytes + pool.v_tile_bytes);
@@ -508,7 +533,8 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
     slot[i] = m.slots[i].block.block;
     slot[n + i] = m.slots[i].row;
   }
-  const vk::BufferRef sb = params(slot.data(), slot.size() * 4);
+  const vk::BufferRef sb =
+      params({reinterpret_cast<const uint8_t*>(slot.data()), slot.size() * 4})[0];
   if (sb.buffer == nullptr) return error_;
   const size_t layer_bytes =
       static_cast<size_t>(m.n_head_kv) * (pool.k_tile_bytes + pool.v_tile_bytes);

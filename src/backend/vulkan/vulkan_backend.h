@@ -11,7 +11,9 @@
 // status() reports it; callers check status() after synchronize().
 #pragma once
 
+#include <array>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "backend/vulkan/vk_context.h"
@@ -61,6 +63,7 @@ class VulkanBackend final : public Backend {
   // fp16 KV pools only (both K and V planner::KvType::kF16); quantised formats are refused with
   // an error naming them (the quantised regimes on the GPU are a later issue).
   [[nodiscard]] bool supports_paged_kv() const override { return true; }
+  [[nodiscard]] uint64_t max_kv_pool_bytes() const override { return dev_->max_binding_bytes(); }
   // fp16 K and V, unrotated (the quantised KV formats on the device are the next step).
   [[nodiscard]] bool supports_kv_types(uint8_t k_type, uint8_t v_type,
                                        bool rotate_keys) const override;
@@ -78,17 +81,18 @@ class VulkanBackend final : public Backend {
   void run(const char* name, std::initializer_list<vk::BufferRef> bufs, const Push& push,
            uint32_t gx, uint32_t gy = 1, uint32_t gz = 1);
   void fail(const std::string& what);
-  // `data` in the parameter ring: a host-visible buffer written front to back between
-  // submissions (so no recorded dispatch reads bytes written after it), reset at each
-  // submission; a full ring submits what is recorded first. Empty ref on failure (recorded).
-  [[nodiscard]] vk::BufferRef params(const void* data, size_t bytes);
+  // a (and b) in the parameter ring, a host-visible buffer written front to back: bytes of the
+  // ring are rewritten only after a wrap, and a wrap first runs everything recorded, so a ref
+  // stays valid for dispatches recorded until the next params() call (take every parameter of a
+  // dispatch from one call). Empty refs on failure (recorded in status()).
+  [[nodiscard]] std::array<vk::BufferRef, 2> params(std::span<const uint8_t> a,
+                                                    std::span<const uint8_t> b = {});
 
   std::unique_ptr<vk::Device> dev_;
   ThreadPool pool_;
   Status error_;
   vk::Buffer ring_;
   size_t ring_used_ = 0;
-  uint64_t ring_submit_ = 0;  // dev_->submit_count() when ring_used_ was last reset
   size_t weight_window_bytes_ = 0;
   uint32_t subgroup_size_ = 0;  // the device's reported subgroup size (matvec rows per group)
 };

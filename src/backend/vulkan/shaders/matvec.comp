@@ -11,6 +11,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
@@ -30,13 +31,18 @@ void main() {
     if (row >= p.n_out) break;  // uniform per subgroup
     const uint roff = p.w_off + row * p.row_bytes;
     float acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    // Constant trip counts (unrolled: acc stays in registers); tokens past nt are skipped.
     for (uint k = lane; k < p.n_in; k += gl_SubgroupSize) {
       const float wk = wget(roff, k);
-      for (uint j = 0u; j < nt; ++j) acc[j] += wk * x[p.x_off + (t0 + j) * p.x_stride + k];
+      [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+        if (j < nt) acc[j] += wk * x[p.x_off + (t0 + j) * p.x_stride + k];
+      }
     }
-    for (uint j = 0u; j < nt; ++j) {
-      const float s = subgroupAdd(acc[j]);
-      if (subgroupElect()) y[p.y_off + (t0 + j) * p.y_stride + row] = s;
+    [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+      if (j < nt) {
+        const float s = subgroupAdd(acc[j]);
+        if (subgroupElect()) y[p.y_off + (t0 + j) * p.y_stride + row] = s;
+      }
     }
   }
 }
