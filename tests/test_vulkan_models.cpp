@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -122,29 +123,57 @@ TEST(VulkanModels, Gemma3WeightsOnTheDeviceMatchTheScalarReference) {
   check_model(test::gemma3_path());
 }
 
+// Gemma 3's tied embedding (262,144 rows, larger than one binding on lavapipe) on the device.
+class Gemma3Embedding : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BIE_REQUIRE_FILE(test::gemma3_path());
+    auto file = gguf::GgufFile::open(test::gemma3_path());
+    ASSERT_TRUE(file.ok()) << file.error();
+    file_ = std::move(file).value();
+    t_ = file_->find_tensor("token_embd.weight");
+    ASSERT_NE(t_, nullptr);
+    type = static_cast<GgmlType>(t_->type);
+    n_in = t_->ne[0];
+    n_out = t_->ne[1];
+    row_bytes = quant::row_size(type, n_in);
+    VulkanBackendOptions o;
+    o.device_index = lavapipe_index();
+    auto be = VulkanBackend::create(o);
+    ASSERT_TRUE(be.ok()) << be.error();
+    be_ = std::move(be).value();
+    ASSERT_GT(static_cast<uint64_t>(n_out) * row_bytes, be_->device().max_binding_bytes());
+    auto wb = be_->upload_weights({file_->tensor_data(*t_), t_->n_bytes});
+    ASSERT_TRUE(wb.ok()) << wb.error();
+    wb_ = std::move(wb).value();
+    w = Tensor{wb_.get(), 0, type, n_out, n_in, row_bytes};
+  }
+  void TearDown() override {
+    wb_.reset();
+    be_.reset();
+  }
+  // Row r of the table, dequantised by the scalar reference.
+  std::vector<float> row(int64_t r) const {
+    std::vector<float> deq(static_cast<size_t>(n_in));
+    quant::traits_scalar(type)->to_float(
+        file_->tensor_data(*t_) + static_cast<size_t>(r) * row_bytes, deq.data(), n_in);
+    return deq;
+  }
+  std::unique_ptr<gguf::GgufFile> file_;
+  const gguf::TensorInfo* t_ = nullptr;
+  std::unique_ptr<VulkanBackend> be_;
+  std::unique_ptr<DeviceBuffer> wb_;
+  GgmlType type = GgmlType::F32;
+  int64_t n_in = 0, n_out = 0;
+  size_t row_bytes = 0;
+  Tensor w;
+};
+
 // The whole tied embedding of Gemma 3 as the output layer (262,144 rows, several binding
 // windows on lavapipe), rows sampled across every window, decode and prefill kernels, one and
 // five tokens.
-TEST(VulkanModels, Gemma3OutputLayerAcrossBindingWindowsMatchesTheScalarReference) {
-  BIE_REQUIRE_FILE(test::gemma3_path());
-  auto file = gguf::GgufFile::open(test::gemma3_path());
-  ASSERT_TRUE(file.ok()) << file.error();
-  const gguf::GgufFile& f = **file;
-  const gguf::TensorInfo* t = f.find_tensor("token_embd.weight");
-  ASSERT_NE(t, nullptr);
-  const auto type = static_cast<GgmlType>(t->type);
-  const int64_t n_in = t->ne[0], n_out = t->ne[1];
-  const size_t row_bytes = quant::row_size(type, n_in);
-  VulkanBackendOptions o;
-  o.device_index = lavapipe_index();
-  auto be = VulkanBackend::create(o);
-  ASSERT_TRUE(be.ok()) << be.error();
-  VulkanBackend& gpu = **be;
-  ASSERT_GT(static_cast<uint64_t>(n_out) * row_bytes, gpu.device().max_binding_bytes());
-  auto wb = gpu.upload_weights({f.tensor_data(*t), t->n_bytes});
-  ASSERT_TRUE(wb.ok()) << wb.error();
-  const Tensor w{wb->get(), 0, type, n_out, n_in, row_bytes};
-  const quant::TypeTraits* tr = quant::traits_scalar(type);
+TEST_F(Gemma3Embedding, OutputLayerAcrossBindingWindowsMatchesTheScalarReference) {
+  VulkanBackend& gpu = *be_;
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (const int64_t n_tok : {int64_t{1}, int64_t{5}}) {
@@ -161,9 +190,8 @@ TEST(VulkanModels, Gemma3OutputLayerAcrossBindingWindowsMatchesTheScalarReferenc
       std::vector<float> got(static_cast<size_t>(n_out * n_tok));
       gpu.download(y, got.data());
       ASSERT_TRUE(gpu.status().ok()) << gpu.status().error();
-      std::vector<float> deq(static_cast<size_t>(n_in));
       for (int64_t r = 0; r < n_out; r += 4099) {
-        tr->to_float(f.tensor_data(*t) + static_cast<size_t>(r) * row_bytes, deq.data(), n_in);
+        const std::vector<float> deq = row(r);
         for (int64_t tk = 0; tk < n_tok; ++tk) {
           double ref = 0, abs_sum = 0;
           for (int64_t k = 0; k < n_in; ++k) {
@@ -182,24 +210,8 @@ TEST(VulkanModels, Gemma3OutputLayerAcrossBindingWindowsMatchesTheScalarReferenc
 
 // Gemma 3's embedding rows gathered through per-row binding windows (the table is larger than
 // one binding), scaled as the decoder scales them.
-TEST(VulkanModels, Gemma3EmbeddingRowsAcrossBindingWindowsMatchTheScalarReference) {
-  BIE_REQUIRE_FILE(test::gemma3_path());
-  auto file = gguf::GgufFile::open(test::gemma3_path());
-  ASSERT_TRUE(file.ok()) << file.error();
-  const gguf::GgufFile& f = **file;
-  const gguf::TensorInfo* t = f.find_tensor("token_embd.weight");
-  ASSERT_NE(t, nullptr);
-  const auto type = static_cast<GgmlType>(t->type);
-  const int64_t n_in = t->ne[0], n_out = t->ne[1];
-  const size_t row_bytes = quant::row_size(type, n_in);
-  VulkanBackendOptions o;
-  o.device_index = lavapipe_index();
-  auto be = VulkanBackend::create(o);
-  ASSERT_TRUE(be.ok()) << be.error();
-  VulkanBackend& gpu = **be;
-  auto wb = gpu.upload_weights({f.tensor_data(*t), t->n_bytes});
-  ASSERT_TRUE(wb.ok()) << wb.error();
-  const Tensor w{wb->get(), 0, type, n_out, n_in, row_bytes};
+TEST_F(Gemma3Embedding, RowsAcrossBindingWindowsMatchTheScalarReference) {
+  VulkanBackend& gpu = *be_;
   const std::vector<int32_t> ids = {2, 262143, 106, 150000, 2, 7, 200001};
   const auto n = static_cast<int64_t>(ids.size());
   auto ib = gpu.alloc(ids.size() * 4);
@@ -212,11 +224,8 @@ TEST(VulkanModels, Gemma3EmbeddingRowsAcrossBindingWindowsMatchTheScalarReferenc
   std::vector<float> got(static_cast<size_t>(n * n_in));
   gpu.download(out, got.data());
   ASSERT_TRUE(gpu.status().ok()) << gpu.status().error();
-  const quant::TypeTraits* tr = quant::traits_scalar(type);
-  std::vector<float> deq(static_cast<size_t>(n_in));
   for (int64_t i = 0; i < n; ++i) {
-    tr->to_float(f.tensor_data(*t) + static_cast<size_t>(ids[static_cast<size_t>(i)]) * row_bytes,
-                 deq.data(), n_in);
+    const std::vector<float> deq = row(ids[static_cast<size_t>(i)]);
     for (int64_t k = 0; k < n_in; ++k) {
       const float want = deq[static_cast<size_t>(k)] * 25.3f;
       ASSERT_NEAR(got[i * n_in + k], want, 1e-5f * (std::fabs(want) + 1e-3f))
