@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -515,9 +516,17 @@ TEST(Server, MetricsText) {
   ASSERT_EQ(r->status, 200);
   EXPECT_NE(r->get_header_value("Content-Type").find("text/plain"), std::string::npos);
   ASSERT_TRUE(h.post("/v1/completions", json{{"prompt", "abc"}, {"max_tokens", 3}}));
-  r = h.client->Get("/metrics");
-  ASSERT_TRUE(r);
-  const std::string& m = r->body;
+  // The server counts a response once it has been sent, so a scrape right after the reply may
+  // come first: scrape until the completion is counted (at most ~5 s).
+  const std::string counted =
+      "bie_http_responses_total{route=\"/v1/completions\",status=\"200\"} 1";
+  std::string m;
+  for (int i = 0; i < 250 && m.find(counted) == std::string::npos; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    r = h.client->Get("/metrics");
+    ASSERT_TRUE(r);
+    m = r->body;
+  }
   for (const char* line :
        {"bie_model_loaded{model=\"fake-model\"} 1", "bie_kv_blocks_total{format=\"f16\"} 64",
         "bie_kv_blocks_used{format=\"f16\"} 0", "bie_kv_blocks_free{format=\"f16\"} 64",

@@ -324,10 +324,12 @@ int main(int argc, char** argv) {
                           std::chrono::milliseconds(static_cast<int64_t>(a.drain_seconds * 1000));
     for (;;) {
       const bie::EngineMetrics m = engine->metrics();
-      if (m.requests_running == 0 && m.requests_waiting == 0) break;
+      // Live counts (the running/waiting gauges come from the last step, and a first step on a
+      // slow device can outlast a request that just arrived).
+      if (m.requests_in_flight == 0) break;
       if (std::chrono::steady_clock::now() >= deadline) {
         std::fprintf(stderr, "bie-serve: drain timeout: cancelling %lld running request(s)\n",
-                     static_cast<long long>(m.requests_running + m.requests_waiting));
+                     static_cast<long long>(m.requests_in_flight));
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -570,6 +570,7 @@ void EngineImpl::cancel(RequestId id) {
 EngineMetrics EngineImpl::metrics() const {
   std::lock_guard lk(mu_);
   EngineMetrics m = snapshot_;
+  m.requests_in_flight = static_cast<int64_t>(live_.size());
   m.admission_refusals = refusals_;
   m.force_f16 = force_f16_;
   return m;

@@ -36,6 +36,10 @@ class ServerProcess:
                *args]
         if DEVICE:
             cmd += ["--device", DEVICE]
+            if "--drain-timeout" not in args:
+                # lavapipe (a CPU Vulkan driver) compiles each shader on first use and runs a
+                # 135M model at a few tokens per second: running requests get longer to finish.
+                cmd += ["--drain-timeout", "300"]
         if api_key:
             cmd += ["--api-key", api_key]
         self.log_path = f"/tmp/bie-serve-test-{self.port}.log"

@@ -11,7 +11,7 @@ import openai
 import pytest
 import requests
 
-from conftest import MODEL, ServerProcess
+from conftest import DEVICE, MODEL, ServerProcess
 
 KEY = "e2e-test-key"
 MAX_LEN = 1024
@@ -247,7 +247,8 @@ def test_sigterm_finishes_inflight_and_exits_0():
     t = threading.Thread(target=stream)
     t.start()
     time.sleep(0.3)
-    assert s.stop(signal.SIGTERM) == 0
+    # A CPU Vulkan driver (BIE_E2E_DEVICE) runs the 40 tokens at a few per second.
+    assert s.stop(signal.SIGTERM, timeout=600 if DEVICE else 60) == 0
     t.join(timeout=30)
     logs = s.logs()
     assert result["lines"][-1] == b"data: [DONE]"

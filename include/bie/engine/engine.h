@@ -169,6 +169,9 @@ struct EngineMetrics {
   std::vector<Pool> pools;
   int64_t requests_running = 0;
   int64_t requests_waiting = 0;
+  // Accepted requests with a choice not finished yet (live now, not from the last step's
+  // snapshot: a request inside a long first step counts).
+  int64_t requests_in_flight = 0;
   int64_t requests_finished = 0;
   int64_t prompt_tokens = 0;           // counter: prompt tokens of admitted requests
   int64_t computed_prompt_tokens = 0;  // prompt tokens actually run (not cache hits)
