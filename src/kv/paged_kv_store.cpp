@@ -492,12 +492,8 @@ Status PagedKvStore::execute_copies(int g, std::span<const kv::KvCopy> copies) {
 Status PagedKvStore::write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, const Tensor& v,
                            Backend& backend) {
   if (!on_device()) {
-    backend.synchronize();
-    const auto* kp = static_cast<const float*>(k.host());
-    const auto* vp = static_cast<const float*>(v.host());
-    if (kp == nullptr || vp == nullptr) {
-      return Error{"KV pools in host memory, but K/V live on the " + backend.name() + " device"};
-    }
+    float *kp = nullptr, *vp = nullptr;
+    if (Status st = host_rows(backend, k, v, "K/V", &kp, &vp); !st) return st;
     store(s, il, pos0, k.rows, kp, vp);
     return {};
   }
@@ -526,13 +522,8 @@ Status PagedKvStore::write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, c
 Status PagedKvStore::attention(kv::SeqId s, int il, int64_t pos0, const Tensor& q, int n_head,
                                float scale, const Tensor& out, Backend& backend, int64_t window) {
   if (!on_device()) {
-    backend.synchronize();
-    const auto* qp = static_cast<const float*>(q.host());
-    auto* op = static_cast<float*>(out.host());
-    if (qp == nullptr || op == nullptr) {
-      return Error{"KV pools in host memory, but queries live on the " + backend.name() +
-                   " device"};
-    }
+    float *qp = nullptr, *op = nullptr;
+    if (Status st = host_rows(backend, q, out, "queries", &qp, &op); !st) return st;
     attend(s, il, pos0, q.rows, qp, n_head, scale, op, backend.host_threads(), window);
     return {};
   }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "bie/backend/backend.h"
@@ -74,26 +75,32 @@ class KvCache {
   [[nodiscard]] virtual Status truncate(int64_t n) = 0;
 };
 
+// For KV storage in host memory: waits for the backend, then the host addresses of two F32
+// tensors (`what` names them in the error when they live on a device instead).
+[[nodiscard]] inline Status host_rows(Backend& backend, const Tensor& a, const Tensor& b,
+                                      const char* what, float** pa, float** pb) {
+  backend.synchronize();
+  *pa = static_cast<float*>(a.host());
+  *pb = static_cast<float*>(b.host());
+  if (*pa == nullptr || *pb == nullptr) {
+    return Error{std::string("KV cache in host memory, but ") + what + " live on the " +
+                 backend.name() + " device"};
+  }
+  return {};
+}
+
 inline Status KvCache::write(int il, int64_t pos0, const Tensor& k, const Tensor& v,
                              Backend& backend) {
-  backend.synchronize();
-  const auto* kp = static_cast<const float*>(k.host());
-  const auto* vp = static_cast<const float*>(v.host());
-  if (kp == nullptr || vp == nullptr) {
-    return Error{"KV cache in host memory, but K/V live on the " + backend.name() + " device"};
-  }
+  float *kp = nullptr, *vp = nullptr;
+  if (Status st = host_rows(backend, k, v, "K/V", &kp, &vp); !st) return st;
   store(il, pos0, k.rows, kp, vp);
   return {};
 }
 
 inline Status KvCache::attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
                                  const Tensor& out, Backend& backend, int64_t window) {
-  backend.synchronize();
-  const auto* qp = static_cast<const float*>(q.host());
-  auto* op = static_cast<float*>(out.host());
-  if (qp == nullptr || op == nullptr) {
-    return Error{"KV cache in host memory, but queries live on the " + backend.name() + " device"};
-  }
+  float *qp = nullptr, *op = nullptr;
+  if (Status st = host_rows(backend, q, out, "queries", &qp, &op); !st) return st;
   attend(il, pos0, q.rows, qp, n_head, scale, op, backend, window);
   return {};
 }
