@@ -7,6 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "bie/backend/device.h"
+#include "bie/engine/kv_setup.h"
 #include "bie/planner/planner.h"
 #include "bie/planner/presets.h"
 #include "support/gguf_builder.h"
@@ -104,6 +106,43 @@ TEST(CliPlan, RealSmolLM2) {
             188743680);  // 23040 B/token x 8192: the engine's f16 cache
   EXPECT_EQ(j["weights"]["bytes"], 96576768);
   EXPECT_TRUE(j["weights"]["exact"].get<bool>());
+}
+
+// `bie plan --device vulkan:0` (lavapipe in CI) states the budget the engine's start-up report
+// states on that device: the data section as the weights, the exact device workspace, usable =
+// 0.90 x the device-local heaps, the KV budget stopping at one binding (the engine's allocations
+// equal its report: tests/test_vulkan_engine.cpp).
+TEST(CliPlan, VulkanDeviceStatesTheEnginesDeviceBudget) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  const CliResult r =
+      run_bie("plan --device vulkan:0 --model " + test::smollm2_path() +
+              " --max-model-len 512 --max-num-seqs 4 --chunked-prefill-size 32 --json --no-compare");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["device"]["name"], "vulkan:0");
+
+  auto devices = list_vulkan_devices();
+  ASSERT_TRUE(devices.ok() && !devices->empty()) << devices.error();
+  auto g = planner::geometry_from_gguf_path(test::smollm2_path());
+  ASSERT_TRUE(g.ok()) << g.error();
+  KvEngineOptions o;
+  o.kv.dtype = "f16";
+  o.max_model_len = 512;
+  o.max_num_seqs = 4;
+  o.chunked_prefill_size = 32;
+  o.require_all_seqs = false;
+  o.device = DeviceMemoryInfo{"vulkan:0", (*devices)[0].device_local_total(),
+                              (*devices)[0].device_local_available()};
+  o.workspace_bytes = planner::device_workspace_bytes(*g, 32, 4);
+  o.max_pool_bytes = (*devices)[0].max_binding_bytes();
+  auto rep = plan_kv_setup(*g, *g->data_bytes, g->n_ctx_train, o);
+  ASSERT_TRUE(rep.ok()) << rep.error();
+  const auto& b = j["budget"];
+  EXPECT_EQ(b["weights_bytes"].get<uint64_t>(), rep->weights_bytes);
+  EXPECT_EQ(b["activation_bytes"].get<uint64_t>(), rep->workspace_bytes);
+  EXPECT_EQ(b["workspace_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(b["usable_bytes"].get<uint64_t>(), rep->usable_bytes);
+  EXPECT_EQ(b["kv_budget_bytes"].get<uint64_t>(), rep->kv_budget_bytes);
 }
 
 std::string write_temp(const std::string& name, const std::string& text);

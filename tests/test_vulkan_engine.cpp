@@ -3,7 +3,8 @@
 // CPU's own top-2 margin is a near-tie (the two backends round differently; llama.cpp's own
 // flash-on/off spread on SmolLM2 moves the margin by up to 0.67, tests/golden/README.md), and
 // every block comes back; a prefix-cache hit on the device gives the same tokens. The start-up
-// refusal of a regime the device does not run is clear.
+// refusal of a regime the device does not run is clear. What the device allocates equals the
+// start-up report, and a context the device budget cannot hold is refused with the number.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -137,6 +138,85 @@ TEST(VulkanEngine, QuantisedKvRegimeOnTheDeviceIsRefusedWithTheWayOut) {
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.error().find("does not run on the vulkan"), std::string::npos) << e.error();
   EXPECT_NE(e.error().find("--kv-cache-dtype f16"), std::string::npos) << e.error();
+}
+
+// Memory truth on the device: after start-up the device-local buffers (counted by the backend at
+// each allocation) are exactly the report's weights + workspace + KV pools, and serving requests
+// allocates nothing more.
+void expect_allocations_equal_the_report(const std::string& model, int64_t max_model_len,
+                                         int max_tokens) {
+  EngineConfig cfg = config("vulkan:0");
+  cfg.model = model;
+  cfg.kv.kv_cache_memory.reset();
+  cfg.kv.device_memory = 1ull << 30;
+  cfg.kv.max_model_len = max_model_len;
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.error();
+  const KvSetupReport& r = (*e)->kv_report();
+  EXPECT_EQ(r.device.rfind("vulkan:0 (", 0), 0u) << r.device;
+  EXPECT_EQ(r.device_bytes, 1ull << 30);
+  const uint64_t planned = r.weights_bytes + r.workspace_bytes + r.kv_pool_bytes();
+  const EngineMetrics m0 = (*e)->metrics();
+  std::printf("%s on the device: planned %llu = weights %llu + workspace %llu + KV %llu; "
+              "allocated %llu\n",
+              model.c_str(), static_cast<unsigned long long>(planned),
+              static_cast<unsigned long long>(r.weights_bytes),
+              static_cast<unsigned long long>(r.workspace_bytes),
+              static_cast<unsigned long long>(r.kv_pool_bytes()),
+              static_cast<unsigned long long>(m0.device_bytes));
+  EXPECT_EQ(m0.device_bytes, planned);
+  EXPECT_LE(planned, r.usable_bytes);
+  EngineRequest q;
+  q.prompt = (*e)->tokenizer().encode(kPrompts[1]);
+  q.sampling.temperature = 0;
+  q.max_tokens = max_tokens;
+  Collected c;
+  ASSERT_FALSE((*e)->submit(1, q, collect(c)).has_value());
+  c.wait();
+  ASSERT_TRUE(c.finish.has_value() && c.finish->error.empty())
+      << (c.finish ? c.finish->error : "no finish");
+  (*e)->wait_idle();
+  const EngineMetrics m1 = (*e)->metrics();
+  EXPECT_EQ(m1.device_bytes, planned);
+  EXPECT_EQ(m1.device_peak_bytes, planned);
+}
+
+TEST(VulkanEngine, DeviceAllocationsEqualTheStartUpReport) {
+  BIE_REQUIRE_FILE(test::smollm2_path());
+  expect_allocations_equal_the_report("default", 512, 4);
+}
+
+TEST(VulkanEngine, DeviceAllocationsEqualTheStartUpReportWithSlidingWindowGroups) {
+  BIE_REQUIRE_FILE(test::gemma3_path());
+  expect_allocations_equal_the_report("gemma3", 256, 2);  // two layer groups' pools
+}
+
+// A --max-model-len the device budget cannot hold is refused at start-up with the largest that
+// fits, and that one starts (nothing spills to host memory: there is no host KV on a device).
+TEST(VulkanEngine, MaxModelLenBeyondTheDeviceBudgetIsRefusedWithTheNumber) {
+  BIE_REQUIRE_FILE(test::smollm2_path());
+  EngineConfig cfg = config("vulkan:0");
+  cfg.kv.kv_cache_memory.reset();
+  cfg.kv.device_memory = 200ull << 20;  // 180 MiB usable: ~75 MiB of KV after the weights
+  cfg.kv.max_model_len = 8192;
+  CreateError kind{};
+  auto e = Engine::create(cfg, &kind);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(kind, CreateError::kOutOfBudget);
+  const std::string key = "the largest context that fits is ";
+  const size_t at = e.error().find(key);
+  ASSERT_NE(at, std::string::npos) << e.error();
+  const int64_t fit = std::stoll(e.error().substr(at + key.size()));
+  EXPECT_GT(fit, 1024) << e.error();
+  EXPECT_LT(fit, 8192) << e.error();
+  cfg.kv.max_model_len = fit;
+  auto ok = Engine::create(cfg);
+  ASSERT_TRUE(ok.ok()) << ok.error();
+  EXPECT_LE((*ok)->metrics().device_bytes, (*ok)->kv_report().usable_bytes);
+  ok->reset();
+  cfg.kv.max_model_len = fit + 16;  // one more block
+  auto over = Engine::create(cfg);
+  EXPECT_FALSE(over.ok());
 }
 
 }  // namespace

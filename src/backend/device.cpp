@@ -47,6 +47,26 @@ uint64_t GpuDeviceInfo::device_local_bytes() const {
   return total;
 }
 
+uint64_t GpuDeviceInfo::device_local_total() const {
+  uint64_t total = 0;
+  for (const GpuMemoryHeap& h : heaps) {
+    if (h.device_local) total += h.size;
+  }
+  return total;
+}
+
+uint64_t GpuDeviceInfo::device_local_available() const {
+  uint64_t total = 0;
+  for (const GpuMemoryHeap& h : heaps) {
+    if (h.device_local && h.has_budget) total += h.budget;
+  }
+  return total;
+}
+
+uint64_t GpuDeviceInfo::max_binding_bytes() const {
+  return std::min<uint64_t>(max_storage_buffer_range, uint64_t{1} << 31) / 16 * 16;
+}
+
 Result<std::vector<GpuDeviceInfo>> list_vulkan_devices() {
 #if BIE_HAVE_VULKAN
   return vk::enumerate_devices();

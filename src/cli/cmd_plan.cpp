@@ -2,12 +2,16 @@
 // Parses flags into a PlanRequest, calls the planner and prints the report.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "bie/backend/device.h"
+#include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
 #include "bie/planner/device_profile.h"
 #include "bie/planner/kv_layout_flags.h"
@@ -38,6 +42,47 @@ struct PlanFlags {
   std::string svg;
   bool list_devices = false, list_presets = false, list_weights = false;
 };
+
+// A Vulkan device of this machine (`--device vulkan[:N]`) as a profile: its device-local memory
+// and what VK_EXT_memory_budget says is available, the engine's default utilization, one
+// binding's span; the bandwidth of a profile that describes the same card, else unknown.
+Result<planner::DeviceProfile> vulkan_device_profile(const std::string& name) {
+  auto spec = parse_device_spec(name);
+  if (!spec) return Error{"--device: " + spec.error()};
+  auto devices = list_vulkan_devices();
+  auto r = resolve_device(*spec, devices);
+  if (!r) return Error{"--device: " + r.error()};
+  const auto it = std::find_if(devices->begin(), devices->end(), [&](const GpuDeviceInfo& d) {
+    return d.index == r->vulkan_index;
+  });
+  if (it == devices->end()) return Error{"--device: no Vulkan device " + name};
+  const GpuDeviceInfo& d = *it;
+  planner::DeviceProfile p;
+  p.name = fmt::format("vulkan:{}", d.index);
+  p.description = d.name;
+  p.kind = planner::DeviceKind::kVulkan;
+  p.memory_gib = static_cast<double>(d.device_local_total()) / static_cast<double>(1ull << 30);
+  p.available_bytes = d.device_local_available();
+  p.max_pool_bytes = d.max_binding_bytes();
+  p.usable_fraction = KvEngineOptions{}.gpu_memory_utilization;  // the engine's default
+  p.tuned_fraction = p.usable_fraction;
+  const auto lower = [](std::string t) {
+    std::transform(t.begin(), t.end(), t.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return t;
+  };
+  std::string bw_from = "bandwidth unknown (give --bandwidth)";
+  for (const planner::DeviceProfile& known : planner::device_profiles()) {
+    if (lower(known.description).rfind(lower(d.name), 0) == 0) {
+      p.bandwidth_gbs = known.bandwidth_gbs;
+      bw_from = "bandwidth of the " + known.name + " profile";
+      break;
+    }
+  }
+  p.source = fmt::format("Vulkan device-local heaps{}; {}",
+                         p.available_bytes > 0 ? " and VK_EXT_memory_budget" : "", bw_from);
+  return p;
+}
 
 Result<planner::ModelGeometry> load_model(const std::string& model, const std::string& config,
                                           const std::string& preset, std::string_view what) {
@@ -109,7 +154,11 @@ int run_plan(const PlanFlags& f) {
         "no weight sizes for a preset or config.json: give --weights (e.g. Q4_K_M, AWQ, F16)");
   }
 
-  if (!f.device.empty()) {
+  if (f.device.rfind("vulkan", 0) == 0) {
+    auto d = vulkan_device_profile(f.device);
+    if (!d) return fail(d.error());
+    req.device = d.value();
+  } else if (!f.device.empty()) {
     auto d = planner::find_device(f.device, /*measure_cpu=*/true);
     if (!d) return fail(d.error());
     req.device = d.value();
@@ -189,7 +238,9 @@ void add_plan_command(CLI::App& root, int* rc) {
                   "weight quantisation for presets/config.json, or to override a GGUF's "
                   "(Q4_K_M, AWQ, FP8, F16, ...; see --list-weights)");
 
-  cmd->add_option("--device", f->device, "accelerator profile (see --list-devices), or cpu");
+  cmd->add_option("--device", f->device,
+                  "accelerator profile (see --list-devices), cpu, or vulkan[:N] (this machine's "
+                  "Vulkan device, as the engine allocates on it)");
   cmd->add_option("--vram", f->vram_gib, "device memory in GiB (overrides the profile's)");
   cmd->add_option("--bandwidth", f->bandwidth_gbs,
                   "memory bandwidth in GB/s (overrides the profile's)");

@@ -249,6 +249,10 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   if (!path) return Error{path.error()};
   LoadOptions lo;
   lo.max_batch_tokens = static_cast<int32_t>(batched);
+  // Logits rows of one step: a row per running sequence, one per verified draft token too.
+  const int64_t out_rows =
+      std::min<int64_t>(batched, o.max_num_seqs * (1 + int64_t{cfg.speculative_draft_tokens}));
+  lo.max_output_rows = static_cast<int32_t>(out_rows);
   auto model = load_model(*path, lo);
   if (!model) return Error{model.error()};
   model_ = std::move(model).value();
@@ -280,7 +284,8 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   kind = CreateError::kOutOfBudget;          // what plan_kv_setup can still refuse
   plan_opts.chunked_prefill_size = batched;  // the workspace holds one step's tokens
   plan_opts.require_all_seqs = false;
-  auto rep = plan_kv_setup(*g, model_->weight_bytes(), model_->hparams().n_ctx_train, plan_opts);
+  const uint64_t weights = apply_backend_memory(plan_opts, *g, *model_, *backend_, out_rows);
+  auto rep = plan_kv_setup(*g, weights, model_->hparams().n_ctx_train, plan_opts);
   if (!rep) return Error{rep.error()};
   report_ = std::move(rep).value();
   max_model_len_ = report_.max_model_len;
@@ -294,6 +299,11 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     policy_ = std::move(rules).value();
   }
   if (Status st = make_regimes(*g, *sha); !st) return st;
+  if (plan_opts.device) {
+    // On a device the weights and the workspace are held from start-up, as the report says.
+    kind = CreateError::kOutOfBudget;
+    if (Status st = model_->bind(*backend_); !st) return st;
+  }
   for (const Regime& r : regimes_) {
     // A per-channel body block is written as one tile by one pass (Scheduler::chunk_for): a
     // step budget below the block size could never run a prompt chunk that reaches past it.
@@ -399,7 +409,13 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
     sc.budget = budget_.get();
     sc.events = cfg_.kv_events;
     sc.events_medium = name.empty() ? label : name;
-    if (backend_->supports_paged_kv()) sc.device = backend_.get();  // pools on the device
+    if (backend_->supports_paged_kv()) {
+      sc.device = backend_.get();  // pools on the device
+      if (label == report_.layout_label) {
+        sc.groups = report_.groups;  // allocated as the report plans them
+        sc.pools_as_given = true;
+      }
+    }
     auto store = PagedKvStore::create(sc);
     if (!store) return Error{store.error()};
     // The longest single sequence the budget holds in this regime (page-rounded blocks).
@@ -1037,6 +1053,9 @@ void EngineImpl::publish_metrics() {
   EngineMetrics m = m_;
   m.kv_budget_bytes = budget_->limit();
   m.kv_committed_bytes = budget_->committed();
+  const DeviceMemoryUse dev = backend_->device_memory_use();
+  m.device_bytes = dev.bytes;
+  m.device_peak_bytes = dev.peak_bytes;
   // Pools by storage format across regimes; totals are what the whole budget holds in it.
   std::map<std::string, EngineMetrics::Pool> by_format;
   int64_t queried = 0, hits = 0;

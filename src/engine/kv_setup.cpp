@@ -91,13 +91,15 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
   r.layout_label = planner::kv_layout_label(r.layout);
   if (o.max_model_len < 0) return Error{"--max-model-len must be >= 1"};
   r.max_model_len = effective_max_model_len(o.max_model_len, n_ctx_train);
+  if (o.device) r.device = o.device->device;
   if (o.max_num_seqs < 1) return Error{"--max-num-seqs must be >= 1"};
   if (o.chunked_prefill_size < 1) return Error{"--chunked-prefill-size must be >= 1"};
   r.max_num_seqs = o.max_num_seqs;
   r.chunked_prefill_size = o.chunked_prefill_size;
   r.weights_bytes = weights_bytes;
   r.draft_bytes = o.draft_bytes;
-  r.workspace_bytes = planner::activation_bytes(g, o.chunked_prefill_size, o.max_num_seqs);
+  r.workspace_bytes = o.workspace_bytes.value_or(
+      planner::activation_bytes(g, o.chunked_prefill_size, o.max_num_seqs));
   r.bytes_per_token = planner::kv_bytes_per_token(g, r.layout.k, r.layout.v);
   // Pools include the local layer groups' prefill-pass headroom (planner::kv_pool_plan).
   const int64_t chunk = o.chunked_prefill_size;
@@ -113,6 +115,8 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
     }
     if (o.device_memory) {
       r.device_bytes = *o.device_memory;
+    } else if (o.device) {
+      r.device_bytes = o.device->total;
     } else {
       auto ram = physical_memory_bytes();
       if (!ram) return Error{ram.error() + " (give --device-memory or --kv-cache-memory)"};
@@ -121,6 +125,12 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
     r.utilization = o.gpu_memory_utilization;
     r.usable_bytes =
         static_cast<uint64_t>(static_cast<double>(r.device_bytes) * o.gpu_memory_utilization);
+    // Other processes' use of the device: never plan past what the driver says is available.
+    if (o.device && !o.device_memory && o.device->available > 0 &&
+        o.device->available < r.usable_bytes) {
+      r.usable_bytes = o.device->available;
+      r.device_available = o.device->available;
+    }
     const uint64_t fixed = r.weights_bytes + r.workspace_bytes + r.draft_bytes;
     if (fixed >= r.usable_bytes) {
       return Error{fmt::format(
@@ -132,20 +142,36 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
     }
     r.kv_budget_bytes = r.usable_bytes - fixed;
   }
+  if (o.max_pool_bytes > 0 && r.kv_budget_bytes > o.max_pool_bytes) {
+    // Each pool is one device buffer bound whole by the attention shader: the KV budget stops at
+    // what one binding spans (the pools of every group together, so each one fits).
+    r.kv_budget_bytes = o.max_pool_bytes;
+    r.kv_binding_capped = true;
+  }
   r.max_concurrency = r.seq_bytes > 0 ? static_cast<int64_t>(r.kv_budget_bytes / r.seq_bytes) : 0;
   r.tokens_fit =
       planner::kv_max_tokens(g, r.layout, r.kv_budget_bytes, 1, planner::kMaxPlanContext, chunk);
   if (r.max_concurrency < (o.require_all_seqs ? r.max_num_seqs : 1)) {
+    const std::string way_out =
+        r.kv_binding_capped
+            ? fmt::format(" (the KV budget stops at what one device binding spans: {} on this "
+                          "device, each KV pool being one buffer)",
+                          bytes(o.max_pool_bytes))
+            : fmt::format(", or raise {}", r.explicit_kv_memory
+                                               ? "--kv-cache-memory"
+                                               : "--gpu-memory-utilization / --device-memory");
     return Error{fmt::format(
         "the KV budget {} holds {} of the {} sequence(s) of --max-model-len {} asked for at {} "
         "(one needs {}); the largest context that fits is {} tokens per sequence; lower "
-        "--max-model-len or the KV dtype, or raise {}",
+        "--max-model-len or the KV dtype{}",
         bytes(r.kv_budget_bytes), r.max_concurrency, r.max_num_seqs, r.max_model_len,
         r.layout_label, bytes(r.seq_bytes),
-        r.max_num_seqs > 1 ? planner::kv_max_tokens(g, r.layout, r.kv_budget_bytes, r.max_num_seqs,
-                                                    planner::kMaxPlanContext, chunk)
-                           : r.tokens_fit,
-        r.explicit_kv_memory ? "--kv-cache-memory" : "--gpu-memory-utilization / --device-memory")};
+        // The serving engine needs one sequence to fit (require_all_seqs false).
+        o.require_all_seqs && r.max_num_seqs > 1
+            ? planner::kv_max_tokens(g, r.layout, r.kv_budget_bytes, r.max_num_seqs,
+                                     planner::kMaxPlanContext, chunk)
+            : r.tokens_fit,
+        way_out)};
   }
 
   const planner::KvPoolPlan want =
@@ -198,10 +224,23 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
   return r;
 }
 
+uint64_t apply_backend_memory(KvEngineOptions& opts, const planner::ModelGeometry& g,
+                              const Model& model, const Backend& backend, int64_t out_rows) {
+  std::optional<DeviceMemoryInfo> mem = backend.device_memory();
+  if (!mem) return model.weight_bytes();
+  opts.device = std::move(mem);
+  opts.workspace_bytes = planner::device_workspace_bytes(g, opts.chunked_prefill_size, out_rows);
+  if (backend.supports_paged_kv()) opts.max_pool_bytes = backend.max_kv_pool_bytes();
+  return model.file().data_section().size();
+}
+
 Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts, Backend* device) {
   auto g = planner::geometry_from_gguf(model.file());
   if (!g) return Error{g.error()};
-  auto r = plan_kv_setup(*g, model.weight_bytes(), model.hparams().n_ctx_train, opts);
+  KvEngineOptions o = opts;
+  const uint64_t weights = device != nullptr ? apply_backend_memory(o, *g, model, *device, 1)
+                                             : model.weight_bytes();
+  auto r = plan_kv_setup(*g, weights, model.hparams().n_ctx_train, o);
   if (!r) return Error{r.error()};
   PagedKvCacheConfig c;
   c.geometry = model.hparams().kv_geometry();
@@ -227,9 +266,23 @@ std::string format_kv_report(const KvSetupReport& r) {
       r.draft_bytes > 0 ? fmt::format(" + draft model {}", bytes(r.draft_bytes)) : "";
   if (r.explicit_kv_memory) {
     s += fmt::format(
-        "memory: weights {} + workspace {} (chunk {}){} + KV pools {} (--kv-cache-memory {})\n",
+        "memory{}: weights {} + workspace {} (chunk {}){} + KV pools {} (--kv-cache-memory {}{})\n",
+        r.device.empty() ? "" : " on " + r.device, bytes(r.weights_bytes),
+        bytes(r.workspace_bytes), r.chunked_prefill_size, draft, bytes(r.kv_pool_bytes()),
+        bytes(r.kv_budget_bytes), r.kv_binding_capped ? ", what one device binding spans" : "");
+  } else if (!r.device.empty()) {
+    // On a device: every byte named here is a device buffer (the weights as uploaded).
+    const std::string avail =
+        r.device_available > 0
+            ? fmt::format("; {} available (VK_EXT_memory_budget)", bytes(r.device_available))
+            : "";
+    s += fmt::format(
+        "memory on {}: budget {} ({:.2f} x {} device-local{}) = weights {} + workspace {} (chunk "
+        "{}){} + KV {}{} (pools {})\n",
+        r.device, bytes(r.usable_bytes), r.utilization, bytes(r.device_bytes), avail,
         bytes(r.weights_bytes), bytes(r.workspace_bytes), r.chunked_prefill_size, draft,
-        bytes(r.kv_pool_bytes()), bytes(r.kv_budget_bytes));
+        bytes(r.kv_budget_bytes), r.kv_binding_capped ? ", what one device binding spans" : "",
+        bytes(r.kv_pool_bytes()));
   } else {
     s += fmt::format(
         "memory: budget {} ({:.2f} x {}) = weights {} + workspace {} (chunk {}){} + KV {} (pools "

@@ -57,7 +57,7 @@ Result<BlockManager> BlockManager::create(const BlockManagerConfig& cfg) {
   BlockManager m(cfg);
   std::array<int64_t, kPoolKinds> counts = {cfg.fp16_blocks, cfg.body_blocks};
   const std::array<uint64_t, kPoolKinds> bytes = {cfg.fp16_block_bytes, cfg.body_block_bytes};
-  if (cfg.budget) {
+  if (cfg.budget && !cfg.sizes_as_given) {
     // Ids for as many blocks as the whole budget could hold; the budget bounds what is used.
     counts[idx(PoolKind::kFp16)] = 0;
     for (int p = 0; p < kPoolKinds; ++p) {

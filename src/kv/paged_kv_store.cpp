@@ -125,6 +125,7 @@ Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreCon
     mc.body_block_bytes = p.body_block_bytes;
     mc.reserve_memory = cfg.device == nullptr;  // a host store writes into the pools' memory
     mc.budget = cfg.budget;
+    mc.sizes_as_given = cfg.pools_as_given;
     mc.events = cfg.events;
     mc.events_medium =
         n_groups == 1 ? cfg.events_medium : fmt::format("{}/g{}", cfg.events_medium, gi);

@@ -34,6 +34,7 @@ class DecoderModel final : public Model {
       : spec_(spec) {
     file_ = std::move(file);
     max_batch_ = opts.max_batch_tokens;
+    max_out_ = std::max<int32_t>(1, opts.max_output_rows);
     Binder b(*file_);
     read_hparams(b);
     bind_weights(b);
@@ -41,6 +42,7 @@ class DecoderModel final : public Model {
   }
 
   Result<std::span<float>> forward_batch(std::span<const BatchSequence> seqs, Backend& be) override;
+  Status bind(Backend& be) override;
 
  private:
   // Weights are tensors of the backend buffer that holds the file's data section (offsets from
@@ -85,12 +87,11 @@ class DecoderModel final : public Model {
 
   void read_hparams(Binder& b);
   void bind_weights(Binder& b);
-  // Uploads the weights to `be` and allocates the workspace there, unless bound to it already.
-  [[nodiscard]] Status bind(Backend& be);
   [[nodiscard]] Result<Tensor> alloc(Backend& be, quant::GgmlType type, int64_t rows, int64_t cols);
 
   const ArchSpec& spec_;
   int32_t max_batch_ = 512;
+  int32_t max_out_ = 1;  // logits rows allocated by bind()
   float attn_scale_ = 1.0f;  // 1/sqrt(head_dim), or the architecture's own rule
   float softcap_ = 0.0f;     // final logit soft-capping; 0 = none
   Tensor tok_embd_;          // [n_embd, n_vocab] rows are token embeddings
@@ -245,6 +246,13 @@ Status DecoderModel::bind(Backend& be) {
     }
     *s.t = *t;
   }
+  auto logits = be.alloc(static_cast<size_t>(max_out_) * static_cast<size_t>(hp.n_vocab) * 4);
+  if (!logits.ok()) {
+    ws_ = Workspace{};
+    return Error{logits.error()};
+  }
+  ws_.logits_buf = std::move(logits).value();
+  ws_.logits = tensor_of(*ws_.logits_buf, quant::GgmlType::F32, max_out_, hp.n_vocab);
   bound_backend_ = be.id();
   return {};
 }

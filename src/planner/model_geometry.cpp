@@ -209,6 +209,7 @@ Result<ModelGeometry> geometry_from_gguf(const gguf::GgufFile& f) {
     return Error{s.error()};
   }
   g.head_dim = dk;
+  g.n_rot = f.get_int(A + "rope.dimension_count").value_or(dk);
   g.n_ctx_train = f.get_int(A + "context_length").value_or(0);
   if (auto v = f.get_int(A + "vocab_size")) {
     g.n_vocab = *v;
@@ -315,6 +316,7 @@ Result<ModelGeometry> geometry_from_gguf(const gguf::GgufFile& f) {
   g.n_params_active = params_active;
   g.weight_bytes = bytes;
   g.weight_bytes_active = bytes_active;
+  g.data_bytes = f.data_section().size();
   std::string types;
   for (const auto& [name, b] : by_type) {
     types += fmt::format("{}{} {:.1f} MB", types.empty() ? "" : ", ", name, b / 1e6);

@@ -133,8 +133,17 @@ std::string render_plan_text(const Plan& p) {
   row(fmt::format("usable = device {} x {:.2f} - reserve {}", gib(b.device_bytes), b.utilization,
                   gib(b.reserve_bytes)),
       static_cast<double>(b.usable_bytes));
-  row("- weights", static_cast<double>(b.weights_bytes));
-  row(fmt::format("- activations (prefill chunk {})", p.chunked_prefill_size),
+  const bool vulkan = p.device.kind == DeviceKind::kVulkan;
+  if (vulkan && p.device.available_bytes > 0 &&
+      b.usable_bytes == p.device.available_bytes) {
+    line(fmt::format("  (usable stops at the {} GiB VK_EXT_memory_budget says is available)",
+                     gib(static_cast<double>(p.device.available_bytes))));
+  }
+  row(vulkan ? "- weights (the GGUF data section, on the device)" : "- weights",
+      static_cast<double>(b.weights_bytes));
+  row(vulkan ? fmt::format("- activations (device workspace, exact; chunk {})",
+                           p.chunked_prefill_size)
+             : fmt::format("- activations (prefill chunk {})", p.chunked_prefill_size),
       static_cast<double>(b.activation_bytes));
   row("- runtime workspace", static_cast<double>(b.workspace_bytes));
   row(fmt::format("- speculative state ({} draft tokens)", p.speculative_draft_tokens),
@@ -157,6 +166,11 @@ std::string render_plan_text(const Plan& p) {
         "          FITS: {} GiB of {} GiB usable, headroom {} GiB{}", gib(r.total_bytes),
         gib(b.usable_bytes), gib(r.headroom_bytes),
         b.margin_bytes > 0 ? fmt::format(" beyond the {} GiB margin", gib(b.margin_bytes)) : ""));
+  } else if (r.headroom_bytes >= 0) {
+    line(fmt::format(
+        "          DOES NOT FIT: the KV pools need {} MiB, more than the {} MiB one device "
+        "binding spans",
+        r.kv_bytes >> 20, p.device.max_pool_bytes >> 20));
   } else {
     line(fmt::format("          DOES NOT FIT: needs {} GiB, {} GiB more than the {} GiB usable",
                      gib(r.total_bytes), gib(-static_cast<double>(r.headroom_bytes)),

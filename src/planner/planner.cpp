@@ -116,6 +116,17 @@ uint64_t activation_bytes(const ModelGeometry& g, int64_t chunk, int64_t n_seqs)
   return per_chunk + logits;
 }
 
+uint64_t device_workspace_bytes(const ModelGeometry& g, int64_t batch_tokens, int64_t out_rows) {
+  const int64_t q = g.n_head * g.head_dim;
+  const int64_t kv = g.n_head_kv() * g.head_dim;
+  const int64_t rope_tables = g.n_swa_layers() > 0 ? 2 : 1;
+  const int64_t n_rot = g.n_rot > 0 ? g.n_rot : g.head_dim;
+  // x, xn, proj; q, attn; k, v; gate, up; cos/sin; ids, pos (4-byte values throughout).
+  const int64_t values = 3 * g.n_embd + 2 * q + 2 * kv + 2 * g.n_ff + rope_tables * n_rot + 2;
+  return 4 * (static_cast<uint64_t>(batch_tokens) * static_cast<uint64_t>(values) +
+              static_cast<uint64_t>(out_rows) * static_cast<uint64_t>(g.n_vocab));
+}
+
 double decode_tok_s_bound(double bandwidth_gbs, uint64_t bytes_per_token) {
   if (bytes_per_token == 0) return 0;
   return bandwidth_gbs * 1e9 / static_cast<double>(bytes_per_token);
@@ -155,8 +166,22 @@ Result<Plan> make_plan(const PlanRequest& req) {
   const double usable =
       static_cast<double>(b.device_bytes) * b.utilization - static_cast<double>(b.reserve_bytes);
   b.usable_bytes = usable > 0 ? static_cast<uint64_t>(usable) : 0;
+  const bool vulkan = req.device.kind == DeviceKind::kVulkan;
+  if (vulkan && req.device.available_bytes > 0) {
+    b.usable_bytes = std::min(b.usable_bytes, req.device.available_bytes);
+  }
+  if (vulkan && g.data_bytes && !req.weights) {
+    plan.weights.bytes = *g.data_bytes;  // the data section is uploaded whole
+    plan.weights.label = "GGUF data section, uploaded to the device";
+  }
   b.weights_bytes = plan.weights.bytes;
-  b.activation_bytes = activation_bytes(g, req.chunked_prefill_size, S);
+  // The engine's pass: max(chunk, sequences) tokens, a logits row per sequence and draft token.
+  b.activation_bytes =
+      vulkan ? device_workspace_bytes(
+                   g, std::max(req.chunked_prefill_size, S),
+                   std::min(std::max(req.chunked_prefill_size, S),
+                            S * (1 + int64_t{req.speculative_draft_tokens})))
+             : activation_bytes(g, req.chunked_prefill_size, S);
   b.workspace_bytes = gib_to_bytes(req.workspace_gib.value_or(req.device.workspace_gib));
   b.margin_bytes = gib_to_bytes(req.margin_gib);
   if (req.speculative_draft_tokens > 0) {
@@ -175,6 +200,14 @@ Result<Plan> make_plan(const PlanRequest& req) {
     }
   }
   b.kv_budget_bytes = static_cast<int64_t>(b.usable_bytes) - static_cast<int64_t>(b.fixed_bytes());
+  if (vulkan && req.device.max_pool_bytes > 0 &&
+      b.kv_budget_bytes > static_cast<int64_t>(req.device.max_pool_bytes)) {
+    b.kv_budget_bytes = static_cast<int64_t>(req.device.max_pool_bytes);
+    plan.notes.push_back(fmt::format(
+        "the KV budget stops at {} MiB: each KV pool is one device buffer that one shader "
+        "binding spans (the device's maxStorageBufferRange)",
+        req.device.max_pool_bytes >> 20));
+  }
 
   std::vector<KvLayout> layouts{req.layout};
   if (req.compare_formats) {
@@ -210,7 +243,8 @@ Result<Plan> make_plan(const PlanRequest& req) {
     o.kv_bytes = kv_pool_plan(g, layout, L, S, chunk).total_bytes();
     o.total_bytes = b.fixed_bytes() + o.kv_bytes;
     o.headroom_bytes = static_cast<int64_t>(b.usable_bytes) - static_cast<int64_t>(o.total_bytes);
-    o.fits = o.headroom_bytes >= 0;
+    o.fits = o.headroom_bytes >= 0 &&
+             (!vulkan || req.device.max_pool_bytes == 0 || o.kv_bytes <= req.device.max_pool_bytes);
     if (b.kv_budget_bytes > 0) {
       const auto kv_budget = static_cast<uint64_t>(b.kv_budget_bytes);
       o.max_context = kv_max_tokens(g, layout, kv_budget, S, kMaxPlanContext, chunk);

@@ -118,6 +118,11 @@ std::string ServerMetrics::render(const EngineMetrics* m, const std::string& mod
       gauge(out, name, help, "gauge");
       out += fmt::format("{} {}\n", name, v);
     };
+    plain_gauge("bie_device_memory_bytes",
+                "device-local buffers held on the GPU (weights, workspace, KV pools); 0 on the CPU",
+                static_cast<double>(m->device_bytes));
+    plain_gauge("bie_device_memory_peak_bytes", "most device-local bytes held since start",
+                static_cast<double>(m->device_peak_bytes));
     counter("bie_prefix_cache_queried_blocks_total", "full prompt blocks looked up",
             m->prefix_queried_blocks);
     counter("bie_prefix_cache_hit_blocks_total", "prompt blocks found in the prefix cache",

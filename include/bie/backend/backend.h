@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -186,6 +187,24 @@ struct KvBlockQuantise {
   int32_t rows = 0;
 };
 
+// The memory of a device that is not the host: what the engine's budget is taken from when no
+// --device-memory is given (the CPU backend has none: host memory is physical RAM).
+struct DeviceMemoryInfo {
+  std::string device;      // "vulkan:0 (NVIDIA GeForce RTX 4060)"
+  uint64_t total = 0;      // bytes of the device-local heaps
+  uint64_t available = 0;  // VK_EXT_memory_budget: what this process may use (0: not reported)
+};
+
+// Device-local buffers a backend holds, from its allocations (host-visible staging and parameter
+// buffers apart). The CPU backend's buffers are host memory and not counted.
+struct DeviceMemoryUse {
+  uint64_t bytes = 0;        // asked for by the live buffers (what the memory plan counts)
+  uint64_t alloc_bytes = 0;  // what the driver allocated for them (alignment rounds up)
+  uint64_t peak_bytes = 0;   // most `bytes` held at once
+  uint64_t buffers = 0;      // live buffers
+  uint64_t host_bytes = 0;   // host-visible buffers (staging, parameters), as allocated
+};
+
 struct BackendConfig {
   std::string device = "cpu";  // "cpu" (the names available_devices() lists)
   int n_threads = 0;           // host threads (CPU backend: compute threads); 0 = all cores
@@ -219,6 +238,11 @@ class Backend {
   // The first failure of an operation since the backend was made (operations return void; a
   // device backend that fails one records it and skips the rest). The CPU backend never fails.
   [[nodiscard]] virtual Status status() const { return {}; }
+  // A device backend's memory (nullopt: the model runs in host memory).
+  [[nodiscard]] virtual std::optional<DeviceMemoryInfo> device_memory() const {
+    return std::nullopt;
+  }
+  [[nodiscard]] virtual DeviceMemoryUse device_memory_use() const { return {}; }
 
   // ---- dense operations (F32 activations [rows, cols], row-wise) ------------------------------
   // y[t] = W x[t] for each of x's rows, with the kernel family `path` names (see MatmulPath: the

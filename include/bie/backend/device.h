@@ -56,6 +56,13 @@ struct GpuDeviceInfo {
 
   // Bytes of the device-local heaps (budget when the extension reports one, else size).
   [[nodiscard]] uint64_t device_local_bytes() const;
+  // The same apart: the heaps' sizes, and what VK_EXT_memory_budget says this process may use
+  // (0 when the extension is missing).
+  [[nodiscard]] uint64_t device_local_total() const;
+  [[nodiscard]] uint64_t device_local_available() const;
+  // Bytes one shader binding may span as BIE binds buffers: maxStorageBufferRange, at most 2^31
+  // (shader offsets in 32-bit words and bytes never overflow), a multiple of 16.
+  [[nodiscard]] uint64_t max_binding_bytes() const;
 };
 
 // The Vulkan devices of this machine, or why there are none: no loader, no driver (ICD), or a

@@ -196,6 +196,10 @@ struct EngineMetrics {
   // (kv::MemoryBudget's counter: pages of freed blocks stay committed until reclaimed).
   uint64_t kv_budget_bytes = 0;
   uint64_t kv_committed_bytes = 0;
+  // On a device (Backend::device_memory_use): bytes of its device-local buffers now and at most
+  // (weights, workspace, KV pools: what the start-up report plans). 0 on the CPU.
+  uint64_t device_bytes = 0;
+  uint64_t device_peak_bytes = 0;
 };
 
 struct ModelInfo {

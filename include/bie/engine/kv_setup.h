@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bie/backend/backend.h"
 #include "bie/common/result.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
@@ -42,7 +43,16 @@ struct KvEngineOptions {
   // false (the serving engine): one must fit; more sequences share the pools, admitted by free
   // blocks, and max_num_seqs only caps how many run at once.
   bool require_all_seqs = true;
-  std::optional<uint64_t> device_memory;  // default: physical RAM (MemTotal)
+  std::optional<uint64_t> device_memory;  // default: the device's memory, else physical RAM
+  // The device the model runs on when it is not the host (Backend::device_memory): its
+  // device-local memory is the default --device-memory, and the budget never exceeds what
+  // VK_EXT_memory_budget says this process may use.
+  std::optional<DeviceMemoryInfo> device;
+  // The activation workspace when it is known exactly (on a device, what the model allocates:
+  // planner::device_workspace_bytes); default planner::activation_bytes, an estimate.
+  std::optional<uint64_t> workspace_bytes;
+  // Bytes one KV pool may span on the device (Backend::max_kv_pool_bytes); 0: no limit.
+  uint64_t max_pool_bytes = 0;
   // A speculative draft model's weights + workspace + KV pools (DraftModelBytes::total), taken
   // from the budget before the KV pools are sized.
   uint64_t draft_bytes = 0;
@@ -56,13 +66,17 @@ struct KvSetupReport {
   int64_t max_num_seqs = 1;
   int64_t chunked_prefill_size = 0;
   bool explicit_kv_memory = false;
+  std::string device;            // the device's name when it is not the host ("vulkan:0 (...)")
   uint64_t device_bytes = 0;     // 0 with --kv-cache-memory
+  // VK_EXT_memory_budget's available bytes when they, not device x utilization, set usable_bytes.
+  uint64_t device_available = 0;
   double utilization = 0;        // 0 with --kv-cache-memory
   uint64_t usable_bytes = 0;     // device x utilization
   uint64_t weights_bytes = 0;    // exact, from the GGUF tensor infos
-  uint64_t workspace_bytes = 0;  // planner::activation_bytes(chunk, seqs)
+  uint64_t workspace_bytes = 0;  // planner::activation_bytes(chunk, seqs), or the exact one
   uint64_t draft_bytes = 0;      // speculative draft model (KvEngineOptions::draft_bytes)
   uint64_t kv_budget_bytes = 0;  // usable - weights - workspace, or --kv-cache-memory
+  bool kv_binding_capped = false;  // kv_budget_bytes stopped at KvEngineOptions::max_pool_bytes
   // The pools, one entry per layer group (planner::kv_pool_plan's order: one for a model without
   // sliding windows; Gemma 3: its local layers, then its global layers).
   std::vector<planner::KvGroupPool> groups;
@@ -106,8 +120,17 @@ struct KvSetup {
   KvSetupReport report;
 };
 
+// The options for a model that runs on `backend`: on a device (Backend::device_memory), its
+// memory, the model's exact workspace for passes of opts.chunked_prefill_size tokens returning
+// `out_rows` logits rows, and the weights as uploaded (the GGUF data section; returned). On the
+// host the options are unchanged and the weights are the model's tensor bytes.
+[[nodiscard]] uint64_t apply_backend_memory(KvEngineOptions& opts, const planner::ModelGeometry& g,
+                                            const Model& model, const Backend& backend,
+                                            int64_t out_rows);
+
 // plan_kv_setup for a loaded model, then the PagedKvCache with exactly the report's pools.
-// device: pools in that backend's memory when it supports_paged_kv() (else host memory).
+// device: pools in that backend's memory when it supports_paged_kv() (else host memory), and the
+// budget of its memory (apply_backend_memory with one logits row).
 [[nodiscard]] Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts,
                                              Backend* device = nullptr);
 

@@ -44,6 +44,9 @@ struct BlockManagerConfig {
   // then gets ids for as many blocks as the whole budget holds, fp16_blocks/body_blocks are
   // ignored, and admission charges MemoryBudget::block_cost per active block.
   MemoryBudget* budget = nullptr;
+  // With a budget: keep fp16_blocks/body_blocks as the pools' sizes (the budget still bounds what
+  // is active). For pools whose memory is allocated up front, not reserved (a device's).
+  bool sizes_as_given = false;
   // KV events (kv_event_sink.h): every full block entering or leaving the prefix index is
   // reported here, under the medium "<events_medium>/fp16" or "<events_medium>/body" (which
   // store holds it). nullptr: no events.

@@ -55,6 +55,10 @@ struct PagedKvStoreConfig {
   // fp16_blocks/body_blocks/groups are ignored (kv::BlockManagerConfig::budget); every group's
   // manager draws on it.
   kv::MemoryBudget* budget = nullptr;
+  // With a budget: the pools hold exactly fp16_blocks/body_blocks/groups (the budget still bounds
+  // what is active). A device allocates its pools up front, so it holds the plan's pools instead
+  // of ids for the whole budget in every pool (kv::BlockManagerConfig::sizes_as_given).
+  bool pools_as_given = false;
   // KV events of every group's prefix index (kv::BlockManagerConfig::events); a store of several
   // layer groups names them "<events_medium>/g<group>/<pool>".
   kv::KvEventSink* events = nullptr;

@@ -95,6 +95,10 @@ class Model {
   // error nothing is appended to any cache.
   [[nodiscard]] virtual Result<std::span<float>> forward_batch(std::span<const BatchSequence> seqs,
                                                                Backend& backend) = 0;
+  // Uploads the weights to `backend` and allocates the activation workspace there: the GGUF data
+  // section plus planner::device_workspace_bytes(max_batch_tokens, max_output_rows) (a first pass
+  // on a backend does this itself; call it to hold the memory from start-up). A no-op when bound.
+  [[nodiscard]] virtual Status bind(Backend& backend) = 0;
 
  protected:
   std::unique_ptr<gguf::GgufFile> file_;
@@ -105,6 +109,8 @@ class Model {
 struct LoadOptions {
   // Upper bound on tokens per forward() call; sizes the activation workspace (prefill chunk).
   int32_t max_batch_tokens = 512;
+  // Logits rows the workspace holds from bind(); a pass that returns more grows it.
+  int32_t max_output_rows = 1;
 };
 
 // Opens a GGUF file and binds the weights of its architecture. Errors name the file and what is

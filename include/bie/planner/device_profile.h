@@ -11,7 +11,10 @@
 
 namespace bie::planner {
 
-enum class DeviceKind { kNvidia, kApple, kCpu, kCustom };
+// kVulkan: a Vulkan device of this machine (`bie plan --device vulkan[:N]`), planned as the
+// engine allocates on it: the GGUF data section as the weights, the exact device workspace, KV
+// pools no larger than one shader binding.
+enum class DeviceKind { kNvidia, kApple, kCpu, kCustom, kVulkan };
 
 struct DeviceProfile {
   std::string name;         // "rtx-4060ti-8gb"
@@ -23,6 +26,10 @@ struct DeviceProfile {
   double tuned_fraction = 1;   // share after tuning (Apple: iogpu.wired_limit_mb)
   double workspace_gib = 0;    // runtime workspace (CUDA context, cuBLAS, graphs)
   std::string source;
+  // kVulkan: what VK_EXT_memory_budget says this process may use (0: not reported), and the
+  // bytes one KV pool may span (one shader binding).
+  uint64_t available_bytes = 0;
+  uint64_t max_pool_bytes = 0;
 };
 
 [[nodiscard]] std::span<const DeviceProfile> device_profiles();

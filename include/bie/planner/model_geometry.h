@@ -49,6 +49,7 @@ struct ModelGeometry {
   int64_t n_layer = 0;
   int64_t n_head = 0;
   int64_t head_dim = 0;  // query head width (for MLA: qk_nope + qk_rope)
+  int64_t n_rot = 0;     // dimensions RoPE rotates per head (0: head_dim)
   int64_t n_ff = 0;      // dense FFN width
   int64_t n_vocab = 0;
   int64_t n_ctx_train = 0;
@@ -74,6 +75,9 @@ struct ModelGeometry {
   // Present only for a GGUF file: exact bytes of all tensors, and of what one decode step reads.
   std::optional<uint64_t> weight_bytes;
   std::optional<uint64_t> weight_bytes_active;
+  // For a GGUF file: bytes of its data section (the tensors with their alignment padding): what a
+  // device backend uploads as the weights.
+  std::optional<uint64_t> data_bytes;
   std::string weight_types;  // for a GGUF file: "q4_1 66.4 MB, q8_0 30.1 MB, ..."
 
   [[nodiscard]] AttentionKind attention_kind() const;

@@ -104,6 +104,14 @@ struct Plan {
 // FFN intermediates, one attention-score tile) plus the logits of one token per sequence.
 [[nodiscard]] uint64_t activation_bytes(const ModelGeometry& g, int64_t chunk, int64_t n_seqs);
 
+// The activation workspace a device backend holds for a dense decoder (the llama family and
+// Gemma 3), exactly as the model allocates it when it binds to the device: per token of one pass
+// (batch_tokens) the residual, normed and projected rows, q and the attention output, k, v, gate
+// and up, one cos/sin row per RoPE table (two with sliding-window layers), the token id and the
+// position; plus `out_rows` rows of f32 logits.
+[[nodiscard]] uint64_t device_workspace_bytes(const ModelGeometry& g, int64_t batch_tokens,
+                                              int64_t out_rows);
+
 // Decode upper bound: bandwidth / bytes read per token.
 [[nodiscard]] double decode_tok_s_bound(double bandwidth_gbs, uint64_t bytes_per_token);
 

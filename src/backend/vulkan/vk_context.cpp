@@ -357,6 +357,7 @@ Result<Buffer> Device::make_buffer(size_t bytes, bool staging) {
                              staging ? "staging" : "device", info_.name, result_name(r))};
   }
   b.alloc_size = req.size;
+  b.host = staging;
   f.vkBindBufferMemory(device_, b.buffer, b.memory, 0);
   const bool mappable = staging || (device_memory_mappable_ && !opts_.force_staging);
   if (mappable) {
@@ -368,6 +369,12 @@ Result<Buffer> Device::make_buffer(size_t bytes, bool staging) {
     }
   }
   allocated_bytes_ += b.alloc_size;
+  if (!b.host) {
+    device_bytes_ += b.size;
+    device_alloc_bytes_ += b.alloc_size;
+    peak_device_bytes_ = std::max(peak_device_bytes_, device_bytes_);
+    ++device_buffers_;
+  }
   return b;
 }
 
@@ -394,6 +401,11 @@ void Device::destroy(Buffer& b) {
   f_->vkDestroyBuffer(device_, b.buffer, nullptr);
   f_->vkFreeMemory(device_, b.memory, nullptr);
   allocated_bytes_ -= b.alloc_size;
+  if (!b.host) {
+    device_bytes_ -= b.size;
+    device_alloc_bytes_ -= b.alloc_size;
+    --device_buffers_;
+  }
   b = Buffer{};
 }
 
@@ -500,9 +512,7 @@ Result<const Pipeline*> Device::pipeline(const std::string& name, uint32_t n_buf
 }
 
 size_t Device::max_binding_bytes() const {
-  return static_cast<size_t>(
-             std::min<uint64_t>(info_.max_storage_buffer_range, uint64_t{1} << 31)) /
-         16 * 16;
+  return static_cast<size_t>(info_.max_binding_bytes());
 }
 
 size_t Device::binding_alignment() const {

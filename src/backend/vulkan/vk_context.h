@@ -47,6 +47,7 @@ struct Buffer {
   size_t size = 0;         // bytes asked for
   size_t alloc_size = 0;   // bytes the driver allocated
   void* mapped = nullptr;  // host pointer when the memory is host visible and mapped
+  bool host = false;       // host-visible memory (staging, parameters), not device-local
   [[nodiscard]] bool valid() const { return buffer != VK_NULL_HANDLE; }
 };
 
@@ -106,8 +107,16 @@ class Device {
   // Submits what was recorded and waits for it (a fence). A no-op when nothing is recorded.
   [[nodiscard]] Status sync();
 
-  // Bytes of device memory this Device holds now (buffers and staging), from the allocations.
+  // Bytes of memory this Device holds now (buffers and staging), as the driver allocated them.
   [[nodiscard]] uint64_t allocated_bytes() const { return allocated_bytes_; }
+  // Device-local buffers now and at most so far: the bytes asked for (what the memory plan
+  // counts) and what the driver allocated for them (alignment may round each up). Host-visible
+  // buffers (staging, per-dispatch parameters) are counted apart.
+  [[nodiscard]] uint64_t device_bytes() const { return device_bytes_; }
+  [[nodiscard]] uint64_t device_alloc_bytes() const { return device_alloc_bytes_; }
+  [[nodiscard]] uint64_t peak_device_bytes() const { return peak_device_bytes_; }
+  [[nodiscard]] uint64_t device_buffers() const { return device_buffers_; }
+  [[nodiscard]] uint64_t host_alloc_bytes() const { return allocated_bytes_ - device_alloc_bytes_; }
   [[nodiscard]] uint64_t dispatch_count() const { return dispatches_; }
   // Bytes one binding may span (maxStorageBufferRange, at most 2^31 so that shader offsets in
   // 32-bit words and bytes never overflow) and the alignment of a binding's offset.
@@ -143,6 +152,10 @@ class Device {
   Buffer staging_;
   std::map<std::string, Pipeline> pipelines_;
   uint64_t allocated_bytes_ = 0;
+  uint64_t device_bytes_ = 0;
+  uint64_t device_alloc_bytes_ = 0;
+  uint64_t peak_device_bytes_ = 0;
+  uint64_t device_buffers_ = 0;
   uint64_t dispatches_ = 0;
 };
 

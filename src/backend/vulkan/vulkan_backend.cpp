@@ -147,6 +147,25 @@ std::string VulkanBackend::name() const {
   return fmt::format("vulkan:{}", dev_->info().index);
 }
 
+std::optional<DeviceMemoryInfo> VulkanBackend::device_memory() const {
+  const GpuDeviceInfo& d = dev_->info();
+  DeviceMemoryInfo m;
+  m.device = fmt::format("{} ({})", name(), d.name);
+  m.total = d.device_local_total();
+  m.available = d.device_local_available();
+  return m;
+}
+
+DeviceMemoryUse VulkanBackend::device_memory_use() const {
+  DeviceMemoryUse u;
+  u.bytes = dev_->device_bytes();
+  u.alloc_bytes = dev_->device_alloc_bytes();
+  u.peak_bytes = dev_->peak_device_bytes();
+  u.buffers = dev_->device_buffers();
+  u.host_bytes = dev_->host_alloc_bytes();
+  return u;
+}
+
 void VulkanBackend::fail(const std::string& what) {
   if (error_.ok()) error_ = Error{what};
 }

@@ -40,6 +40,8 @@ class VulkanBackend final : public Backend {
   [[nodiscard]] ThreadPool& host_threads() override { return pool_; }
   [[nodiscard]] Status status() const override { return error_; }
   [[nodiscard]] vk::Device& device() { return *dev_; }
+  [[nodiscard]] std::optional<DeviceMemoryInfo> device_memory() const override;
+  [[nodiscard]] DeviceMemoryUse device_memory_use() const override;
 
   [[nodiscard]] Result<std::unique_ptr<DeviceBuffer>> alloc(size_t bytes) override;
   [[nodiscard]] Result<std::unique_ptr<DeviceBuffer>> upload_weights(
