@@ -114,9 +114,9 @@ TEST(CliPlan, RealSmolLM2) {
 // equal its report: tests/test_vulkan_engine.cpp).
 TEST(CliPlan, VulkanDeviceStatesTheEnginesDeviceBudget) {
   BIE_REQUIRE_FILE(::bie::test::smollm2_path());
-  const CliResult r =
-      run_bie("plan --device vulkan:0 --model " + test::smollm2_path() +
-              " --max-model-len 512 --max-num-seqs 4 --chunked-prefill-size 32 --json --no-compare");
+  const CliResult r = run_bie(
+      "plan --device vulkan:0 --model " + test::smollm2_path() +
+      " --max-model-len 512 --max-num-seqs 4 --chunked-prefill-size 32 --json --no-compare");
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["device"]["name"], "vulkan:0");

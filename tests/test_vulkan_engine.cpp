@@ -157,13 +157,14 @@ void expect_allocations_equal_the_report(const std::string& model, int64_t max_m
   EXPECT_EQ(r.device_bytes, 1ull << 30);
   const uint64_t planned = r.weights_bytes + r.workspace_bytes + r.kv_pool_bytes();
   const EngineMetrics m0 = (*e)->metrics();
-  std::printf("%s on the device: planned %llu = weights %llu + workspace %llu + KV %llu; "
-              "allocated %llu\n",
-              model.c_str(), static_cast<unsigned long long>(planned),
-              static_cast<unsigned long long>(r.weights_bytes),
-              static_cast<unsigned long long>(r.workspace_bytes),
-              static_cast<unsigned long long>(r.kv_pool_bytes()),
-              static_cast<unsigned long long>(m0.device_bytes));
+  std::printf(
+      "%s on the device: planned %llu = weights %llu + workspace %llu + KV %llu; "
+      "allocated %llu\n",
+      model.c_str(), static_cast<unsigned long long>(planned),
+      static_cast<unsigned long long>(r.weights_bytes),
+      static_cast<unsigned long long>(r.workspace_bytes),
+      static_cast<unsigned long long>(r.kv_pool_bytes()),
+      static_cast<unsigned long long>(m0.device_bytes));
   EXPECT_EQ(m0.device_bytes, planned);
   EXPECT_LE(planned, r.usable_bytes);
   EngineRequest q;

@@ -128,6 +128,10 @@ class EngineConfig:
         max_queue: requests waiting for admission before submission is refused.
         check_integrity: verify the scheduler's and KV block manager's invariants after every
             step (slow; for tests and debugging).
+        device: where the model runs, as ``bie --device``: ``"auto"`` (a real GPU when this
+            machine has one, else the CPU; never a CPU-type Vulkan device such as lavapipe),
+            ``"cpu"``, ``"vulkan"`` or ``"vulkan:N"``. On a GPU the memory budget is the
+            device's memory and the KV cache is f16.
     """
 
     model: str = "default"
@@ -157,6 +161,7 @@ class EngineConfig:
     kv_rotate: Optional[bool] = None
     max_queue: int = 256
     check_integrity: bool = False
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -213,6 +218,8 @@ class EngineConfig:
         if self.kv_rotate is not None and not isinstance(self.kv_rotate, bool):
             raise ValueError(f"kv_rotate must be True, False or None, got {self.kv_rotate!r}")
         _check_int("max_queue", self.max_queue, 1)
+        if not isinstance(self.device, str) or not self.device:
+            raise ValueError(f"device must be 'auto', 'cpu', 'vulkan' or 'vulkan:N', got {self.device!r}")
         if not isinstance(self.check_integrity, bool):
             raise ValueError(f"check_integrity must be True or False, got {self.check_integrity!r}")
 

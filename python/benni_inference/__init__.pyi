@@ -35,6 +35,7 @@ class EngineConfig:
     kv_rotate: Optional[bool] = None
     max_queue: int = 256
     check_integrity: bool = False
+    device: str = "auto"
     def validate(self) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
 

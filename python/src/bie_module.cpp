@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bie/backend/device.h"
 #include "bie/engine/engine.h"
 #include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
@@ -90,6 +91,10 @@ EngineConfig engine_config_from(const py::dict& d) {
   c.speculative_model = get_or<std::string>(d, "speculative_model", "");
   c.kv_regimes = get_or<std::vector<std::string>>(d, "kv_regimes", {});
   c.kv_policy = get_or<std::string>(d, "kv_policy", "");
+  // auto/cpu/vulkan[:N] as the CLI's --device: a device that is not here is a ValueError.
+  auto device = backend_for_device(get_or<std::string>(d, "device", "auto"));
+  if (!device) throw py::value_error(device.error());
+  c.device = *device;
 
   // Argument errors the engine would only report as a failed start: name them as ValueError.
   if (auto layout = planner::resolve_kv_layout(f); !layout) throw py::value_error(layout.error());

@@ -154,4 +154,14 @@ std::string describe_devices(const std::vector<GpuDeviceInfo>& devices) {
   return out;
 }
 
+Result<std::string> backend_for_device(std::string_view text) {
+  auto spec = parse_device_spec(text);
+  if (!spec.ok()) return Error{"--device: " + spec.error()};
+  if (spec->kind == DeviceSpec::Kind::kCpu) return std::string("cpu");
+  auto d = resolve_device(*spec, list_vulkan_devices());
+  if (!d.ok()) return Error{d.error()};
+  if (d->cpu) return std::string("cpu");
+  return fmt::format("vulkan:{}", d->vulkan_index);
+}
+
 }  // namespace bie

@@ -52,9 +52,8 @@ Result<planner::DeviceProfile> vulkan_device_profile(const std::string& name) {
   auto devices = list_vulkan_devices();
   auto r = resolve_device(*spec, devices);
   if (!r) return Error{"--device: " + r.error()};
-  const auto it = std::find_if(devices->begin(), devices->end(), [&](const GpuDeviceInfo& d) {
-    return d.index == r->vulkan_index;
-  });
+  const auto it = std::find_if(devices->begin(), devices->end(),
+                               [&](const GpuDeviceInfo& d) { return d.index == r->vulkan_index; });
   if (it == devices->end()) return Error{"--device: no Vulkan device " + name};
   const GpuDeviceInfo& d = *it;
   planner::DeviceProfile p;

@@ -41,7 +41,9 @@ void add_kv_engine_flags(CLI::App* cmd, KvCliFlags& f, const std::string& dtype_
   cmd->add_option("--gpu-memory-utilization", f.opts.gpu_memory_utilization,
                   "share of --device-memory for weights + workspace + KV")
       ->capture_default_str();
-  cmd->add_option("--device-memory", f.device_memory, "device memory (default: physical RAM)");
+  cmd->add_option(
+      "--device-memory", f.device_memory,
+      "device memory (default: the GPU's device-local memory, on the CPU physical RAM)");
   cmd->add_option("--device", f.device,
                   "auto (a GPU when one is present), cpu, vulkan or vulkan:N (see `bie info "
                   "--devices`); CPU-type Vulkan devices (lavapipe) only by name")
@@ -56,10 +58,7 @@ Result<ResolvedDevice> resolve_cli_device(const KvCliFlags& f) {
 }
 
 Result<std::string> model_device(const KvCliFlags& f) {
-  auto d = resolve_cli_device(f);
-  if (!d.ok()) return Error{d.error()};
-  if (d->cpu) return std::string("cpu");
-  return fmt::format("vulkan:{}", d->vulkan_index);
+  return backend_for_device(f.device);
 }
 
 Result<KvEngineOptions> to_engine_options(const KvCliFlags& f) {

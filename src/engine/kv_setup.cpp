@@ -154,9 +154,10 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
   if (r.max_concurrency < (o.require_all_seqs ? r.max_num_seqs : 1)) {
     const std::string way_out =
         r.kv_binding_capped
-            ? fmt::format(" (the KV budget stops at what one device binding spans: {} on this "
-                          "device, each KV pool being one buffer)",
-                          bytes(o.max_pool_bytes))
+            ? fmt::format(
+                  " (the KV budget stops at what one device binding spans: {} on this "
+                  "device, each KV pool being one buffer)",
+                  bytes(o.max_pool_bytes))
             : fmt::format(", or raise {}", r.explicit_kv_memory
                                                ? "--kv-cache-memory"
                                                : "--gpu-memory-utilization / --device-memory");
@@ -238,8 +239,8 @@ Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts, 
   auto g = planner::geometry_from_gguf(model.file());
   if (!g) return Error{g.error()};
   KvEngineOptions o = opts;
-  const uint64_t weights = device != nullptr ? apply_backend_memory(o, *g, model, *device, 1)
-                                             : model.weight_bytes();
+  const uint64_t weights =
+      device != nullptr ? apply_backend_memory(o, *g, model, *device, 1) : model.weight_bytes();
   auto r = plan_kv_setup(*g, weights, model.hparams().n_ctx_train, o);
   if (!r) return Error{r.error()};
   PagedKvCacheConfig c;
@@ -267,9 +268,9 @@ std::string format_kv_report(const KvSetupReport& r) {
   if (r.explicit_kv_memory) {
     s += fmt::format(
         "memory{}: weights {} + workspace {} (chunk {}){} + KV pools {} (--kv-cache-memory {}{})\n",
-        r.device.empty() ? "" : " on " + r.device, bytes(r.weights_bytes),
-        bytes(r.workspace_bytes), r.chunked_prefill_size, draft, bytes(r.kv_pool_bytes()),
-        bytes(r.kv_budget_bytes), r.kv_binding_capped ? ", what one device binding spans" : "");
+        r.device.empty() ? "" : " on " + r.device, bytes(r.weights_bytes), bytes(r.workspace_bytes),
+        r.chunked_prefill_size, draft, bytes(r.kv_pool_bytes()), bytes(r.kv_budget_bytes),
+        r.kv_binding_capped ? ", what one device binding spans" : "");
   } else if (!r.device.empty()) {
     // On a device: every byte named here is a device buffer (the weights as uploaded).
     const std::string avail =

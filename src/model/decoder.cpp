@@ -91,7 +91,7 @@ class DecoderModel final : public Model {
 
   const ArchSpec& spec_;
   int32_t max_batch_ = 512;
-  int32_t max_out_ = 1;  // logits rows allocated by bind()
+  int32_t max_out_ = 1;      // logits rows allocated by bind()
   float attn_scale_ = 1.0f;  // 1/sqrt(head_dim), or the architecture's own rule
   float softcap_ = 0.0f;     // final logit soft-capping; 0 = none
   Tensor tok_embd_;          // [n_embd, n_vocab] rows are token embeddings

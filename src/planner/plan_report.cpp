@@ -134,16 +134,15 @@ std::string render_plan_text(const Plan& p) {
                   gib(b.reserve_bytes)),
       static_cast<double>(b.usable_bytes));
   const bool vulkan = p.device.kind == DeviceKind::kVulkan;
-  if (vulkan && p.device.available_bytes > 0 &&
-      b.usable_bytes == p.device.available_bytes) {
+  if (vulkan && p.device.available_bytes > 0 && b.usable_bytes == p.device.available_bytes) {
     line(fmt::format("  (usable stops at the {} GiB VK_EXT_memory_budget says is available)",
                      gib(static_cast<double>(p.device.available_bytes))));
   }
   row(vulkan ? "- weights (the GGUF data section, on the device)" : "- weights",
       static_cast<double>(b.weights_bytes));
-  row(vulkan ? fmt::format("- activations (device workspace, exact; chunk {})",
-                           p.chunked_prefill_size)
-             : fmt::format("- activations (prefill chunk {})", p.chunked_prefill_size),
+  row(vulkan
+          ? fmt::format("- activations (device workspace, exact; chunk {})", p.chunked_prefill_size)
+          : fmt::format("- activations (prefill chunk {})", p.chunked_prefill_size),
       static_cast<double>(b.activation_bytes));
   row("- runtime workspace", static_cast<double>(b.workspace_bytes));
   row(fmt::format("- speculative state ({} draft tokens)", p.speculative_draft_tokens),

@@ -177,10 +177,9 @@ Result<Plan> make_plan(const PlanRequest& req) {
   b.weights_bytes = plan.weights.bytes;
   // The engine's pass: max(chunk, sequences) tokens, a logits row per sequence and draft token.
   b.activation_bytes =
-      vulkan ? device_workspace_bytes(
-                   g, std::max(req.chunked_prefill_size, S),
-                   std::min(std::max(req.chunked_prefill_size, S),
-                            S * (1 + int64_t{req.speculative_draft_tokens})))
+      vulkan ? device_workspace_bytes(g, std::max(req.chunked_prefill_size, S),
+                                      std::min(std::max(req.chunked_prefill_size, S),
+                                               S * (1 + int64_t{req.speculative_draft_tokens})))
              : activation_bytes(g, req.chunked_prefill_size, S);
   b.workspace_bytes = gib_to_bytes(req.workspace_gib.value_or(req.device.workspace_gib));
   b.margin_bytes = gib_to_bytes(req.margin_gib);

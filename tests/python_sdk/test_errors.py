@@ -23,6 +23,8 @@ BAD_CONFIGS = [
     (dict(speculative_draft_tokens=16), "speculative_draft_tokens must be <= 15"),
     (dict(speculative_ngram_min=3, speculative_ngram_max=2), "speculative_ngram_max must be >= 3"),
     (dict(speculative_draft_tokens=-1), "speculative_draft_tokens must be >= 0"),
+    (dict(device=""), "device must be 'auto', 'cpu', 'vulkan' or 'vulkan:N'"),
+    (dict(device=0), "device must be 'auto', 'cpu', 'vulkan' or 'vulkan:N'"),
 ]
 
 
@@ -38,6 +40,9 @@ def test_bad_config_values_raise_value_error(kwargs, message):
         (dict(kv_cache_dtype="int3"), "int3"),
         (dict(kv_cache_memory="lots"), "kv_cache_memory: 'lots' is not a byte size"),
         (dict(model="/nonexistent/model.gguf"), "/nonexistent/model.gguf"),
+        # The device, resolved as bie --device resolves it.
+        (dict(device="tpu"), "unknown device 'tpu'"),
+        (dict(device="vulkan:9"), "vulkan:9: this machine has"),
         # The drafter's rollback stays inside the FP16 window: the engine names the field.
         (
             dict(kv_cache_dtype="int8", kv_window_tokens=8, speculative_draft_tokens=15),

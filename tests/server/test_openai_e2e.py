@@ -222,6 +222,18 @@ def test_client_disconnect_frees_blocks(server):
     assert "finish=cancelled" in server.logs()
 
 
+def test_device_memory_metrics(server):
+    # On a GPU the device-local bytes are held from start-up (the start-up report's weights +
+    # workspace + KV pools; tests/test_vulkan_engine.cpp checks the equality) and never grow.
+    m = server.metrics()
+    if DEVICE:
+        assert "memory on vulkan:" in server.logs()
+        assert m["bie_device_memory_bytes"] > 0
+        assert m["bie_device_memory_peak_bytes"] == m["bie_device_memory_bytes"]
+    else:
+        assert m["bie_device_memory_bytes"] == 0
+
+
 def test_metrics_names(server):
     m = server.metrics()
     for name in ["bie_prefix_cache_hit_rate", "bie_preemptions_total",

@@ -81,6 +81,11 @@ struct ResolvedDevice {
 [[nodiscard]] Result<ResolvedDevice> resolve_device(
     const DeviceSpec& spec, const Result<std::vector<GpuDeviceInfo>>& devices);
 
+// The backend name (create_backend's: "cpu", "vulkan:N") a device spec's text names on this
+// machine: auto resolves to a real GPU or the CPU, a missing device is an error naming what
+// exists (errors start "--device"). Devices are listed only when the spec is not "cpu".
+[[nodiscard]] Result<std::string> backend_for_device(std::string_view text);
+
 // One human-readable block per device (`bie info --devices`).
 [[nodiscard]] std::string describe_devices(const std::vector<GpuDeviceInfo>& devices);
 

@@ -66,16 +66,16 @@ struct KvSetupReport {
   int64_t max_num_seqs = 1;
   int64_t chunked_prefill_size = 0;
   bool explicit_kv_memory = false;
-  std::string device;            // the device's name when it is not the host ("vulkan:0 (...)")
-  uint64_t device_bytes = 0;     // 0 with --kv-cache-memory
+  std::string device;         // the device's name when it is not the host ("vulkan:0 (...)")
+  uint64_t device_bytes = 0;  // 0 with --kv-cache-memory
   // VK_EXT_memory_budget's available bytes when they, not device x utilization, set usable_bytes.
   uint64_t device_available = 0;
-  double utilization = 0;        // 0 with --kv-cache-memory
-  uint64_t usable_bytes = 0;     // device x utilization
-  uint64_t weights_bytes = 0;    // exact, from the GGUF tensor infos
-  uint64_t workspace_bytes = 0;  // planner::activation_bytes(chunk, seqs), or the exact one
-  uint64_t draft_bytes = 0;      // speculative draft model (KvEngineOptions::draft_bytes)
-  uint64_t kv_budget_bytes = 0;  // usable - weights - workspace, or --kv-cache-memory
+  double utilization = 0;          // 0 with --kv-cache-memory
+  uint64_t usable_bytes = 0;       // device x utilization
+  uint64_t weights_bytes = 0;      // exact, from the GGUF tensor infos
+  uint64_t workspace_bytes = 0;    // planner::activation_bytes(chunk, seqs), or the exact one
+  uint64_t draft_bytes = 0;        // speculative draft model (KvEngineOptions::draft_bytes)
+  uint64_t kv_budget_bytes = 0;    // usable - weights - workspace, or --kv-cache-memory
   bool kv_binding_capped = false;  // kv_budget_bytes stopped at KvEngineOptions::max_pool_bytes
   // The pools, one entry per layer group (planner::kv_pool_plan's order: one for a model without
   // sliding windows; Gemma 3: its local layers, then its global layers).
