@@ -5,6 +5,7 @@
 // every block comes back; a prefix-cache hit on the device gives the same tokens. The start-up
 // refusal of a regime the device does not run is clear. What the device allocates equals the
 // start-up report, and a context the device budget cannot hold is refused with the number.
+// Speculative verify on the device keeps greedy output.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,6 +53,17 @@ const char* kPrompts[] = {
 };
 constexpr int kTokens = 12;
 
+// What the start-up report says the device holds: weights + workspace + KV pools. The backend
+// counts its device-local buffers at each allocation (EngineMetrics::device_bytes): memory truth
+// on the device is the two being equal.
+uint64_t planned_device_bytes(const KvSetupReport& r) {
+  std::printf("on %s: planned weights %llu + workspace %llu + KV pools %llu\n", r.device.c_str(),
+              static_cast<unsigned long long>(r.weights_bytes),
+              static_cast<unsigned long long>(r.workspace_bytes),
+              static_cast<unsigned long long>(r.kv_pool_bytes()));
+  return r.weights_bytes + r.workspace_bytes + r.kv_pool_bytes();
+}
+
 // Four requests submitted at once; their tokens.
 std::vector<std::vector<int32_t>> run_four(Engine& eng) {
   std::vector<std::unique_ptr<Collected>> cs;
@@ -78,9 +90,13 @@ TEST(VulkanEngine, FourConcurrentRequestsGiveTheCpuTokensWhereMarginsAllow) {
   BIE_REQUIRE_FILE(test::smollm2_path());
   auto gpu = Engine::create(config("vulkan"));
   ASSERT_TRUE(gpu.ok()) << gpu.error();
+  const uint64_t planned = planned_device_bytes((*gpu)->kv_report());
+  EXPECT_EQ((*gpu)->metrics().device_bytes, planned);  // held from start-up
   const std::vector<std::vector<int32_t>> got = run_four(**gpu);
   const EngineMetrics gm = (*gpu)->metrics();
   EXPECT_GT(gm.batched_seqs, gm.steps);  // some steps ran several sequences on the device
+  EXPECT_EQ(gm.device_bytes, planned);   // serving allocates nothing more
+  EXPECT_EQ(gm.device_peak_bytes, planned);
   {
     // The long prompt again: its full blocks come from the device's prefix cache, same tokens.
     EngineRequest r;
@@ -140,56 +156,59 @@ TEST(VulkanEngine, QuantisedKvRegimeOnTheDeviceIsRefusedWithTheWayOut) {
   EXPECT_NE(e.error().find("--kv-cache-dtype f16"), std::string::npos) << e.error();
 }
 
-// Memory truth on the device: after start-up the device-local buffers (counted by the backend at
-// each allocation) are exactly the report's weights + workspace + KV pools, and serving requests
-// allocates nothing more.
-void expect_allocations_equal_the_report(const std::string& model, int64_t max_model_len,
-                                         int max_tokens) {
+// Gemma 3's two layer groups (sliding-window and global pools) on the device: allocated as the
+// report plans them, from the device-local budget.
+TEST(VulkanEngine, DeviceAllocationsEqualTheStartUpReportWithSlidingWindowGroups) {
+  BIE_REQUIRE_FILE(test::gemma3_path());
   EngineConfig cfg = config("vulkan:0");
-  cfg.model = model;
+  cfg.model = "gemma3";
   cfg.kv.kv_cache_memory.reset();
   cfg.kv.device_memory = 1ull << 30;
-  cfg.kv.max_model_len = max_model_len;
   auto e = Engine::create(cfg);
   ASSERT_TRUE(e.ok()) << e.error();
   const KvSetupReport& r = (*e)->kv_report();
-  EXPECT_EQ(r.device.rfind("vulkan:0 (", 0), 0u) << r.device;
   EXPECT_EQ(r.device_bytes, 1ull << 30);
-  const uint64_t planned = r.weights_bytes + r.workspace_bytes + r.kv_pool_bytes();
-  const EngineMetrics m0 = (*e)->metrics();
-  std::printf(
-      "%s on the device: planned %llu = weights %llu + workspace %llu + KV %llu; "
-      "allocated %llu\n",
-      model.c_str(), static_cast<unsigned long long>(planned),
-      static_cast<unsigned long long>(r.weights_bytes),
-      static_cast<unsigned long long>(r.workspace_bytes),
-      static_cast<unsigned long long>(r.kv_pool_bytes()),
-      static_cast<unsigned long long>(m0.device_bytes));
-  EXPECT_EQ(m0.device_bytes, planned);
-  EXPECT_LE(planned, r.usable_bytes);
-  EngineRequest q;
-  q.prompt = (*e)->tokenizer().encode(kPrompts[1]);
-  q.sampling.temperature = 0;
-  q.max_tokens = max_tokens;
-  Collected c;
-  ASSERT_FALSE((*e)->submit(1, q, collect(c)).has_value());
-  c.wait();
-  ASSERT_TRUE(c.finish.has_value() && c.finish->error.empty())
-      << (c.finish ? c.finish->error : "no finish");
-  (*e)->wait_idle();
-  const EngineMetrics m1 = (*e)->metrics();
-  EXPECT_EQ(m1.device_bytes, planned);
-  EXPECT_EQ(m1.device_peak_bytes, planned);
+  EXPECT_EQ(r.groups.size(), 2u);
+  EXPECT_EQ((*e)->metrics().device_bytes, planned_device_bytes(r));
 }
 
-TEST(VulkanEngine, DeviceAllocationsEqualTheStartUpReport) {
+// Speculative verify on the device: n-gram drafts verified in one pass give the tokens plain
+// decoding gives on the same device (decode rows are batch-invariant there), drafts are accepted,
+// and every block comes back.
+TEST(VulkanEngine, SpeculativeVerifyOnTheDeviceKeepsGreedyOutput) {
   BIE_REQUIRE_FILE(test::smollm2_path());
-  expect_allocations_equal_the_report("default", 512, 4);
-}
-
-TEST(VulkanEngine, DeviceAllocationsEqualTheStartUpReportWithSlidingWindowGroups) {
-  BIE_REQUIRE_FILE(test::gemma3_path());
-  expect_allocations_equal_the_report("gemma3", 256, 2);  // two layer groups' pools
+  EngineConfig pc = config("vulkan:0");
+  EngineConfig sc = pc;
+  sc.speculative_draft_tokens = 4;
+  sc.speculative_always = true;  // verify every step (the cost model would skip on lavapipe)
+  auto plain = Engine::create(pc);
+  ASSERT_TRUE(plain.ok()) << plain.error();
+  // Its continuation repeats the prompt, so the n-gram drafter matches from the first step.
+  const std::vector<int32_t> prompt = (*plain)->tokenizer().encode(
+      "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy");
+  const auto run = [&](Engine& e, FinishEvent* fin) {
+    EngineRequest r;
+    r.prompt = prompt;
+    r.sampling.temperature = 0;
+    r.max_tokens = 12;
+    Collected c;
+    EXPECT_FALSE(e.submit(1, r, collect(c)).has_value());
+    c.wait();
+    EXPECT_TRUE(c.finish.has_value() && c.finish->error.empty());
+    if (fin != nullptr && c.finish) *fin = *c.finish;
+    return c.tokens;
+  };
+  const std::vector<int32_t> want = run(**plain, nullptr);
+  plain->reset();
+  auto spec = Engine::create(sc);
+  ASSERT_TRUE(spec.ok()) << spec.error();
+  FinishEvent fin;
+  const std::vector<int32_t> got = run(**spec, &fin);
+  EXPECT_EQ(got, want);
+  EXPECT_GT(fin.metrics.draft_tokens, 0);
+  EXPECT_GT((*spec)->metrics().accepted_tokens, 0);
+  (*spec)->wait_idle();
+  EXPECT_EQ(test::used_blocks(**spec), 0);
 }
 
 // A --max-model-len the device budget cannot hold is refused at start-up with the largest that
@@ -213,7 +232,10 @@ TEST(VulkanEngine, MaxModelLenBeyondTheDeviceBudgetIsRefusedWithTheNumber) {
   cfg.kv.max_model_len = fit;
   auto ok = Engine::create(cfg);
   ASSERT_TRUE(ok.ok()) << ok.error();
-  EXPECT_LE((*ok)->metrics().device_bytes, (*ok)->kv_report().usable_bytes);
+  const KvSetupReport& r = (*ok)->kv_report();
+  EXPECT_EQ(r.device.rfind("vulkan:0 (", 0), 0u) << r.device;
+  EXPECT_EQ((*ok)->metrics().device_bytes, planned_device_bytes(r));
+  EXPECT_LE((*ok)->metrics().device_bytes, r.usable_bytes);
   ok->reset();
   cfg.kv.max_model_len = fit + 16;  // one more block
   auto over = Engine::create(cfg);
