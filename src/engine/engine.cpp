@@ -1,5 +1,6 @@
-// The Engine facade: one engine thread running schedule -> forward -> sample steps over the
-// continuous-batching Scheduler, and the thread-safe submission/cancel/metrics surface around it.
+// The Engine facade: one engine thread running schedule -> run -> process steps (Scheduler,
+// ModelRunner, OutputProcessor; SpeculativePolicy drafts first) over continuous batching, and the
+// thread-safe submission/cancel/metrics surface around it.
 #include "bie/engine/engine.h"
 
 #include <fmt/format.h>
@@ -34,7 +35,11 @@
 #include "bie/planner/plan_report.h"
 #include "bie/tokenizer/stream_decoder.h"
 #include "bie/tokenizer/tokenizer.h"
+#include "engine/model_runner.h"
+#include "engine/output_processor.h"
+#include "engine/request.h"
 #include "engine/request_grammar.h"
+#include "engine/speculative_policy.h"
 
 namespace bie {
 
@@ -45,47 +50,7 @@ double RequestMetrics::decode_tps() const {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-constexpr int32_t kMaxDraftTokens = 15;
-// Verify tokens one step may carry across all speculating sequences: one pass of the 4-token
-// matrix-vector kernels (docs/serving.md §5: each further pass costs about what drafts save).
-constexpr int64_t kMaxVerifyTokens = 4;
-// Decode steps after which a request that stopped drafting proposes again once.
-constexpr int32_t kReprobeSteps = 16;
-// Speculative steps a request always drafts in before its acceptance rate steers it.
-constexpr int32_t kExploreSteps = 4;
-
-double seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// A request while the engine holds it: parameters, callbacks and the per-request streaming state.
-struct Request {
-  RequestId rid = 0;
-  kv::SeqId sid = 0;
-  int32_t index = 0;  // choice (n > 1: choice i runs as sequence sid of choice 0 + i)
-  // Choices not forked yet (choice 0 only): they fork once its prompt is computed.
-  int32_t forks_pending = 0;
-  EngineRequest req;
-  RequestCallbacks cb;
-  int64_t max_tokens = 0;  // effective cap on generated tokens
-  size_t regime = 0;       // index into the engine's KV regimes
-  Clock::time_point submitted, first_scheduled, first_token;
-  bool scheduled_once = false;
-  bool got_token = false;
-  int64_t draft_tokens = 0;
-  int64_t accepted_tokens = 0;
-  int32_t gamma = 0;         // adaptive γ for this request
-  double accept_rate = 0.5;  // running share of drafts accepted (prior: even odds)
-  int32_t undrafted = 0;     // decode steps since the last draft (re-probe after a while)
-  int32_t spec_steps = 0;    // steps that verified drafts
-  std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<tokenizer::StreamDecoder> decoder;
-  std::unique_ptr<StopStrings> stops;
-  std::unique_ptr<RequestGrammar> grammar;  // structured output; null: unconstrained
-};
-
-class EngineImpl final : public Engine {
+class EngineImpl final : public Engine, private OutputProcessor::Hooks {
  public:
   EngineImpl() = default;
   ~EngineImpl() override { shutdown(false); }
@@ -114,21 +79,15 @@ class EngineImpl final : public Engine {
  private:
   void loop();
   void step();
-  // Proposes drafts for running sequences that are decoding (speculation on).
-  void draft();
-  // Samples (or verifies drafts) from sc's logits rows and commits the verified tokens.
-  void sample(const ScheduledSeq& sc, float* logits);
-  // Streams one generated token; false when the request finished (it is gone then).
-  [[nodiscard]] bool emit(Request& r, Sequence& s, int32_t tok, float* raw);
-  // Advances r's grammar by a sampled token; false (r finished with an error) when the grammar
-  // allowed no token at all.
-  [[nodiscard]] bool grammar_accept(Request& r, int32_t tok);
-  // n > 1: forks the other choices of r (choice 0, its prompt just computed) sharing its KV
-  // blocks; each samples its first token from `row` (the prompt's last logits, unmodified).
-  // false: r finished with an error (it is gone then).
-  [[nodiscard]] bool fork_choices(Request& r, const float* row);
-  void finish(Request& r, const std::string& reason, const std::string& error = {});
-  void publish_metrics();
+  void finish(Request& r, const std::string& reason, const std::string& error = {}) {
+    out_->finish(r, reason, error);
+  }
+  // OutputProcessor::Hooks.
+  [[nodiscard]] const std::string& regime_label(size_t regime) const override {
+    return regimes_[regime].label;
+  }
+  [[nodiscard]] bool retire(RequestId rid, int32_t choices) override;
+  void publish_metrics() override;
   // The listing prefix_cache_index returns (engine thread, or after it stopped).
   [[nodiscard]] std::vector<PrefixCacheListing> list_prefix_cache() const;
 
@@ -166,18 +125,14 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<Drafter> drafter_;       // null: speculation off
   std::unique_ptr<VocabTrie> vocab_trie_;  // structured output's token trie (built on first use)
-  // Measured cost of decode-only forward passes by token count (EMA, ms; 0: not seen yet).
-  std::array<double, kMaxVerifyTokens + 1> step_ms_{};
-  // Drafts worth proposing for a request in a step with `base` decode tokens: the g that
-  // maximises expected tokens per unit of step cost.
-  [[nodiscard]] int best_draft_len(double accept_rate, int64_t base, int64_t cap) const;
 
   // Engine thread only.
-  std::unordered_map<kv::SeqId, std::unique_ptr<Request>> reqs_;
-  std::span<float> logits_;      // the last pass's logits (the model's memory)
-  std::vector<float> raw_;       // a copy of one logits row (logprobs)
-  std::vector<float> fork_row_;  // n > 1: the prompt's last row, for the forked choices
-  EngineMetrics m_;              // counters; gauges filled in publish_metrics
+  RequestMap reqs_;
+  // The step's phases, built when the engine thread starts (from what init set up).
+  std::unique_ptr<SpeculativePolicy> spec_;  // null: speculation off
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<OutputProcessor> out_;
+  EngineMetrics m_;  // counters; gauges filled in publish_metrics
 
   // Shared with callers, under mu_.
   mutable std::mutex mu_;
@@ -644,6 +599,22 @@ void EngineImpl::wait_idle() {
 }
 
 void EngineImpl::loop() {
+  if (drafter_) {
+    spec_ = std::make_unique<SpeculativePolicy>(SpeculativeConfig::from(cfg_), *drafter_,
+                                                max_model_len_);
+  }
+  runner_ = std::make_unique<ModelRunner>(*model_, *backend_, max_model_len_);
+  OutputProcessor::Deps deps;
+  deps.sched = sched_.get();
+  deps.tok = tok_.get();
+  deps.reqs = &reqs_;
+  deps.metrics = &m_;
+  deps.hooks = this;
+  deps.drafter = drafter_.get();
+  deps.spec = spec_.get();
+  deps.n_vocab = info_.n_vocab;
+  deps.max_model_len = max_model_len_;
+  out_ = std::make_unique<OutputProcessor>(deps);
   for (;;) {
     std::deque<std::unique_ptr<Request>> incoming;
     std::vector<kv::SeqId> cancels;
@@ -698,49 +669,8 @@ void EngineImpl::loop() {
   idle_cv_.notify_all();
 }
 
-void EngineImpl::draft() {
-  std::vector<Sequence*> decoding;
-  for (const kv::SeqId id : sched_->running()) {
-    Sequence* s = sched_->find(id);
-    if (s != nullptr && s->decoding()) decoding.push_back(s);
-  }
-  if (decoding.empty()) return;
-  const int64_t per_seq = kMaxVerifyTokens / static_cast<int64_t>(decoding.size()) - 1;
-  if (per_seq < 1) return;
-  const auto t0 = Clock::now();
-  const auto base = static_cast<int64_t>(decoding.size());
-  for (Sequence* s : decoding) {
-    Request& r = *reqs_.at(s->id);
-    // Never draft past the request's last token or the context.
-    const int64_t room =
-        std::min<int64_t>(r.max_tokens - s->n_generated(),
-                          max_model_len_ - static_cast<int64_t>(s->tokens.size())) -
-        1;
-    const int64_t cap = std::min<int64_t>({per_seq, r.gamma, room});
-    if (cap < 1) continue;
-    // Drafts that cannot pay even when all are accepted (a draft model about as slow as the
-    // target) are not tried at all. The first few speculative steps always draft (they measure
-    // the acceptance), then the cost model decides.
-    if (!cfg_.speculative_always && best_draft_len(1.0, base, cap) == 0) continue;
-    int n = r.spec_steps < kExploreSteps || cfg_.speculative_always
-                ? static_cast<int>(cap)
-                : best_draft_len(r.accept_rate, base, cap);
-    // A request that stopped drafting tries again now and then: its text may turn repetitive.
-    if (n == 0 && ++r.undrafted >= kReprobeSteps) n = static_cast<int>(cap);
-    if (n < 1) continue;
-    r.undrafted = 0;
-    drafter_->propose(s->id, s->tokens, n, s->draft);
-    if (r.grammar) r.grammar->trim_drafts(s->draft);  // never verify what the grammar rejects
-  }
-  m_.drafter_seconds += seconds(t0, Clock::now());
-}
-
-int EngineImpl::best_draft_len(double accept_rate, int64_t base, int64_t cap) const {
-  return bie::best_draft_len(accept_rate, base, cap, step_ms_, drafter_->seconds_per_token());
-}
-
 void EngineImpl::step() {
-  if (drafter_) draft();
+  if (spec_) spec_->draft(*sched_, reqs_, m_);
   SchedulerOutput out = sched_->schedule();
   if (out.scheduled.empty()) {
     // Nothing could run: with nothing running, the queue's head can never fit the pools.
@@ -751,67 +681,22 @@ void EngineImpl::step() {
     }
     return;
   }
-  // Decode chunks first: their rows form one run of matrix-vector kernels.
-  const auto first_prefill =
-      std::stable_partition(out.scheduled.begin(), out.scheduled.end(),
-                            [](const ScheduledSeq& sc) { return !sc.seq->in_prompt(); });
-  const bool decode_only = first_prefill == out.scheduled.end();
   const auto now = Clock::now();
-  std::vector<SequenceKv> views;
-  std::vector<BatchSequence> batch;
-  std::deque<std::vector<int32_t>> verify_tokens;  // stable addresses
-  views.reserve(out.scheduled.size());
-  batch.reserve(out.scheduled.size());
   for (const ScheduledSeq& sc : out.scheduled) {
-    Sequence& s = *sc.seq;
-    Request& r = *reqs_.at(s.id);
+    Request& r = *reqs_.at(sc.seq->id);
     if (!r.scheduled_once) {
       r.scheduled_once = true;
       r.first_scheduled = now;
     }
-    views.emplace_back(*s.store, s.id, s.computed, max_model_len_, sc.n_draft == 0);
-    BatchSequence b;
-    if (sc.n_draft > 0) {  // the decode token and its drafts, contiguous
-      verify_tokens.emplace_back();
-      std::vector<int32_t>& v = verify_tokens.back();
-      v.push_back(s.tokens.back());
-      v.insert(v.end(), s.draft.begin(), s.draft.begin() + sc.n_draft);
-      b.tokens = v;
-    } else {
-      b.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.computed),
-                                                            static_cast<size_t>(sc.n_tokens));
-    }
-    b.kv = &views.back();
-    b.logits = sc.n_draft > 0 ? BatchSequence::Logits::kAll
-               : sc.sample    ? BatchSequence::Logits::kLast
-                              : BatchSequence::Logits::kNone;
-    b.decode_from = std::max<int64_t>(0, s.n_prompt - s.computed);
-    batch.push_back(b);
-    if (s.in_prompt()) {
-      m_.computed_prompt_tokens += std::min(sc.n_tokens, s.n_prompt - s.computed);
-    }
   }
-  ++m_.steps;
-  m_.batched_tokens += out.n_tokens();
-  m_.batched_seqs += static_cast<int64_t>(out.scheduled.size());
-  const auto fwd0 = Clock::now();
-  auto fwd = model_->forward_batch(batch, *backend_);
-  if (!fwd) {
+  auto ran = runner_->run(out, m_);
+  if (!ran) {
     for (const ScheduledSeq& sc : out.scheduled) {
-      finish(*reqs_.at(sc.seq->id), "error", fwd.error());
+      finish(*reqs_.at(sc.seq->id), "error", ran.error());
     }
     return;
   }
-  logits_ = *fwd;
-  if (drafter_) {
-    // Cost of decode-only steps by token count, for best_draft_len.
-    const int64_t n = out.n_tokens();
-    if (decode_only && n <= kMaxVerifyTokens) {
-      const double ms = 1000.0 * seconds(fwd0, Clock::now());
-      double& e = step_ms_[static_cast<size_t>(n)];
-      e = e > 0 ? 0.8 * e + 0.2 * ms : ms;
-    }
-  }
+  if (spec_) spec_->record_step(ran->decode_only, out.n_tokens(), ran->forward_ms);
   if (cfg_.check_integrity) {
     if (Status st = sched_->check_integrity(); !st) {
       std::vector<Request*> all;
@@ -820,233 +705,17 @@ void EngineImpl::step() {
       return;
     }
   }
-  const auto n_vocab = static_cast<size_t>(info_.n_vocab);
-  size_t row = 0;
-  for (const ScheduledSeq& sc : out.scheduled) {
-    if (!sc.sample) {
-      if (Status st = sched_->commit(sc, sc.n_tokens); !st) {
-        finish(*reqs_.at(sc.seq->id), "error", st.error());
-      }
-      continue;
-    }
-    float* rows = logits_.data() + row * n_vocab;
-    row += static_cast<size_t>(1 + sc.n_draft);
-    sample(sc, rows);
-  }
+  out_->process(out.scheduled, ran->logits);
 }
 
-void EngineImpl::sample(const ScheduledSeq& sc, float* logits) {
-  Sequence& s = *sc.seq;
-  Request& r = *reqs_.at(s.id);
-  const auto n_vocab = static_cast<size_t>(info_.n_vocab);
-  const bool want_raw = r.req.logprobs >= 0;
-  TokenConstraint* gc = r.grammar ? r.grammar->constraint() : nullptr;
-  if (sc.n_draft == 0) {
-    if (r.forks_pending > 0) fork_row_.assign(logits, logits + n_vocab);
-    if (want_raw) raw_.assign(logits, logits + n_vocab);
-    const int32_t tok = r.sampler->sample(logits, s.tokens, gc);
-    if (Status st = sched_->commit(sc, sc.n_tokens); !st) {
-      finish(r, "error", st.error());
-      return;
-    }
-    if (r.forks_pending > 0) {
-      if (!fork_choices(r, fork_row_.data())) return;
-      if (want_raw) raw_.assign(fork_row_.begin(), fork_row_.end());
-    }
-    if (!grammar_accept(r, tok)) return;
-    (void)emit(r, s, tok, want_raw ? raw_.data() : nullptr);
-    return;
-  }
-  // Verify drafts in order: row i holds the logits after the decode token and i drafts
-  // (s.draft stays as scheduled until commit below). With a grammar, row i is masked with the
-  // state after the i accepted drafts: each verified token advances it before the next row.
-  int64_t accepted = 0;
-  std::vector<int32_t> out_tokens;
-  std::vector<std::vector<float>> out_raw;
-  std::vector<int32_t> history = s.tokens;
-  for (int64_t i = 0; i <= sc.n_draft; ++i) {
-    float* row = logits + static_cast<size_t>(i) * n_vocab;
-    if (want_raw) out_raw.emplace_back(row, row + n_vocab);
-    if (i == sc.n_draft) {  // every draft accepted: the bonus token
-      out_tokens.push_back(r.sampler->sample(row, history, gc));
-      if (!grammar_accept(r, out_tokens.back())) return;
-      break;
-    }
-    const DraftVerdict v =
-        r.sampler->verify(row, history, s.draft[static_cast<size_t>(i)], nullptr, gc);
-    if (!grammar_accept(r, v.token)) return;
-    out_tokens.push_back(v.token);
-    history.push_back(v.token);
-    if (!v.accepted) break;
-    ++accepted;
-  }
-  r.draft_tokens += sc.n_draft;
-  r.accepted_tokens += accepted;
-  ++r.spec_steps;
-  r.accept_rate =
-      0.7 * r.accept_rate + 0.3 * static_cast<double>(accepted) / static_cast<double>(sc.n_draft);
-  ++m_.spec_steps;
-  m_.draft_tokens += sc.n_draft;
-  m_.accepted_tokens += accepted;
-  if (cfg_.speculative_adaptive) {
-    r.gamma = accepted == sc.n_draft ? std::min(r.gamma + 1, cfg_.speculative_draft_tokens)
-                                     : std::max<int32_t>(1, static_cast<int32_t>(accepted) + 1);
-  }
-  if (Status st = sched_->commit(sc, sc.n_tokens + accepted); !st) {
-    finish(r, "error", st.error());
-    return;
-  }
-  // Accepted drafts first (their K/V was computed in this pass), then the target's own token.
-  for (size_t i = 0; i < out_tokens.size(); ++i) {
-    if (!emit(r, s, out_tokens[i], want_raw ? out_raw[i].data() : nullptr)) return;
-  }
-}
-
-bool EngineImpl::fork_choices(Request& r, const float* row) {
-  const auto n_vocab = static_cast<size_t>(info_.n_vocab);
-  const bool want_raw = r.req.logprobs >= 0;
-  std::vector<float> logits;
-  for (int32_t i = 1; i < r.req.n; ++i) {
-    const kv::SeqId sid = r.sid + static_cast<kv::SeqId>(i);
-    if (Status st = sched_->fork(r.sid, sid); !st) {
-      finish(r, "error", st.error());  // also finishes the choices not forked yet
-      return false;
-    }
-    --r.forks_pending;
-    auto c = std::make_unique<Request>();
-    c->rid = r.rid;
-    c->sid = sid;
-    c->index = i;
-    c->req = r.req;
-    c->req.sampling.seed = r.req.sampling.seed + static_cast<uint64_t>(i);
-    c->cb = r.cb;
-    c->max_tokens = r.max_tokens;
-    c->regime = r.regime;
-    c->submitted = r.submitted;
-    c->first_scheduled = r.first_scheduled;
-    c->scheduled_once = r.scheduled_once;
-    c->gamma = r.gamma;
-    c->sampler = std::make_unique<Sampler>(c->req.sampling, info_.n_vocab);
-    c->decoder = std::make_unique<tokenizer::StreamDecoder>(*tok_);
-    c->stops = std::make_unique<StopStrings>(c->req.stop);
-    if (r.grammar) c->grammar = r.grammar->fork();  // the state before the first token
-    Request& child = *c;
-    reqs_.emplace(sid, std::move(c));
-    Sequence& s = *sched_->find(sid);
-    logits.assign(row, row + n_vocab);
-    if (want_raw) raw_.assign(row, row + n_vocab);
-    const int32_t tok = child.sampler->sample(
-        logits.data(), s.tokens, child.grammar ? child.grammar->constraint() : nullptr);
-    if (!grammar_accept(child, tok)) continue;
-    (void)emit(child, s, tok, want_raw ? raw_.data() : nullptr);
-  }
+bool EngineImpl::retire(RequestId rid, int32_t choices) {
+  std::lock_guard lk(mu_);
+  const auto it = live_.find(rid);
+  if (it == live_.end()) return false;
+  it->second.unfinished -= choices;
+  if (it->second.unfinished > 0) return false;
+  live_.erase(it);
   return true;
-}
-
-bool EngineImpl::grammar_accept(Request& r, int32_t tok) {
-  if (!r.grammar) return true;
-  if (tok != Sampler::kNoConstrainedToken && r.grammar->accept(tok)) return true;
-  finish(r, "error", "structured output: no token of the vocabulary can continue the grammar");
-  return false;
-}
-
-bool EngineImpl::emit(Request& r, Sequence& s, int32_t tok, float* raw) {
-  TokenEvent ev;
-  ev.index = r.index;
-  ev.token = tok;
-  const int32_t n_vocab = info_.n_vocab;
-  if (raw != nullptr) {  // a copy of the row's raw logits: turned into log-probabilities here
-    log_softmax_inplace(raw, n_vocab);
-    ev.logprob = raw[tok];
-    const auto k = static_cast<size_t>(r.req.logprobs);
-    if (k > 0) {
-      std::vector<int32_t> idx(static_cast<size_t>(n_vocab));
-      for (int32_t i = 0; i < n_vocab; ++i) idx[static_cast<size_t>(i)] = i;
-      std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
-                        [&](int32_t a, int32_t b) { return raw[a] > raw[b]; });
-      for (size_t i = 0; i < k; ++i) ev.top.push_back({idx[i], raw[idx[i]]});
-    }
-  }
-  if (!r.got_token) {
-    r.got_token = true;
-    r.first_token = Clock::now();
-  }
-  if (tok_->is_eog(tok) && !r.req.ignore_eos) {
-    finish(r, "stop");
-    return false;
-  }
-  ev.text = r.stops->push(r.decoder->push(tok));
-  sched_->append_token(s.id, tok);
-  ++m_.generated_tokens;
-  const bool keep = !r.cb.on_token || r.cb.on_token(ev);
-  if (!keep) {
-    finish(r, "cancelled");
-  } else if (r.stops->stopped()) {
-    finish(r, "stop");
-  } else if (s.n_generated() >= r.max_tokens ||
-             static_cast<int64_t>(s.tokens.size()) >= max_model_len_) {
-    finish(r, "length");
-  } else {
-    return true;
-  }
-  return false;
-}
-
-void EngineImpl::finish(Request& r, const std::string& reason, const std::string& error) {
-  FinishEvent fe;
-  fe.index = r.index;
-  fe.finish_reason = reason;
-  fe.error = error;
-  if (reason == "stop" || reason == "length") {
-    fe.tail_text = r.stops->push(r.decoder->flush());
-    fe.tail_text += r.stops->flush();
-  }
-  const auto now = Clock::now();
-  RequestMetrics& m = fe.metrics;
-  m.prompt_tokens = static_cast<int64_t>(r.req.prompt.size());
-  if (const Sequence* s = sched_->find(r.sid)) {
-    m.cached_tokens = std::max<int64_t>(s->cached_tokens, 0);
-    m.generated_tokens = s->n_generated();
-    m.preemptions = s->preemptions;
-  }
-  m.queue_seconds =
-      r.scheduled_once ? seconds(r.submitted, r.first_scheduled) : seconds(r.submitted, now);
-  m.ttft_seconds = r.got_token ? seconds(r.submitted, r.first_token) : 0.0;
-  m.total_seconds = seconds(r.submitted, now);
-  m.kv_regime = regimes_[r.regime].label;
-  m.draft_tokens = r.draft_tokens;
-  m.accepted_tokens = r.accepted_tokens;
-  if (sched_->find(r.sid) != nullptr) (void)sched_->finish(r.sid);
-  if (drafter_) drafter_->release(r.sid);
-  // Choices that never forked (choice 0 ended before its prompt was computed) end with it.
-  const int32_t ending = 1 + r.forks_pending;
-  bool last = false;
-  {
-    std::lock_guard lk(mu_);
-    if (const auto it = live_.find(r.rid); it != live_.end()) {
-      it->second.unfinished -= ending;
-      if (it->second.unfinished <= 0) {
-        live_.erase(it);
-        last = true;
-      }
-    }
-  }
-  if (last) ++m_.requests_finished;
-  auto cb = std::move(r.cb.on_finish);
-  const kv::SeqId sid = r.sid;
-  const int32_t first_unforked = r.req.n - r.forks_pending;  // choices fork in index order
-  reqs_.erase(sid);                                          // r is gone from here on
-  publish_metrics();  // gauges read in on_finish already show this request gone
-  if (cb) {
-    cb(fe);
-    for (int32_t i = first_unforked; i < first_unforked + ending - 1; ++i) {
-      FinishEvent other = fe;
-      other.index = i;
-      other.tail_text.clear();
-      other.metrics.generated_tokens = 0;
-      cb(other);
-    }
-  }
 }
 
 void EngineImpl::publish_metrics() {

@@ -1,0 +1,42 @@
+// The model runner: turns one step's scheduled sequences into the model's batch (a SequenceKv
+// view per sequence, its tokens: a prompt chunk, a decode token, or a decode token and its
+// drafts to verify) and runs the forward pass. Holds no state between steps. Not thread-safe
+// (engine thread).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "bie/backend/backend.h"
+#include "bie/common/result.h"
+#include "bie/engine/engine.h"
+#include "bie/engine/scheduler.h"
+#include "bie/model/model.h"
+
+namespace bie {
+
+struct RunOutput {
+  // The pass's logits (the model's memory, valid until the next pass): one row per sequence
+  // that samples, 1 + n_draft rows for one that verifies drafts, in the scheduled order.
+  std::span<float> logits;
+  bool decode_only = false;  // every scheduled sequence was decoding
+  double forward_ms = 0;     // the forward pass's wall time
+};
+
+class ModelRunner {
+ public:
+  ModelRunner(Model& model, Backend& backend, int64_t max_model_len)
+      : model_(model), backend_(backend), max_model_len_(max_model_len) {}
+
+  // Puts decode chunks first in out.scheduled (their rows form one run of matrix-vector
+  // kernels), then builds the batch and runs it; counts the step in m.
+  // note: call only with a non-empty out.scheduled.
+  [[nodiscard]] Result<RunOutput> run(SchedulerOutput& out, EngineMetrics& m);
+
+ private:
+  Model& model_;
+  Backend& backend_;
+  int64_t max_model_len_ = 0;
+};
+
+}  // namespace bie
