@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "bie/backend/backend.h"
+#include "bie/backend/device.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/engine/model_path.h"
 #include "bie/engine/quality.h"
@@ -37,6 +38,8 @@ struct QualityArgs {
   std::vector<int32_t> needle_ctx = {2048};
   int64_t seed = 1;
   int32_t threads = 0;
+  // cpu by default: most regimes it compares do not run on the GPU yet (docs/gpu.md).
+  std::string device = "cpu";
   bool json = false;
   planner::KvLayoutFlags kv;
 };
@@ -52,6 +55,7 @@ nlohmann::json to_json(const QualityReport& rep, const QualityArgs& a, int threa
   j["text"] = a.text_file;
   j["text_tokens"] = rep.text_tokens;
   j["threads"] = threads;
+  j["device"] = a.device;
   j["batch"] = a.batch;
   j["scored"] = "second half of each window: logits at n/2..n-2 score tokens n/2+1..n-1";
   j["passphrase"] = rep.passphrase;
@@ -173,15 +177,19 @@ int run(const QualityArgs& a) {
   }
   cfg.seed = static_cast<uint64_t>(a.seed);
 
+  // The backend first: it outlives the model and caches whose buffers it holds.
+  auto device = backend_for_device(a.device);
+  if (!device) return fail(kExitBadInput, device.error());
+  auto backend = create_backend(BackendConfig{*device, std::max(0, a.threads)});
+  if (!backend) return fail(kExitFailure, backend.error());
+  Backend& be = **backend;
   LoadOptions lo;
   lo.max_batch_tokens = a.batch;
+  lo.max_output_rows = a.batch;  // every scored token's logits
   auto model = load_named_model(a.model, lo);
   if (!model) return fail(kExitFailure, model.error());
   auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
   if (!tok) return fail(kExitFailure, tok.error());
-  auto backend = create_backend(BackendConfig{"cpu", std::max(0, a.threads)});
-  if (!backend) return fail(kExitFailure, backend.error());
-  Backend& be = **backend;
 
   auto rep = measure_kv_quality(**model, *tok, text, cfg, be, [](const std::string& line) {
     std::fprintf(stderr, "bie quality: %s\n", line.c_str());
@@ -244,6 +252,10 @@ void add_quality_command(CLI::App& root, int* rc) {
   cmd->add_option("--kv-window", a->kv.window_tokens, "Last tokens kept in FP16")
       ->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "Threads (0: all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--device", a->device,
+                  "auto|cpu|vulkan[:N]; on a GPU the model and the KV pools run there (f16 KV "
+                  "only so far)")
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print JSON instead of tables");
   cmd->callback([a, rc] { *rc = run(*a); });
 }

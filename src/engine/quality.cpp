@@ -103,15 +103,18 @@ using Clock = std::chrono::steady_clock;
 // A cache for one sequence of max_tokens, with pools planned for exactly that, appended in passes
 // of up to `batch` tokens (chunked prefill fits them: PagedKvCache::append migrates window exits
 // between blocks; local layer groups get the pass headroom).
+// On a backend that holds paged KV (a GPU) the pools live in its memory.
 Result<std::unique_ptr<PagedKvCache>> make_cache(const Model& model,
                                                  const planner::ModelGeometry& g,
                                                  const planner::KvLayout& layout,
-                                                 int64_t max_tokens, int32_t batch) {
+                                                 int64_t max_tokens, int32_t batch,
+                                                 Backend& backend) {
   PagedKvCacheConfig c;
   c.geometry = model.hparams().kv_geometry();
   c.layout = layout;
   c.max_tokens = max_tokens;
   c.max_append = batch;
+  if (backend.supports_paged_kv()) c.device = &backend;
   return PagedKvCache::create(c, planner::kv_pool_plan(g, layout, max_tokens, 1, batch).groups);
 }
 
@@ -176,7 +179,7 @@ Status QualityRun::perplexity(const std::vector<int32_t>& text, size_t ci, Quali
     set_bos(win, tok_);
     std::vector<std::unique_ptr<PagedKvCache>> kv;
     for (const auto& r : rep.regimes) {
-      auto c = make_cache(model_, geom_, r.regime.layout, n, cfg_.batch);
+      auto c = make_cache(model_, geom_, r.regime.layout, n, cfg_.batch, backend_);
       if (!c) return Error{c.error()};
       kv.push_back(std::move(c).value());
     }
@@ -249,7 +252,8 @@ Status QualityRun::continuations(const std::vector<int32_t>& text, QualityReport
     set_bos(req.prompt, tok_);
     std::vector<int32_t> base;
     for (size_t r = 0; r < rep.regimes.size(); ++r) {
-      auto kv = make_cache(model_, geom_, rep.regimes[r].regime.layout, max_tokens, cfg_.batch);
+      auto kv =
+          make_cache(model_, geom_, rep.regimes[r].regime.layout, max_tokens, cfg_.batch, backend_);
       if (!kv) return Error{kv.error()};
       std::vector<int32_t> out;
       auto st = generate(model_, **kv, backend_, req, [&](int32_t id) {
@@ -295,7 +299,7 @@ Status QualityRun::needle(const std::vector<int32_t>& text, QualityReport& rep) 
       const int64_t a0 = static_cast<int64_t>(seq.size() - answer.size());  // first answer token
       say(fmt::format("needle ctx {} depth {}%", n, depth));
       for (auto& r : rep.regimes) {
-        auto kv = make_cache(model_, geom_, r.regime.layout, n, cfg_.batch);
+        auto kv = make_cache(model_, geom_, r.regime.layout, n, cfg_.batch, backend_);
         if (!kv) return Error{kv.error()};
         NeedleStats ns;
         ns.n_ctx = n;
