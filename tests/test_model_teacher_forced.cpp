@@ -21,6 +21,7 @@
 #include "bie/model/model.h"
 #include "support/contiguous_kv_cache.h"
 #include "support/paths.h"
+#include "support/reference_backend.h"
 
 namespace bie {
 namespace {
@@ -284,6 +285,23 @@ INSTANTIATE_TEST_SUITE_P(Golden, TeacherForced,
                              if (c == '.' || c == '-') c = '_';
                            }
                            return s;
+                         });
+
+// The same batched path on a second backend written from the formulas (tests/support/
+// reference_backend.h: scalar double-precision loops, registered nowhere, the host KV path):
+// held to the same bars, the model, the KV stores and the engine's path unchanged. Scalar
+// matmuls are slow: prompts of at most 20 tokens, their first 8 steps.
+class TeacherForcedReference : public TeacherForced {};
+
+TEST_P(TeacherForcedReference, BatchedPagedPathOnTheReferenceBackend) {
+  test::ReferenceBackend be;
+  run_batched(be, nullptr, "reference backend", 20, 8);
+  model_.reset();  // its weights are a copy in the backend's memory
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, TeacherForcedReference, ::testing::Values(kSmolLM2),
+                         [](const ::testing::TestParamInfo<Bars>& i) {
+                           return std::string(i.param.model);
                          });
 
 #if BIE_HAVE_VULKAN
