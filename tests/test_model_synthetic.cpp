@@ -6,8 +6,9 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "bie/engine/generate.h"
-#include "support/contiguous_kv_cache.h"
 #include "bie/model/model.h"
+#include "support/contiguous_kv_cache.h"
+#include "support/reference_backend.h"
 #include "support/tiny_llama.h"
 
 namespace bie {
@@ -115,6 +116,30 @@ TEST(ModelSynthetic, UncomputableTensorTypeIsAClearError) {
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().find("blk.0.attn_q.weight' has type iq2_xxs"), std::string::npos)
       << m.error();
+}
+
+// A backend without a kernel for some of the model's weight types refuses the model when it
+// binds (before any pass), naming the type, the count and the way out.
+TEST(ModelSynthetic, WeightTypeTheBackendCannotRunIsRefusedAtBind) {
+  class NoF32 final : public test::ReferenceBackend {
+   public:
+    [[nodiscard]] bool supports_weight_type(quant::GgmlType t) const override {
+      return t != quant::GgmlType::F32;
+    }
+  };
+  test::TinyLlama t;
+  auto m = load_model(write_tmp(t, "no_f32"));
+  ASSERT_TRUE(m.ok()) << m.error();
+  NoF32 be;
+  const Status st = (*m)->bind(be);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().find("21 weight tensors of this model are f32, for which the reference "
+                            "backend has no kernel; run it with --device cpu"),
+            std::string::npos)
+      << st.error();
+  test::ReferenceBackend all;
+  EXPECT_TRUE((*m)->bind(all).ok());
+  m->reset();
 }
 
 TEST(ModelSynthetic, MissingTensorAndBadTokenAreErrors) {

@@ -12,6 +12,7 @@
 // weights are used as stored (llama.cpp's converter bakes Gemma's (1 + w) into the tensors).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "bie/backend/backend.h"
@@ -210,6 +211,17 @@ Status DecoderModel::bind(Backend& be) {
   if (bound_backend_ == be.id()) return {};
   bound_backend_ = 0;
   ws_ = Workspace{};
+  for (const Tensor* t : weights_) {
+    if (t->rows != 0 && !be.supports_weight_type(t->type)) {
+      const auto n = std::count_if(weights_.begin(), weights_.end(), [&](const Tensor* u) {
+        return u->rows != 0 && u->type == t->type;
+      });
+      return Error{fmt::format(
+          "{} weight tensors of this model are {}, for which the {} backend has no kernel; run it "
+          "with --device cpu",
+          n, quant::type_name(t->type), be.name())};
+    }
+  }
   auto wb = be.upload_weights(file_->data_section());
   if (!wb.ok()) return Error{wb.error()};
   weight_buf_ = std::move(wb).value();

@@ -19,7 +19,7 @@
 
 namespace bie::test {
 
-class ReferenceBackend final : public Backend {
+class ReferenceBackend : public Backend {
  public:
   ReferenceBackend() : pool_(1) {}
 

@@ -244,6 +244,10 @@ class Backend {
   }
   [[nodiscard]] virtual DeviceMemoryUse device_memory_use() const { return {}; }
 
+  // Whether matmul/get_rows have a kernel for weights of `type` (a model with others is refused
+  // when it binds, before any pass).
+  [[nodiscard]] virtual bool supports_weight_type(quant::GgmlType /*type*/) const { return true; }
+
   // ---- dense operations (F32 activations [rows, cols], row-wise) ------------------------------
   // y[t] = W x[t] for each of x's rows, with the kernel family `path` names (see MatmulPath: the
   // path decides a token's rounding). W is a weight view [n_out, n_in] of a quant type.

@@ -147,6 +147,10 @@ std::string VulkanBackend::name() const {
   return fmt::format("vulkan:{}", dev_->info().index);
 }
 
+bool VulkanBackend::supports_weight_type(quant::GgmlType type) const {
+  return gpu_weight_type(type);
+}
+
 std::optional<DeviceMemoryInfo> VulkanBackend::device_memory() const {
   const GpuDeviceInfo& d = dev_->info();
   DeviceMemoryInfo m;

@@ -50,6 +50,8 @@ class VulkanBackend final : public Backend {
   void download(const Tensor& src, void* dst) override;
   void synchronize() override;
 
+  // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+  [[nodiscard]] bool supports_weight_type(quant::GgmlType type) const override;
   void matmul(const Tensor& w, const Tensor& x, const Tensor& y, MatmulPath path) override;
   void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out, float scale) override;
   void rms_norm(const Tensor& x, const Tensor& w, const Tensor& out, float eps) override;
