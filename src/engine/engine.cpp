@@ -255,8 +255,9 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   }
   if (Status st = make_regimes(*g, *sha); !st) return st;
   if (plan_opts.device) {
-    // On a device the weights and the workspace are held from start-up, as the report says.
-    kind = CreateError::kOutOfBudget;
+    // On a device the weights and the workspace are held from start-up, as the report says (a
+    // weight type without a device kernel is refused here too).
+    kind = CreateError::kModel;
     if (Status st = model_->bind(*backend_); !st) return st;
   }
   for (const Regime& r : regimes_) {
