@@ -163,8 +163,9 @@ Status PagedKvStore::alloc_device_pools() {
         !be.supports_kv_types(static_cast<uint8_t>(f.k.type), static_cast<uint8_t>(f.v.type),
                               l.rotate)) {
       return Error{fmt::format(
-          "KV regime {} does not run on the {} backend yet (it holds f16 KV on the device: use "
-          "--kv-cache-dtype f16, or --device cpu)",
+          "KV regime {} does not run on the {} backend yet (a device holds the per-token formats "
+          "f16, fp8_e4m3, int8 and int4_asym, keys unrotated: use --kv-cache-dtype f16, or "
+          "--device cpu)",
           planner::kv_layout_label(l), be.name())};
     }
   }
@@ -180,6 +181,7 @@ Status PagedKvStore::alloc_device_pools() {
       d.v_group = f.v.group;
       d.k_tile_bytes = f.k_tile;
       d.v_tile_bytes = f.v_tile;
+      d.round_rows_to_fp16 = l.mixed() && kv::PoolKind(p) == kv::PoolKind::kBody;  // as store()
       if (pool.n_blocks() == 0) continue;
       const size_t bytes = static_cast<size_t>(pool.n_blocks()) * pool.block_bytes();
       if (bytes > be.max_kv_pool_bytes()) {
@@ -538,9 +540,12 @@ Status PagedKvStore::attention(kv::SeqId s, int il, int64_t pos0, const Tensor& 
     table_buf_.push_back(device_ref(t[static_cast<size_t>(b)]));
     if (t[static_cast<size_t>(b)].block.index != kv::kNullBlock) pool_id = table_buf_.back().pool;
   }
-  // Dropped blocks name the pool of the others (one pool per call).
-  for (KvBlockRef& r : table_buf_) {
-    if (pool_id >= 0) r.pool = pool_id;
+  // Dropped blocks (never read) name a pool that holds blocks; the others keep their own (a mixed
+  // layout's table spans the FP16 and the body pool).
+  for (int64_t b = 0; b < nb; ++b) {
+    if (t[static_cast<size_t>(b)].block.index == kv::kNullBlock && pool_id >= 0) {
+      table_buf_[static_cast<size_t>(b)].pool = pool_id;
+    }
   }
   const int32_t query_start[2] = {0, static_cast<int32_t>(q.rows)};
   const int64_t q_pos0[1] = {pos0};

@@ -123,6 +123,9 @@ struct KvPoolDesc {
   int32_t v_group = 0;
   size_t k_tile_bytes = 0;
   size_t v_tile_bytes = 0;
+  // Rows written here are rounded to fp16 before they are encoded (a mixed layout's body pool:
+  // its bytes are those of rows that passed through the FP16 window, whatever the path).
+  bool round_rows_to_fp16 = false;
 };
 
 // One (pool, block) address; a block table is a list of them.
