@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstring>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "bie/backend/ops.h"
@@ -463,68 +464,184 @@ void VulkanBackend::rope(const RopeConfig& rope, const Tensor& cs, const Tensor&
 
 namespace {
 
-Status check_f16_pool(const KvPoolDesc& pool, int block_size, int head_dim) {
-  const auto f16 = static_cast<uint8_t>(planner::KvType::kF16);
-  if (pool.k_type != f16 || pool.v_type != f16) {
-    return Error{"the Vulkan backend runs fp16 KV pools only (use --kv-cache-dtype f16)"};
+using planner::KvType;
+
+// The KV formats the device kernels read and write (kv_codec.glsl): the per-token row formats.
+// The per-channel tiles (int4_channel, int8_channel) and rotated keys stay on the host for now.
+bool device_kv_type(uint8_t t) {
+  switch (static_cast<KvType>(t)) {
+    case KvType::kF16:
+    case KvType::kFp8E4M3:
+    case KvType::kInt8:
+    case KvType::kInt4Asym:
+      return true;
+    default:
+      return false;
   }
-  const size_t tile = static_cast<size_t>(block_size) * static_cast<size_t>(head_dim) * 2;
-  if (pool.k_tile_bytes != tile || pool.v_tile_bytes != tile || pool.memory.row_bytes % 4 != 0 ||
-      pool.memory.offset % 4 != 0 || head_dim % 2 != 0) {
-    return Error{"vulkan: unexpected fp16 KV tile layout"};
+}
+
+bool is_f16(uint8_t t) {
+  return static_cast<KvType>(t) == KvType::kF16;
+}
+
+// Bytes of one row (kv::row_bytes_*; kv_row_bytes in kv_codec.glsl).
+size_t kv_row_bytes(uint8_t type, int d, int g) {
+  const auto ud = static_cast<size_t>(d);
+  switch (static_cast<KvType>(type)) {
+    case KvType::kF16:
+      return 2 * ud;
+    case KvType::kInt4Asym:
+      return ud / static_cast<size_t>(g) * (static_cast<size_t>(g) / 2 + 4);
+    default:
+      return ud + 2;
+  }
+}
+
+Status check_pool(const KvPoolDesc& pool, int block_size, int head_dim) {
+  if (!device_kv_type(pool.k_type) || !device_kv_type(pool.v_type)) {
+    return Error{fmt::format(
+        "the Vulkan backend runs f16, fp8_e4m3, int8 and int4_asym KV pools only (not K type {} "
+        "/ V type {}; use --kv-cache-dtype f16, or --device cpu)",
+        pool.k_type, pool.v_type)};
+  }
+  for (const auto& [type, group, tile] :
+       {std::tuple{pool.k_type, pool.k_group, pool.k_tile_bytes},
+        std::tuple{pool.v_type, pool.v_group, pool.v_tile_bytes}}) {
+    const bool int4 = static_cast<KvType>(type) == KvType::kInt4Asym;
+    if (int4 && (group != 32 && group != 64 && group != 128)) {
+      return Error{fmt::format("vulkan: int4_asym group {} (32, 64 or 128)", group)};
+    }
+    if ((int4 && head_dim % group != 0) ||
+        tile != static_cast<size_t>(block_size) * kv_row_bytes(type, head_dim, group)) {
+      return Error{"vulkan: unexpected KV tile layout"};
+    }
+  }
+  if (pool.memory.row_bytes % 4 != 0 || pool.memory.offset % 4 != 0 || head_dim % 4 != 0 ||
+      pool.k_tile_bytes % 4 != 0 || pool.v_tile_bytes % 4 != 0) {
+    return Error{"vulkan: unexpected KV tile layout"};
   }
   return {};
+}
+
+// Byte offset of layer `layer`'s first K tile in block 0 of a pool.
+size_t layer_base(const KvPoolDesc& pool, int layer, int n_head_kv) {
+  return pool.memory.offset + static_cast<size_t>(layer) * static_cast<size_t>(n_head_kv) *
+                                  (pool.k_tile_bytes + pool.v_tile_bytes);
+}
+
+struct KvWriteQPush {
+  uint32_t n_slots, n_head_kv, head_dim, block_bytes, k_tile, v_tile, k_base, k_type, v_type,
+      k_group, v_group, round_fp16, k_src_off, k_src_stride, v_src_off, v_src_stride;
+};
+struct AttnKvPush {
+  uint32_t n_tokens, n_head, group, head_dim, block_size, n_head_kv, window;
+  float scale;
+  uint32_t q_off, q_stride, o_off, o_stride;
+};
+struct QuantisePush {
+  uint32_t n_layers, n_head_kv, head_dim, block_size, src_block_bytes, src_base, dst_block_bytes,
+      dst_k_tile, dst_v_tile, dst_base, k_type, v_type, k_group, v_group;
+};
+
+std::span<const uint8_t> bytes_of(const std::vector<int32_t>& v) {
+  return {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(int32_t)};
 }
 
 }  // namespace
 
 bool VulkanBackend::supports_kv_types(uint8_t k_type, uint8_t v_type, bool rotate_keys) const {
-  const auto f16 = static_cast<uint8_t>(planner::KvType::kF16);
-  return k_type == f16 && v_type == f16 && !rotate_keys;
+  return device_kv_type(k_type) && device_kv_type(v_type) && !rotate_keys;
 }
 
 Status VulkanBackend::paged_attention(const AttnMetadata& m) {
   if (!error_.ok()) return error_;
   if (m.head_dim > 512) return Error{"vulkan attention: head_dim above 512"};
-  if (m.rotate_keys) return Error{"vulkan attention: rotated keys are not supported (fp16 only)"};
+  if (m.rotate_keys) return Error{"vulkan attention: rotated keys are not supported"};
   const size_t n_seq = m.q_pos0.size();
   if (n_seq == 0) return {};
-  int pool_id = m.block_table.empty() ? 0 : m.block_table[0].pool;
+  // Pool slots of the shader: the pools that hold blocks, in the order the table first names
+  // them (at most two: a mixed layout's FP16 and body pools). Entries of a pool without memory
+  // are dropped blocks (never read).
+  std::array<int, 2> slot_pool = {-1, -1};
+  int n_slots = 0;
   for (const KvBlockRef& r : m.block_table) {
-    if (r.pool != pool_id) return Error{"vulkan attention: a batch over several KV pools"};
+    if (r.pool == slot_pool[0] || r.pool == slot_pool[1]) continue;
+    if (m.pools[static_cast<size_t>(r.pool)].memory.empty()) continue;
+    if (n_slots == 2) return Error{"vulkan attention: a batch over more than two KV pools"};
+    slot_pool[static_cast<size_t>(n_slots++)] = r.pool;
   }
-  const KvPoolDesc& pool = m.pools[static_cast<size_t>(pool_id)];
-  if (Status s = check_f16_pool(pool, m.block_size, m.head_dim); !s.ok()) return s;
+  if (n_slots == 0) slot_pool[0] = m.block_table.empty() ? 0 : m.block_table[0].pool;
+  for (int s = 0; s < std::max(n_slots, 1); ++s) {
+    const KvPoolDesc& pool = m.pools[static_cast<size_t>(slot_pool[static_cast<size_t>(s)])];
+    if (Status st = check_pool(pool, m.block_size, m.head_dim); !st.ok()) return st;
+  }
+  const KvPoolDesc& pool0 = m.pools[static_cast<size_t>(slot_pool[0])];
+  if (pool0.memory.empty()) return Error{"vulkan attention: no KV pool holds the table's blocks"};
+  const bool plain_f16 = n_slots <= 1 && is_f16(pool0.k_type) && is_f16(pool0.v_type);
   const int64_t n_tokens = m.query_start[n_seq];
-  // meta: [t] sequence, [n_tokens + t] position, [2 n_tokens + s] first table entry of s.
-  std::vector<int32_t> meta(static_cast<size_t>(2 * n_tokens) + n_seq);
+  // meta: [t] sequence, [n_tokens + t] position, [2 n_tokens + s] first table entry of s (after
+  // the pool slots' descriptors for attn_paged_kv).
+  const size_t head = plain_f16 ? 0 : 16;
+  std::vector<int32_t> meta(head + static_cast<size_t>(2 * n_tokens) + n_seq, 0);
+  for (int s = 0; s < n_slots && !plain_f16; ++s) {
+    const KvPoolDesc& pool = m.pools[static_cast<size_t>(slot_pool[static_cast<size_t>(s)])];
+    const int32_t d[8] = {pool.k_type,
+                          pool.v_type,
+                          pool.k_group,
+                          pool.v_group,
+                          static_cast<int32_t>(pool.memory.row_bytes),
+                          static_cast<int32_t>(pool.k_tile_bytes),
+                          static_cast<int32_t>(pool.v_tile_bytes),
+                          static_cast<int32_t>(layer_base(pool, m.layer_in_group, m.n_head_kv))};
+    std::copy(d, d + 8, meta.begin() + 8 * s);
+  }
   for (size_t s = 0; s < n_seq; ++s) {
     for (int32_t t = m.query_start[s]; t < m.query_start[s + 1]; ++t) {
-      meta[static_cast<size_t>(t)] = static_cast<int32_t>(s);
-      meta[static_cast<size_t>(n_tokens + t)] =
+      meta[head + static_cast<size_t>(t)] = static_cast<int32_t>(s);
+      meta[head + static_cast<size_t>(n_tokens + t)] =
           static_cast<int32_t>(m.q_pos0[s] + (t - m.query_start[s]));
     }
-    meta[static_cast<size_t>(2 * n_tokens) + s] = m.block_table_start[s];
+    meta[head + static_cast<size_t>(2 * n_tokens) + s] = m.block_table_start[s];
   }
   std::vector<int32_t> table(m.block_table.size() + 1, 0);
-  for (size_t i = 0; i < m.block_table.size(); ++i) table[i] = m.block_table[i].block;
+  for (size_t i = 0; i < m.block_table.size(); ++i) {
+    const KvBlockRef& r = m.block_table[i];
+    const int32_t slot = r.pool == slot_pool[1] ? 1 : 0;
+    table[i] = plain_f16 ? r.block : r.block * 2 + slot;
+  }
   // One ring allocation for both (a wrap between two could let later parameters overwrite the
   // first before the dispatch runs).
-  const auto [tb, mb] = params({reinterpret_cast<const uint8_t*>(table.data()), table.size() * 4},
-                               {reinterpret_cast<const uint8_t*>(meta.data()), meta.size() * 4});
+  const auto [tb, mb] = params(bytes_of(table), bytes_of(meta));
   if (tb.buffer == nullptr || mb.buffer == nullptr) return error_;
-  const size_t layer_bytes =
-      static_cast<size_t>(m.n_head_kv) * (pool.k_tile_bytes + pool.v_tile_bytes);
-  const size_t k_off =
-      (pool.memory.offset + static_cast<size_t>(m.layer_in_group) * layer_bytes) / 2;
+  const vk::BufferRef p0{&vbuf(pool0.memory)};
+  if (!plain_f16) {
+    const vk::BufferRef p1 =
+        n_slots == 2 ? vk::BufferRef{&vbuf(m.pools[static_cast<size_t>(slot_pool[1])].memory)} : p0;
+    AttnKvPush p{static_cast<uint32_t>(n_tokens),
+                 static_cast<uint32_t>(m.n_head),
+                 static_cast<uint32_t>(m.n_head / m.n_head_kv),
+                 static_cast<uint32_t>(m.head_dim),
+                 static_cast<uint32_t>(m.block_size),
+                 static_cast<uint32_t>(m.n_head_kv),
+                 static_cast<uint32_t>(m.window),
+                 m.scale,
+                 off4(m.q),
+                 stride4(m.q),
+                 off4(m.out),
+                 stride4(m.out)};
+    run("attn_paged_kv", {whole(m.q), p0, p1, tb, mb, whole(m.out)}, p,
+        static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(m.n_head));
+    return error_;
+  }
+  const size_t k_off = layer_base(pool0, m.layer_in_group, m.n_head_kv) / 2;
   AttnPush p{
       static_cast<uint32_t>(n_tokens),
       static_cast<uint32_t>(m.n_head),
       static_cast<uint32_t>(m.n_head / m.n_head_kv),
       static_cast<uint32_t>(m.head_dim),
       static_cast<uint32_t>(m.block_size),
-      static_cast<uint32_t>(pool.memory.row_bytes / 2),
-      static_cast<uint32_t>(pool.k_tile_bytes / 2),
+      static_cast<uint32_t>(pool0.memory.row_bytes / 2),
+      static_cast<uint32_t>(pool0.k_tile_bytes / 2),
       0u,
       static_cast<uint32_t>(m.window),
       m.scale,
@@ -533,50 +650,124 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
       off4(m.out),
       stride4(m.out),
       static_cast<uint32_t>(k_off),
-      static_cast<uint32_t>(k_off + static_cast<size_t>(m.n_head_kv) * pool.k_tile_bytes / 2)};
-  vk::BufferRef pool_ref{&vbuf(pool.memory)};
-  run("attn_paged_f16", {whole(m.q), pool_ref, pool_ref, tb, mb, whole(m.out)}, p,
+      static_cast<uint32_t>(k_off + static_cast<size_t>(m.n_head_kv) * pool0.k_tile_bytes / 2)};
+  run("attn_paged_f16", {whole(m.q), p0, p0, tb, mb, whole(m.out)}, p,
       static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(m.n_head));
   return error_;
 }
 
 Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
   if (!error_.ok()) return error_;
-  if (m.rotate_keys) return Error{"vulkan kv_write: rotated keys are not supported (fp16 only)"};
-  const size_t n = m.slots.size();
-  if (n == 0) return {};
-  const int pool_id = m.slots[0].block.pool;
-  for (const KvSlot& s : m.slots) {
-    if (s.block.pool != pool_id) return Error{"vulkan kv_write: a batch over several KV pools"};
+  if (m.rotate_keys) return Error{"vulkan kv_write: rotated keys are not supported"};
+  const size_t n_all = m.slots.size();
+  // One dispatch per pool the slots name (a prefill in a mixed layout writes FP16 and body
+  // blocks); each slot carries its source token.
+  std::vector<bool> done(m.pools.size(), false);
+  for (const KvSlot& first : m.slots) {
+    const auto pool_id = static_cast<size_t>(first.block.pool);
+    if (done[pool_id]) continue;
+    done[pool_id] = true;
+    const KvPoolDesc& pool = m.pools[pool_id];
+    if (Status s = check_pool(pool, m.block_size, m.head_dim); !s.ok()) return s;
+    if (pool.memory.empty()) return Error{"vulkan kv_write: a slot in a pool without memory"};
+    std::vector<int32_t> blk, row, tok;
+    for (size_t i = 0; i < n_all; ++i) {
+      if (static_cast<size_t>(m.slots[i].block.pool) != pool_id) continue;
+      blk.push_back(m.slots[i].block.block);
+      row.push_back(m.slots[i].row);
+      tok.push_back(static_cast<int32_t>(i));
+    }
+    const size_t n = blk.size();
+    std::vector<int32_t> slot(blk);
+    slot.insert(slot.end(), row.begin(), row.end());
+    slot.insert(slot.end(), tok.begin(), tok.end());
+    const vk::BufferRef sb = params(bytes_of(slot))[0];
+    if (sb.buffer == nullptr) return error_;
+    const size_t base = layer_base(pool, m.layer_in_group, m.n_head_kv);
+    const vk::BufferRef pool_ref{&vbuf(pool.memory)};
+    if (is_f16(pool.k_type) && is_f16(pool.v_type) && !pool.round_rows_to_fp16) {
+      KvWritePush p{static_cast<uint32_t>(n),
+                    static_cast<uint32_t>(m.n_head_kv),
+                    static_cast<uint32_t>(m.head_dim),
+                    static_cast<uint32_t>(pool.memory.row_bytes / 2),
+                    static_cast<uint32_t>(pool.k_tile_bytes / 2),
+                    static_cast<uint32_t>(base / 2),
+                    static_cast<uint32_t>((base + m.n_head_kv * pool.k_tile_bytes) / 2),
+                    off4(m.k),
+                    stride4(m.k),
+                    off4(m.v),
+                    stride4(m.v)};
+      run("kv_write_f16", {whole(m.k), whole(m.v), sb, pool_ref}, p,
+          div_up(m.n_head_kv * m.head_dim / 2, 64), static_cast<uint32_t>(n));
+      continue;
+    }
+    KvWriteQPush p{static_cast<uint32_t>(n),
+                   static_cast<uint32_t>(m.n_head_kv),
+                   static_cast<uint32_t>(m.head_dim),
+                   static_cast<uint32_t>(pool.memory.row_bytes),
+                   static_cast<uint32_t>(pool.k_tile_bytes),
+                   static_cast<uint32_t>(pool.v_tile_bytes),
+                   static_cast<uint32_t>(base),
+                   pool.k_type,
+                   pool.v_type,
+                   static_cast<uint32_t>(pool.k_group),
+                   static_cast<uint32_t>(pool.v_group),
+                   pool.round_rows_to_fp16 ? 1u : 0u,
+                   off4(m.k),
+                   stride4(m.k),
+                   off4(m.v),
+                   stride4(m.v)};
+    const int64_t groups = div_up(static_cast<int64_t>(n) * 2 * m.n_head_kv, 64);
+    const auto gx = static_cast<uint32_t>(std::min<int64_t>(groups, 32768));
+    run("kv_write_q", {whole(m.k), whole(m.v), sb, pool_ref}, p, gx, div_up(groups, gx));
   }
-  const KvPoolDesc& pool = m.pools[static_cast<size_t>(pool_id)];
-  if (Status s = check_f16_pool(pool, m.block_size, m.head_dim); !s.ok()) return s;
-  std::vector<int32_t> slot(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    slot[i] = m.slots[i].block.block;
-    slot[n + i] = m.slots[i].row;
+  return error_;
+}
+
+Status VulkanBackend::quantise_blocks(std::span<const KvPoolDesc> pools,
+                                      std::span<const KvBlockQuantise> moves, int n_layers_in_group,
+                                      int n_head_kv, int head_dim, int block_size) {
+  if (!error_.ok()) return error_;
+  // One dispatch per (source pool, destination pool) pair.
+  std::vector<bool> done(moves.size(), false);
+  for (size_t i = 0; i < moves.size(); ++i) {
+    if (done[i]) continue;
+    const KvPoolDesc& src = pools[static_cast<size_t>(moves[i].src.pool)];
+    const KvPoolDesc& dst = pools[static_cast<size_t>(moves[i].dst.pool)];
+    if (!is_f16(src.k_type) || !is_f16(src.v_type)) {
+      return Error{"vulkan quantise_blocks: the source pool is not fp16"};
+    }
+    if (Status s = check_pool(src, block_size, head_dim); !s.ok()) return s;
+    if (Status s = check_pool(dst, block_size, head_dim); !s.ok()) return s;
+    std::vector<int32_t> jobs;
+    for (size_t j = i; j < moves.size(); ++j) {
+      if (moves[j].src.pool != moves[i].src.pool || moves[j].dst.pool != moves[i].dst.pool) {
+        continue;
+      }
+      done[j] = true;
+      jobs.insert(jobs.end(), {moves[j].src.block, moves[j].dst.block,
+                               std::clamp(moves[j].rows, 0, block_size)});
+    }
+    const vk::BufferRef jb = params(bytes_of(jobs))[0];
+    if (jb.buffer == nullptr) return error_;
+    QuantisePush p{static_cast<uint32_t>(n_layers_in_group),
+                   static_cast<uint32_t>(n_head_kv),
+                   static_cast<uint32_t>(head_dim),
+                   static_cast<uint32_t>(block_size),
+                   static_cast<uint32_t>(src.memory.row_bytes),
+                   static_cast<uint32_t>(src.memory.offset),
+                   static_cast<uint32_t>(dst.memory.row_bytes),
+                   static_cast<uint32_t>(dst.k_tile_bytes),
+                   static_cast<uint32_t>(dst.v_tile_bytes),
+                   static_cast<uint32_t>(dst.memory.offset),
+                   dst.k_type,
+                   dst.v_type,
+                   static_cast<uint32_t>(dst.k_group),
+                   static_cast<uint32_t>(dst.v_group)};
+    run("kv_quantise", {vk::BufferRef{&vbuf(src.memory)}, vk::BufferRef{&vbuf(dst.memory)}, jb}, p,
+        div_up(static_cast<int64_t>(n_layers_in_group) * 2 * n_head_kv * block_size, 64),
+        static_cast<uint32_t>(jobs.size() / 3));
   }
-  const vk::BufferRef sb =
-      params({reinterpret_cast<const uint8_t*>(slot.data()), slot.size() * 4})[0];
-  if (sb.buffer == nullptr) return error_;
-  const size_t layer_bytes =
-      static_cast<size_t>(m.n_head_kv) * (pool.k_tile_bytes + pool.v_tile_bytes);
-  const size_t k_off =
-      (pool.memory.offset + static_cast<size_t>(m.layer_in_group) * layer_bytes) / 2;
-  KvWritePush p{
-      static_cast<uint32_t>(n),
-      static_cast<uint32_t>(m.n_head_kv),
-      static_cast<uint32_t>(m.head_dim),
-      static_cast<uint32_t>(pool.memory.row_bytes / 2),
-      static_cast<uint32_t>(pool.k_tile_bytes / 2),
-      static_cast<uint32_t>(k_off),
-      static_cast<uint32_t>(k_off + static_cast<size_t>(m.n_head_kv) * pool.k_tile_bytes / 2),
-      off4(m.k),
-      stride4(m.k),
-      off4(m.v),
-      stride4(m.v)};
-  run("kv_write_f16", {whole(m.k), whole(m.v), sb, vk::BufferRef{&vbuf(pool.memory)}}, p,
-      div_up(m.n_head_kv * m.head_dim / 2, 64), static_cast<uint32_t>(n));
   return error_;
 }
 

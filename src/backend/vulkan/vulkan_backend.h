@@ -1,6 +1,6 @@
 // VulkanBackend: the Backend on one Vulkan device. Weights are copied once into device-local
 // buffers in their GGUF block formats (the shaders decode the blocks; no dequantised copy);
-// activations and the fp16 KV pools live in device buffers. Operations are recorded into one
+// activations and the KV pools live in device buffers. Operations are recorded into one
 // command stream in program order (a barrier after each) and run when the host needs a result
 // (download, synchronize) or when parameters must be uploaded. Buffers' host_ptr() is nullptr
 // (even where the memory is mapped): the host reaches device memory only through
@@ -64,17 +64,21 @@ class VulkanBackend final : public Backend {
             int head_dim) override;
   void softcap(const Tensor& x, float cap) override;
 
-  // fp16 KV pools only (both K and V planner::KvType::kF16); quantised formats are refused with
-  // an error naming them (the quantised regimes on the GPU are a later issue).
+  // KV pools of the per-token row formats (f16, fp8_e4m3, int8, int4_asym g32/64/128), blocks
+  // byte-identical to the CPU's (src/backend/vulkan/shaders/kv_codec.glsl); the per-channel tile
+  // formats and rotated keys are refused with an error naming them.
   [[nodiscard]] bool supports_paged_kv() const override { return true; }
   [[nodiscard]] uint64_t max_kv_pool_bytes() const override { return dev_->max_binding_bytes(); }
-  // fp16 K and V, unrotated (the quantised KV formats on the device are the next step).
   [[nodiscard]] bool supports_kv_types(uint8_t k_type, uint8_t v_type,
                                        bool rotate_keys) const override;
   [[nodiscard]] Status paged_attention(const AttnMetadata& meta) override;
   [[nodiscard]] Status kv_write(const KvWriteMetadata& meta) override;
   [[nodiscard]] Status copy_blocks(std::span<const KvPoolDesc> pools,
                                    std::span<const KvBlockCopy> copies) override;
+  [[nodiscard]] Status quantise_blocks(std::span<const KvPoolDesc> pools,
+                                       std::span<const KvBlockQuantise> moves,
+                                       int n_layers_in_group, int n_head_kv, int head_dim,
+                                       int block_size) override;
 
  private:
   VulkanBackend(std::unique_ptr<vk::Device> dev, const VulkanBackendOptions& o);

@@ -1,0 +1,170 @@
+#version 450
+// Paged causal attention over K/V in any row-wise format (f16, fp8_e4m3, int8, int4_asym;
+// kv_codec.glsl) and over two pools at once (a mixed layout's FP16 sink/window pool and its
+// quantised body pool: each block-table entry names its pool). Codes are decoded in registers
+// as they are read; no dequantised copy of a block is written. Same scheme as attn_paged.comp:
+// one workgroup per (query token, query head), keys 64 at a time (one per lane), online softmax
+// (running max m, sum l), V accumulated per dimension. Scores follow the CPU's kernels: against
+// fp16 keys q is rounded to fp16 (the CPU's f16 path), against quantised keys q stays fp32 and
+// the row scale multiplies the code dot.
+// meta: [8 s + 0..7] pool slot s's (k_type, v_type, k_group, v_group, block_bytes, k_tile,
+// v_tile, k_base: byte offset of this layer's K tiles in block 0); then, from 16: [t] sequence,
+// [n_tokens + t] position, [2 n_tokens + s] first table entry of sequence s. A table entry is
+// block * 2 + pool slot. Token t sees positions max(0, pos - window + 1) .. pos (window 0: all).
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) readonly buffer Q { float q[]; };     // [t][n_head][head_dim]
+layout(std430, binding = 1) readonly buffer P0 { uint p0[]; };    // pool slot 0
+layout(std430, binding = 2) readonly buffer P1 { uint p1[]; };    // pool slot 1
+layout(std430, binding = 3) readonly buffer BT { int table[]; };
+layout(std430, binding = 4) readonly buffer M { int meta[]; };
+layout(std430, binding = 5) writeonly buffer O { float o[]; };    // [t][n_head][head_dim]
+layout(push_constant) uniform P {
+  uint n_tokens; uint n_head; uint group; uint head_dim; uint block_size; uint n_head_kv;
+  uint window; float scale; uint q_off; uint q_stride; uint o_off; uint o_stride;
+} p;
+
+#include "kv_codec.glsl"
+
+shared float qf[512];  // the query head, fp32
+shared float qh[512];  // the same rounded to fp16 (scores against f16 keys)
+shared float ps[64];    // softmax weights of the chunk's keys (times the V row scale: ps_v)
+shared uint v_at[64];   // byte offset of each key's V row
+shared uint v_slot[64]; // and its pool slot
+shared float red[64];
+uint d0[8], d1[8];      // the pool slots' descriptors (meta[0..16)), read once
+
+uint pw(uint slot, uint w) { return slot == 0u ? p0[w] : p1[w]; }
+uint pb8(uint slot, uint off) { return (pw(slot, off >> 2) >> ((off & 3u) * 8u)) & 0xFFu; }
+uint pb16(uint slot, uint off) { return (pw(slot, off >> 2) >> ((off & 2u) * 8u)) & 0xFFFFu; }
+float ph(uint slot, uint off) { return kv_half_to_float(pb16(slot, off)); }
+uint desc(uint slot, uint i) { return slot == 0u ? d0[i] : d1[i]; }
+
+// Byte offset of row j (a position) of KV head kvh's K tile (v: V tile); *slot = its pool.
+uint row_at(uint tstart, uint j, uint kvh, bool v, out uint slot) {
+  const int ref = table[tstart + j / p.block_size];
+  slot = uint(ref) & 1u;
+  const uint blk = uint(ref) >> 1;
+  const uint type = desc(slot, v ? 1u : 0u), g = desc(slot, v ? 3u : 2u);
+  const uint kt = desc(slot, 5u), vt = desc(slot, 6u);
+  const uint tile = desc(slot, 7u) + blk * desc(slot, 4u) +
+                    (v ? p.n_head_kv * kt + kvh * vt : kvh * kt);
+  return tile + (j % p.block_size) * kv_row_bytes(type, p.head_dim, g);
+}
+
+float key_score(uint slot, uint at) {
+  const uint D = p.head_dim, type = desc(slot, 0u);
+  if (type == KV_F16) {
+    float dot = 0.0;
+    for (uint c = 0u; c < D; c += 2u) {
+      const vec2 kk = unpackHalf2x16(pw(slot, (at + 2u * c) >> 2));  // rows are word aligned
+      dot += qh[c] * kk.x + qh[c + 1u] * kk.y;
+    }
+    return dot;
+  }
+  if (type == KV_INT8 || type == KV_FP8) {
+    float dot = 0.0;
+    for (uint c = 0u; c < D; ++c) {
+      const uint code = pb8(slot, at + 2u + c);
+      const float x = type == KV_INT8 ? float(int(code << 24) >> 24) : kv_e4m3_to_float(code);
+      dot += qf[c] * x;
+    }
+    return dot * ph(slot, at);
+  }
+  // int4_asym: sum q (s n + z) = s sum(q n) + z sum(q), per group
+  const uint g = desc(slot, 2u), half_ = g / 2u;
+  float total = 0.0;
+  for (uint b = 0u; b < D / g; ++b) {
+    const uint grp = at + b * (half_ + 4u);
+    float qn = 0.0, qsum = 0.0;
+    for (uint i = 0u; i < half_; ++i) {
+      const uint byte = pb8(slot, grp + 4u + i);
+      const float a = qf[b * g + i], c = qf[b * g + i + half_];
+      qn += a * float(byte & 15u) + c * float(byte >> 4);
+      qsum += a + c;
+    }
+    total += ph(slot, grp) * qn + ph(slot, grp + 2u) * qsum;
+  }
+  return total;
+}
+
+// V element c of the row at `at`, without the row scale of int8 / fp8 (folded into ps).
+float value_at(uint slot, uint at, uint c) {
+  const uint type = desc(slot, 1u);
+  if (type == KV_F16) return ph(slot, at + 2u * c);
+  if (type == KV_INT8) return float(int(pb8(slot, at + 2u + c) << 24) >> 24);
+  if (type == KV_FP8) return kv_e4m3_to_float(pb8(slot, at + 2u + c));
+  const uint g = desc(slot, 3u), half_ = g / 2u, i = c % g;
+  const uint grp = at + (c / g) * (half_ + 4u);
+  const uint byte = pb8(slot, grp + 4u + (i % half_));
+  const uint n = i < half_ ? (byte & 15u) : (byte >> 4);
+  return ph(slot, grp) * float(n) + ph(slot, grp + 2u);
+}
+
+void main() {
+  const uint t = gl_WorkGroupID.x, qhd = gl_WorkGroupID.y, lid = gl_LocalInvocationID.x;
+  const uint D = p.head_dim, kvh = qhd / p.group;
+  const int seq = meta[16u + t];
+  const int pos = meta[16u + p.n_tokens + t];
+  const uint tstart = uint(meta[16u + 2u * p.n_tokens + uint(seq)]);
+  const int first = p.window > 0u ? max(0, pos - int(p.window) + 1) : 0;
+  for (uint i = 0u; i < 8u; ++i) {
+    d0[i] = uint(meta[i]);
+    d1[i] = uint(meta[8u + i]);
+  }
+  for (uint c = lid; c < D; c += 64u) {
+    const float x = q[p.q_off + t * p.q_stride + qhd * D + c];
+    qf[c] = x;
+    qh[c] = kv_half_to_float(kv_float_to_half(x));
+  }
+  barrier();
+  float acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};  // dims lid + 64 i
+  float m = -1.0 / 0.0, l = 0.0;
+  for (int j0 = first; j0 <= pos; j0 += 64) {
+    const int j = j0 + int(lid);
+    float s = -1.0 / 0.0;
+    float v_scale = 1.0;
+    if (j <= pos) {
+      uint slot;
+      const uint at = row_at(tstart, uint(j), kvh, false, slot);
+      s = key_score(slot, at) * p.scale;
+      uint vs;
+      const uint va = row_at(tstart, uint(j), kvh, true, vs);
+      v_at[lid] = va;
+      v_slot[lid] = vs;
+      const uint vt = desc(vs, 1u);
+      if (vt == KV_INT8 || vt == KV_FP8) v_scale = ph(vs, va);
+    }
+    red[lid] = s;
+    barrier();
+    for (uint k = 32u; k > 0u; k >>= 1) {
+      if (lid < k) red[lid] = max(red[lid], red[lid + k]);
+      barrier();
+    }
+    const float m_new = max(m, red[0]);
+    barrier();
+    const float e = j <= pos ? exp(s - m_new) : 0.0;
+    ps[lid] = e * v_scale;
+    red[lid] = e;
+    barrier();
+    for (uint k = 32u; k > 0u; k >>= 1) {
+      if (lid < k) red[lid] += red[lid + k];
+      barrier();
+    }
+    const float alpha = exp(m - m_new);  // 0 on the first chunk (m = -inf)
+    l = l * alpha + red[0];
+    m = m_new;
+    const int n_keys = min(64, pos - j0 + 1);
+    for (uint i = 0u; i < 8u; ++i) {
+      const uint c = lid + 64u * i;
+      if (c >= D) break;
+      float a = acc[i] * alpha;
+      for (int jj = 0; jj < n_keys; ++jj) a += ps[jj] * value_at(v_slot[jj], v_at[jj], c);
+      acc[i] = a;
+    }
+    barrier();
+  }
+  for (uint i = 0u; i < 8u; ++i) {
+    const uint c = lid + 64u * i;
+    if (c < D) o[p.o_off + t * p.o_stride + qhd * D + c] = l > 0.0 ? acc[i] / l : 0.0;
+  }
+}
