@@ -172,6 +172,27 @@ TEST(VulkanEngine, DeviceAllocationsEqualTheStartUpReportWithSlidingWindowGroups
   EXPECT_EQ((*e)->metrics().device_bytes, planned_device_bytes(r));
 }
 
+// A quantised mixed regime on the device: its FP16 and body pools allocated as the report plans
+// them (no kill-switch f16 store beside it: one regime per engine on a device), and a second
+// regime asked for is refused with the way out.
+TEST(VulkanEngine, OneKvRegimePerEngineOnTheDeviceAllocatedAsPlanned) {
+  BIE_REQUIRE_FILE(test::smollm2_path());
+  EngineConfig cfg = config("vulkan:0");
+  cfg.kv.kv.dtype_k = "int8";  // the per-token row formats (plain "int8" is per-channel keys)
+  cfg.kv.kv.dtype_v = "int8";
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.error();
+  const KvSetupReport& r = (*e)->kv_report();
+  EXPECT_TRUE(r.layout.mixed());
+  EXPECT_EQ((*e)->metrics().device_bytes, planned_device_bytes(r));
+  e->reset();
+  cfg.kv_regimes = {"f16"};
+  auto two = Engine::create(cfg);
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.error().find("an engine holds one regime there for now"), std::string::npos)
+      << two.error();
+}
+
 // Speculative verify on the device: n-gram drafts verified in one pass give the tokens plain
 // decoding gives on the same device (decode rows are batch-invariant there), drafts are accepted,
 // and every block comes back.

@@ -357,6 +357,17 @@ Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::stri
       if (name == "f16") f16_regime_ = static_cast<size_t>(same - regimes_.begin());
       continue;
     }
+    if (!regimes_.empty() && backend_->supports_paged_kv()) {
+      // A device allocates each regime's pools up front (no shared arena yet): one regime per
+      // engine there, so the plan stays what is allocated. The automatic f16 kill switch is left
+      // out (set_force_f16 then keeps the default regime, docs/gpu.md).
+      if (why == "kill switch") continue;
+      return Error{fmt::format(
+          "{} regime '{}': on {} every KV regime's pools are allocated up front in device "
+          "memory, and an engine holds one regime there for now; drop --kv-regimes / "
+          "--kv-policy, or run with --device cpu",
+          why, name, backend_->name())};
+    }
     PagedKvStoreConfig sc;
     sc.geometry = geo;
     sc.layout = *layout;
