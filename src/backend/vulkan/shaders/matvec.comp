@@ -3,7 +3,8 @@
 // workgroup of 64 lanes (the subgroups take its rows in turn, so any subgroup size works), up to
 // 8 tokens per workgroup (group y: tokens 8y..8y+7) sharing each decoded weight. Every token runs
 // the same operations in the same order whatever the others are, so its bits do not depend on
-// the batch (decode batch invariance). W is read in its GGUF block layout (quant.glsl); a row's lanes stride over it and
+// the batch (decode batch invariance). W is read in its GGUF block layout (quant.glsl), four elements at a time; a row's lanes stride
+// over it and
 // reduce with subgroupAdd: no shared memory, no barrier (a CPU driver such as lavapipe runs a
 // barrier as a switch between every invocation). Rows beyond the x-dimension's workgroups fold
 // into group z. Offsets and strides are in floats (w_off in bytes): whole buffers are bound, so
@@ -32,7 +33,23 @@ void main() {
     const uint roff = p.w_off + row * p.row_bytes;
     float acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
     // Constant trip counts (unrolled: acc stays in registers); tokens past nt are skipped.
-    for (uint k = lane; k < p.n_in; k += gl_SubgroupSize) {
+    // Lane l takes elements 4l..4l+3, then every 4 x subgroup size further (wget4 decodes a
+    // quad's block and scales once); a row whose length is not a multiple of 4 ends with single
+    // elements.
+    const uint n4 = p.n_in & ~3u;
+    for (uint k = 4u * lane; k < n4; k += 4u * gl_SubgroupSize) {
+      const vec4 wk = wget4(roff, k);
+      [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+        if (j < nt) {
+          const uint xo = p.x_off + (t0 + j) * p.x_stride + k;
+          acc[j] += wk.x * x[xo];
+          acc[j] += wk.y * x[xo + 1u];
+          acc[j] += wk.z * x[xo + 2u];
+          acc[j] += wk.w * x[xo + 3u];
+        }
+      }
+    }
+    for (uint k = n4 + lane; k < p.n_in; k += gl_SubgroupSize) {
       const float wk = wget(roff, k);
       [[unroll]] for (uint j = 0u; j < 8u; ++j) {
         if (j < nt) acc[j] += wk * x[p.x_off + (t0 + j) * p.x_stride + k];

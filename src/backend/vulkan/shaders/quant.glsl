@@ -93,3 +93,79 @@ float wget(uint row_off, uint k) {
   return rdhalf(b + 208u) * sc * float(q);
 #endif
 }
+
+// Elements k..k+3 of the row at row_off (k a multiple of 4: the four share a block and, in every
+// format here, their scales): each is wget(row_off, k + i)'s value, with the block's address and
+// scales decoded once.
+vec4 wget4(uint row_off, uint k) {
+#if defined(WTYPE_F32) || defined(WTYPE_F16) || defined(WTYPE_BF16)
+  return vec4(wget(row_off, k), wget(row_off, k + 1u), wget(row_off, k + 2u), wget(row_off, k + 3u));
+#else
+  const uint b = row_off + (k / QK) * BLOCK_BYTES;
+  const uint e = k % QK;
+  vec4 r;
+#if defined(WTYPE_Q8_0)
+  const float d = rdhalf(b);
+  for (uint i = 0u; i < 4u; ++i) r[i] = d * float(rds8(b + 2u + e + i));
+#elif defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1)
+#if defined(WTYPE_Q4_0)
+  const uint qs = b + 2u;
+#else
+  const uint qs = b + 4u;
+  const float m = rdhalf(b + 2u);
+#endif
+  const float d = rdhalf(b);
+  const uint sh = (e >> 4) * 4u;
+  for (uint i = 0u; i < 4u; ++i) {
+    const uint q = (rd8(qs + (e & 15u) + i) >> sh) & 15u;
+#if defined(WTYPE_Q4_0)
+    r[i] = d * (float(q) - 8.0);
+#else
+    r[i] = d * float(q) + m;
+#endif
+  }
+#elif defined(WTYPE_Q5_0) || defined(WTYPE_Q5_1)
+#if defined(WTYPE_Q5_0)
+  const uint qh = rd32_even(b + 2u), qs = b + 6u;
+#else
+  const uint qh = rd32_even(b + 4u), qs = b + 8u;
+  const float m = rdhalf(b + 2u);
+#endif
+  const float d = rdhalf(b);
+  const uint sh = (e >> 4) * 4u;
+  for (uint i = 0u; i < 4u; ++i) {
+    const uint q = ((rd8(qs + (e & 15u) + i) >> sh) & 15u) | (((qh >> (e + i)) & 1u) << 4);
+#if defined(WTYPE_Q5_0)
+    r[i] = d * (float(q) - 16.0);
+#else
+    r[i] = d * float(q) + m;
+#endif
+  }
+#elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
+  const uint g = e / 32u;
+  float sc, m;
+  scale_min_k4(b + 4u, g, sc, m);
+  const float ds = rdhalf(b) * sc, dm = rdhalf(b + 2u) * m;
+  for (uint i = 0u; i < 4u; ++i) {
+    const uint l = e % 32u + i;
+#if defined(WTYPE_Q4_K)
+    const uint q = (rd8(b + 16u + 32u * (g / 2u) + l) >> ((g & 1u) * 4u)) & 15u;
+#else
+    const uint q = ((rd8(b + 48u + 32u * (g / 2u) + l) >> ((g & 1u) * 4u)) & 15u) |
+                   (((rd8(b + 16u + l) >> g) & 1u) << 4);
+#endif
+    r[i] = ds * float(q) - dm;
+  }
+#elif defined(WTYPE_Q6_K)
+  const uint h = e / 128u, rr = e % 128u, j = rr / 32u, l0 = rr % 32u;
+  const float ds = rdhalf(b + 208u) * float(rds8(b + 192u + 8u * h + l0 / 16u + 2u * j));
+  for (uint i = 0u; i < 4u; ++i) {
+    const uint l = l0 + i;
+    const uint lo = (rd8(b + 64u * h + l + (j & 1u) * 32u) >> ((j >> 1) * 4u)) & 15u;
+    const uint hi = (rd8(b + 128u + 32u * h + l) >> (2u * j)) & 3u;
+    r[i] = ds * float(int(lo | (hi << 4)) - 32);
+  }
+#endif
+  return r;
+#endif
+}
