@@ -13,12 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
 #include "bie/engine/engine.h"
-#include "bie/engine/generate.h"
-#include "bie/engine/model_path.h"
-#include "bie/tokenizer/tokenizer.h"
-#include "support/contiguous_kv_cache.h"
+#include "support/device_vs_cpu.h"
 #include "support/engine_collect.h"
 #include "support/paths.h"
 
@@ -51,7 +47,7 @@ const char* kPrompts[] = {
     "def fibonacci(n):",
     "The three primary colors are",
 };
-constexpr int kTokens = 12;
+constexpr int kTokens = 8;
 
 // What the start-up report says the device holds: weights + workspace + KV pools. The backend
 // counts its device-local buffers at each allocation (EngineMetrics::device_bytes): memory truth
@@ -64,35 +60,13 @@ uint64_t planned_device_bytes(const KvSetupReport& r) {
   return r.weights_bytes + r.workspace_bytes + r.kv_pool_bytes();
 }
 
-// Four requests submitted at once; their tokens.
-std::vector<std::vector<int32_t>> run_four(Engine& eng) {
-  std::vector<std::unique_ptr<Collected>> cs;
-  RequestId id = 1;
-  for (const char* p : kPrompts) {
-    EngineRequest r;
-    r.prompt = eng.tokenizer().encode(p);
-    r.sampling.temperature = 0;
-    r.max_tokens = kTokens;
-    cs.push_back(std::make_unique<Collected>());
-    EXPECT_FALSE(eng.submit(id++, r, collect(*cs.back())).has_value());
-  }
-  std::vector<std::vector<int32_t>> out;
-  for (auto& c : cs) {
-    c->wait();
-    EXPECT_TRUE(c->finish.has_value() && c->finish->error.empty())
-        << (c->finish ? c->finish->error : "no finish");
-    out.push_back(c->tokens);
-  }
-  return out;
-}
-
 TEST(VulkanEngine, FourConcurrentRequestsGiveTheCpuTokensWhereMarginsAllow) {
   BIE_REQUIRE_FILE(test::smollm2_path());
   auto gpu = Engine::create(config("vulkan"));
   ASSERT_TRUE(gpu.ok()) << gpu.error();
   const uint64_t planned = planned_device_bytes((*gpu)->kv_report());
   EXPECT_EQ((*gpu)->metrics().device_bytes, planned);  // held from start-up
-  const std::vector<std::vector<int32_t>> got = run_four(**gpu);
+  const std::vector<std::vector<int32_t>> got = test::run_greedy(**gpu, kPrompts, kTokens);
   const EngineMetrics gm = (*gpu)->metrics();
   EXPECT_GT(gm.batched_seqs, gm.steps);  // some steps ran several sequences on the device
   EXPECT_EQ(gm.device_bytes, planned);   // serving allocates nothing more
@@ -115,32 +89,10 @@ TEST(VulkanEngine, FourConcurrentRequestsGiveTheCpuTokensWhereMarginsAllow) {
 
   auto cpu = Engine::create(config("cpu"));
   ASSERT_TRUE(cpu.ok()) << cpu.error();
-  const std::vector<std::vector<int32_t>> want = run_four(**cpu);
-  const tokenizer::Tokenizer& tok = (*cpu)->tokenizer();
-
+  const std::vector<std::vector<int32_t>> want = test::run_greedy(**cpu, kPrompts, kTokens);
   // Where they differ, the CPU's margin at the first differing step must be a near-tie.
-  auto model = load_named_model("default");
-  ASSERT_TRUE(model.ok()) << model.error();
-  CpuBackend be(2);
-  int identical = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i].size(), static_cast<size_t>(kTokens)) << kPrompts[i];
-    const auto diff = std::mismatch(want[i].begin(), want[i].end(), got[i].begin());
-    if (diff.first == want[i].end()) {
-      ++identical;
-      continue;
-    }
-    std::vector<int32_t> ctx = tok.encode(kPrompts[i]);
-    ctx.insert(ctx.end(), want[i].begin(), diff.first);
-    ContiguousKvCache kv((*model)->hparams().kv_geometry(), 512);
-    auto logits = prompt_logits(**model, kv, be, ctx);
-    ASSERT_TRUE(logits.ok()) << logits.error();
-    std::vector<float> l = std::move(*logits);
-    std::partial_sort(l.begin(), l.begin() + 2, l.end(), std::greater<>());
-    EXPECT_LT(l[0] - l[1], kMarginFloor)
-        << kPrompts[i] << ": the device's token differs at step " << (diff.first - want[i].begin())
-        << " where the CPU's top-2 margin is " << (l[0] - l[1]);
-  }
+  const int identical = test::identical_where_margins_allow(want, got, kPrompts, kTokens,
+                                                            (*cpu)->tokenizer(), kMarginFloor);
   std::printf("vulkan vs cpu engine, greedy: %d of %zu requests identical for %d tokens\n",
               identical, want.size(), kTokens);
   EXPECT_GE(identical, 2);
@@ -211,7 +163,7 @@ TEST(VulkanEngine, SpeculativeVerifyOnTheDeviceKeepsGreedyOutput) {
     EngineRequest r;
     r.prompt = prompt;
     r.sampling.temperature = 0;
-    r.max_tokens = 12;
+    r.max_tokens = 8;
     Collected c;
     EXPECT_FALSE(e.submit(1, r, collect(c)).has_value());
     c.wait();

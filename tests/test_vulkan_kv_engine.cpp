@@ -12,20 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
 #include "bie/engine/engine.h"
-#include "bie/engine/generate.h"
-#include "bie/engine/model_path.h"
-#include "bie/tokenizer/tokenizer.h"
-#include "support/contiguous_kv_cache.h"
+#include "support/device_vs_cpu.h"
 #include "support/engine_collect.h"
 #include "support/paths.h"
 
 namespace bie {
 namespace {
-
-using test::collect;
-using test::Collected;
 
 // SmolLM2's llama.cpp self-agreement floor (tests/test_model_teacher_forced.cpp, kSmolLM2).
 constexpr double kMarginFloor = 0.67;
@@ -56,27 +49,6 @@ const char* kPrompts[] = {
     "winter morning the king called them to his hall and said",
 };
 
-std::vector<std::vector<int32_t>> run_all(Engine& eng) {
-  std::vector<std::unique_ptr<Collected>> cs;
-  RequestId id = 1;
-  for (const char* p : kPrompts) {
-    EngineRequest r;
-    r.prompt = eng.tokenizer().encode(p);
-    r.sampling.temperature = 0;
-    r.max_tokens = kTokens;
-    cs.push_back(std::make_unique<Collected>());
-    EXPECT_FALSE(eng.submit(id++, r, collect(*cs.back())).has_value());
-  }
-  std::vector<std::vector<int32_t>> out;
-  for (auto& c : cs) {
-    c->wait();
-    EXPECT_TRUE(c->finish.has_value() && c->finish->error.empty())
-        << (c->finish ? c->finish->error : "no finish");
-    out.push_back(c->tokens);
-  }
-  return out;
-}
-
 TEST(VulkanKvEngine, MixedInt8RowRegimeGivesTheCpuTokensWhereMarginsAllow) {
   BIE_REQUIRE_FILE(test::smollm2_path());
   const auto t0 = std::chrono::steady_clock::now();
@@ -90,7 +62,7 @@ TEST(VulkanKvEngine, MixedInt8RowRegimeGivesTheCpuTokensWhereMarginsAllow) {
     EXPECT_GT((*gpu)->tokenizer().encode(p).size(), 8u + 16u + 16u) << "prompt shorter than "
                                                                        "sink + window: no body";
   }
-  const std::vector<std::vector<int32_t>> got = run_all(**gpu);
+  const std::vector<std::vector<int32_t>> got = test::run_greedy(**gpu, kPrompts, kTokens);
   (*gpu)->wait_idle();
   EXPECT_EQ(test::used_blocks(**gpu), 0);
   gpu->reset();
@@ -98,34 +70,12 @@ TEST(VulkanKvEngine, MixedInt8RowRegimeGivesTheCpuTokensWhereMarginsAllow) {
   const auto t1 = std::chrono::steady_clock::now();
   auto cpu = Engine::create(int8_rows_config("cpu"));
   ASSERT_TRUE(cpu.ok()) << cpu.error();
-  const std::vector<std::vector<int32_t>> want = run_all(**cpu);
+  const std::vector<std::vector<int32_t>> want = test::run_greedy(**cpu, kPrompts, kTokens);
   const auto t2 = std::chrono::steady_clock::now();
   const auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   std::printf("device engine %.1f s, cpu engine %.1f s\n", secs(t0, t1), secs(t1, t2));
-  const tokenizer::Tokenizer& tok = (*cpu)->tokenizer();
-  auto model = load_named_model("default");
-  ASSERT_TRUE(model.ok()) << model.error();
-  CpuBackend be(2);
-  int identical = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i].size(), static_cast<size_t>(kTokens)) << kPrompts[i];
-    const auto diff = std::mismatch(want[i].begin(), want[i].end(), got[i].begin());
-    if (diff.first == want[i].end()) {
-      ++identical;
-      continue;
-    }
-    // Where they differ, the CPU's margin (f16 KV) at the first differing step is a near-tie.
-    std::vector<int32_t> ctx = tok.encode(kPrompts[i]);
-    ctx.insert(ctx.end(), want[i].begin(), diff.first);
-    ContiguousKvCache kv((*model)->hparams().kv_geometry(), 512);
-    auto logits = prompt_logits(**model, kv, be, ctx);
-    ASSERT_TRUE(logits.ok()) << logits.error();
-    std::vector<float> l = std::move(*logits);
-    std::partial_sort(l.begin(), l.begin() + 2, l.end(), std::greater<>());
-    EXPECT_LT(l[0] - l[1], kMarginFloor)
-        << kPrompts[i] << ": the device's token differs at step " << (diff.first - want[i].begin())
-        << " where the CPU's top-2 margin is " << (l[0] - l[1]);
-  }
+  const int identical = test::identical_where_margins_allow(want, got, kPrompts, kTokens,
+                                                            (*cpu)->tokenizer(), kMarginFloor);
   std::printf(
       "vulkan vs cpu engine, k=int8 v=int8 mixed: %d of %zu request identical for %d "
       "tokens\n",
