@@ -11,6 +11,7 @@
 #include "backend/vulkan/vk_context.h"
 #include "backend/vulkan/vk_loader.h"
 #include "bie/backend/device.h"
+#include "support/lavapipe.h"
 #include "support/paths.h"
 #include "support/run_cmd.h"
 
@@ -121,22 +122,13 @@ TEST(VulkanDevice, ListsThisMachinesDevices) {
   }
 }
 
-int lavapipe_index() {
-  auto list = list_vulkan_devices();
-  if (!list.ok()) return -1;
-  for (const GpuDeviceInfo& d : *list) {
-    if (d.name.find("llvmpipe") != std::string::npos) return d.index;
-  }
-  return -1;
-}
-
 // Device-local memory is host visible on lavapipe; force_staging sends every byte through the
 // staging buffer and vkCmdCopyBuffer, in chunks smaller than the data, as on a discrete GPU.
 TEST(VulkanDevice, StagingRoundTripAndAccounting) {
   vk::DeviceOptions o;
   o.force_staging = true;
   o.staging_bytes = 1000;  // smaller than the buffer: several chunks
-  auto dev = vk::Device::open(lavapipe_index(), o);
+  auto dev = vk::Device::open(test::lavapipe_index(), o);
   ASSERT_TRUE(dev.ok()) << dev.error();
   const uint64_t base = (*dev)->allocated_bytes();
   EXPECT_GE(base, 1000u);  // the staging buffer itself
@@ -164,7 +156,7 @@ TEST(VulkanDevice, StagingRoundTripAndAccounting) {
 }
 
 TEST(VulkanDevice, UnknownShaderIsAnError) {
-  auto dev = vk::Device::open(lavapipe_index());
+  auto dev = vk::Device::open(test::lavapipe_index());
   ASSERT_TRUE(dev.ok()) << dev.error();
   auto p = (*dev)->pipeline("no_such_shader", 1, 0);
   ASSERT_FALSE(p.ok());

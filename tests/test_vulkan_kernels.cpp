@@ -18,6 +18,7 @@
 #include "bie/planner/kv_format.h"
 #include "bie/quant/fp16.h"
 #include "bie/quant/traits.h"
+#include "support/lavapipe.h"
 
 namespace bie {
 namespace {
@@ -36,25 +37,8 @@ constexpr float kGeluRelTol = 2e-3f;
 // Attention outputs (weighted means of fp16 values of magnitude ~1, fp32 softmax).
 constexpr double kAttnAbsTol = 2e-5;
 
-int lavapipe_index() {
-  auto list = list_vulkan_devices();
-  if (!list.ok()) return -1;
-  for (const GpuDeviceInfo& d : *list) {
-    if (d.name.find("llvmpipe") != std::string::npos) return d.index;
-  }
-  return list->empty() ? -1 : list->front().index;
-}
-
 VulkanBackend& gpu() {
-  static std::unique_ptr<VulkanBackend> be = [] {
-    VulkanBackendOptions o;
-    o.device_index = lavapipe_index();
-    auto r = VulkanBackend::create(o);
-    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error());
-    return r.ok() ? std::move(*r) : nullptr;
-  }();
-  if (!be) std::abort();  // no Vulkan device: every test here fails (never skips)
-  return *be;
+  return test::shared_vulkan_backend();
 }
 
 Backend& cpu() {
@@ -234,7 +218,7 @@ INSTANTIATE_TEST_SUITE_P(AllWeightTypes, VulkanMatmul, ::testing::ValuesIn(kType
 // bound as windows of rows; here the limit is forced down to a few rows per window.
 TEST(VulkanMatmul, WeightsLargerThanOneBindingAreSplitIntoWindows) {
   VulkanBackendOptions o;
-  o.device_index = lavapipe_index();
+  o.device_index = test::lavapipe_index();
   o.max_weight_window_bytes = 1024;
   auto be = VulkanBackend::create(o);
   ASSERT_TRUE(be.ok()) << be.error();
@@ -259,7 +243,7 @@ TEST(VulkanMatmul, WeightsLargerThanOneBindingAreSplitIntoWindows) {
 
 TEST(VulkanMatmul, RefusesTypesWithoutAKernel) {
   VulkanBackendOptions o;
-  o.device_index = lavapipe_index();
+  o.device_index = test::lavapipe_index();
   auto be = VulkanBackend::create(o);
   ASSERT_TRUE(be.ok());
   Holder h{**be};

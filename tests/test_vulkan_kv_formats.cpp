@@ -21,6 +21,7 @@
 #include "bie/kv/kv_format.h"
 #include "bie/planner/kv_format.h"
 #include "bie/quant/fp16.h"
+#include "support/lavapipe.h"
 
 namespace bie {
 namespace {
@@ -33,25 +34,8 @@ using quant::GgmlType;
 // scores, softmax and accumulation on the device against fp64 here.
 constexpr double kAttnAbsTol = 5e-5;
 
-int lavapipe_index() {
-  auto list = list_vulkan_devices();
-  if (!list.ok()) return -1;
-  for (const GpuDeviceInfo& d : *list) {
-    if (d.name.find("llvmpipe") != std::string::npos) return d.index;
-  }
-  return list->empty() ? -1 : list->front().index;
-}
-
 VulkanBackend& gpu() {
-  static std::unique_ptr<VulkanBackend> be = [] {
-    VulkanBackendOptions o;
-    o.device_index = lavapipe_index();
-    auto r = VulkanBackend::create(o);
-    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error());
-    return r.ok() ? std::move(*r) : nullptr;
-  }();
-  if (!be) std::abort();  // no Vulkan device: every test here fails (never skips)
-  return *be;
+  return test::shared_vulkan_backend();
 }
 
 // A K/V format pair for the body pool and the head width it is tested at.

@@ -14,6 +14,7 @@
 #include "backend/vulkan/vulkan_backend.h"
 #include "bie/gguf/gguf_file.h"
 #include "bie/quant/traits.h"
+#include "support/lavapipe.h"
 #include "support/paths.h"
 
 namespace bie {
@@ -25,21 +26,12 @@ double f32_sum_bound(int64_t n, double abs_sum) {
   return 2.0 * static_cast<double>(n + 2) * std::ldexp(1.0, -24) * abs_sum + 1e-30;
 }
 
-int lavapipe_index() {
-  auto list = list_vulkan_devices();
-  if (!list.ok()) return -1;
-  for (const GpuDeviceInfo& d : *list) {
-    if (d.name.find("llvmpipe") != std::string::npos) return d.index;
-  }
-  return -1;
-}
-
 void check_model(const std::string& path) {
   auto file = gguf::GgufFile::open(path);
   ASSERT_TRUE(file.ok()) << file.error();
   const gguf::GgufFile& f = **file;
   VulkanBackendOptions o;
-  o.device_index = lavapipe_index();
+  o.device_index = test::lavapipe_index();
   auto be = VulkanBackend::create(o);
   ASSERT_TRUE(be.ok()) << be.error();
   VulkanBackend& gpu = **be;
@@ -138,7 +130,7 @@ class Gemma3Embedding : public ::testing::Test {
     n_out = t_->ne[1];
     row_bytes = quant::row_size(type, n_in);
     VulkanBackendOptions o;
-    o.device_index = lavapipe_index();
+    o.device_index = test::lavapipe_index();
     auto be = VulkanBackend::create(o);
     ASSERT_TRUE(be.ok()) << be.error();
     be_ = std::move(be).value();
