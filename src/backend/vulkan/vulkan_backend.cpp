@@ -484,17 +484,11 @@ bool is_f16(uint8_t t) {
   return static_cast<KvType>(t) == KvType::kF16;
 }
 
-// Bytes of one row (kv::row_bytes_*; kv_row_bytes in kv_codec.glsl).
+// Bytes of one row: a per-token format stores exactly the planner's bytes per head-token
+// (kv_row_bytes in kv_codec.glsl is the shaders' copy of the same rule).
 size_t kv_row_bytes(uint8_t type, int d, int g) {
-  const auto ud = static_cast<size_t>(d);
-  switch (static_cast<KvType>(type)) {
-    case KvType::kF16:
-      return 2 * ud;
-    case KvType::kInt4Asym:
-      return ud / static_cast<size_t>(g) * (static_cast<size_t>(g) / 2 + 4);
-    default:
-      return ud + 2;
-  }
+  return static_cast<size_t>(
+      planner::bytes_per_head_token(planner::KvFormat{static_cast<KvType>(type), g}, d));
 }
 
 Status check_pool(const KvPoolDesc& pool, int block_size, int head_dim) {
