@@ -7,6 +7,15 @@ uint rd16(uint off) { return (w[off >> 2] >> ((off & 2u) * 8u)) & 0xFFFFu; }  //
 uint rd32_even(uint off) { return rd16(off) | (rd16(off + 2u) << 16); }
 float rdhalf(uint off) { return unpackHalf2x16(rd16(off)).x; }
 int rds8(uint off) { return int(rd8(off) << 24) >> 24; }
+// Four bytes at any byte offset, byte i in bits 8i..8i+7 (one word read when aligned).
+// The second word's index is clamped to the buffer: a compiler may read it on both branches.
+uint rd32u(uint off) {
+  const uint sh = (off & 3u) * 8u, lo = w[off >> 2];
+  const uint hi = w[min((off >> 2) + 1u, uint(w.length()) - 1u)];
+  return sh == 0u ? lo : (lo >> sh) | (hi << (32u - sh));
+}
+// Byte i (0..3) of a word from rd32u, signed.
+int s8_of(uint word, uint i) { return int(word << (24u - 8u * i)) >> 24; }
 
 #if defined(WTYPE_F32)
 const uint QK = 1u, BLOCK_BYTES = 4u;
@@ -106,7 +115,8 @@ vec4 wget4(uint row_off, uint k) {
   vec4 r;
 #if defined(WTYPE_Q8_0)
   const float d = rdhalf(b);
-  for (uint i = 0u; i < 4u; ++i) r[i] = d * float(rds8(b + 2u + e + i));
+  const uint qw = rd32u(b + 2u + e);
+  for (uint i = 0u; i < 4u; ++i) r[i] = d * float(s8_of(qw, i));
 #elif defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1)
 #if defined(WTYPE_Q4_0)
   const uint qs = b + 2u;
@@ -115,9 +125,9 @@ vec4 wget4(uint row_off, uint k) {
   const float m = rdhalf(b + 2u);
 #endif
   const float d = rdhalf(b);
-  const uint sh = (e >> 4) * 4u;
+  const uint qw = rd32u(qs + (e & 15u)) >> ((e >> 4) * 4u);
   for (uint i = 0u; i < 4u; ++i) {
-    const uint q = (rd8(qs + (e & 15u) + i) >> sh) & 15u;
+    const uint q = (qw >> (8u * i)) & 15u;
 #if defined(WTYPE_Q4_0)
     r[i] = d * (float(q) - 8.0);
 #else
@@ -132,9 +142,9 @@ vec4 wget4(uint row_off, uint k) {
   const float m = rdhalf(b + 2u);
 #endif
   const float d = rdhalf(b);
-  const uint sh = (e >> 4) * 4u;
+  const uint qw = rd32u(qs + (e & 15u)) >> ((e >> 4) * 4u);
   for (uint i = 0u; i < 4u; ++i) {
-    const uint q = ((rd8(qs + (e & 15u) + i) >> sh) & 15u) | (((qh >> (e + i)) & 1u) << 4);
+    const uint q = ((qw >> (8u * i)) & 15u) | (((qh >> (e + i)) & 1u) << 4);
 #if defined(WTYPE_Q5_0)
     r[i] = d * (float(q) - 16.0);
 #else
@@ -146,23 +156,29 @@ vec4 wget4(uint row_off, uint k) {
   float sc, m;
   scale_min_k4(b + 4u, g, sc, m);
   const float ds = rdhalf(b) * sc, dm = rdhalf(b + 2u) * m;
-  for (uint i = 0u; i < 4u; ++i) {
-    const uint l = e % 32u + i;
+  const uint l0 = e % 32u;
 #if defined(WTYPE_Q4_K)
-    const uint q = (rd8(b + 16u + 32u * (g / 2u) + l) >> ((g & 1u) * 4u)) & 15u;
+  const uint qw = rd32u(b + 16u + 32u * (g / 2u) + l0) >> ((g & 1u) * 4u);
 #else
-    const uint q = ((rd8(b + 48u + 32u * (g / 2u) + l) >> ((g & 1u) * 4u)) & 15u) |
-                   (((rd8(b + 16u + l) >> g) & 1u) << 4);
+  const uint qw = rd32u(b + 48u + 32u * (g / 2u) + l0) >> ((g & 1u) * 4u);
+  const uint hw = rd32u(b + 16u + l0) >> g;
+#endif
+  for (uint i = 0u; i < 4u; ++i) {
+#if defined(WTYPE_Q4_K)
+    const uint q = (qw >> (8u * i)) & 15u;
+#else
+    const uint q = ((qw >> (8u * i)) & 15u) | (((hw >> (8u * i)) & 1u) << 4);
 #endif
     r[i] = ds * float(q) - dm;
   }
 #elif defined(WTYPE_Q6_K)
   const uint h = e / 128u, rr = e % 128u, j = rr / 32u, l0 = rr % 32u;
   const float ds = rdhalf(b + 208u) * float(rds8(b + 192u + 8u * h + l0 / 16u + 2u * j));
+  const uint lw = rd32u(b + 64u * h + l0 + (j & 1u) * 32u) >> ((j >> 1) * 4u);
+  const uint hw = rd32u(b + 128u + 32u * h + l0) >> (2u * j);
   for (uint i = 0u; i < 4u; ++i) {
-    const uint l = l0 + i;
-    const uint lo = (rd8(b + 64u * h + l + (j & 1u) * 32u) >> ((j >> 1) * 4u)) & 15u;
-    const uint hi = (rd8(b + 128u + 32u * h + l) >> (2u * j)) & 3u;
+    const uint lo = (lw >> (8u * i)) & 15u;
+    const uint hi = (hw >> (8u * i)) & 3u;
     r[i] = ds * float(int(lo | (hi << 4)) - 32);
   }
 #endif
