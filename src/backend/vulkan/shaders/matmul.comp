@@ -28,12 +28,27 @@ void main() {
     [[unroll]] for (uint b = 0u; b < 4u; ++b) acc[a][b] = 0.0;
   }
   for (uint k0 = 0u; k0 < p.n_in; k0 += TK) {
-    for (uint i = lid; i < TM * TK; i += 64u) {
+    // Each lane fills quads of the tiles: 4 weights decoded together (wget4) where the quad
+    // lies inside the row, one by one at a row's ragged end.
+    for (uint i = 4u * lid; i < TM * TK; i += 256u) {
       const uint r = i / TK, k = i % TK;
-      const uint gr = r0 + r, gk = k0 + k;
-      ws[r][k] = (gr < p.n_out && gk < p.n_in) ? wget(p.w_off + gr * p.row_bytes, gk) : 0.0;
-      const uint gt = t0 + r;
-      xs[r][k] = (gt < p.n_tokens && gk < p.n_in) ? x[p.x_off + gt * p.x_stride + gk] : 0.0;
+      const uint gr = r0 + r, gk = k0 + k, gt = t0 + r;
+      if (gr < p.n_out && gk + 3u < p.n_in) {
+        const vec4 q = wget4(p.w_off + gr * p.row_bytes, gk);
+        ws[r][k] = q.x;
+        ws[r][k + 1u] = q.y;
+        ws[r][k + 2u] = q.z;
+        ws[r][k + 3u] = q.w;
+      } else {
+        for (uint c = 0u; c < 4u; ++c) {
+          ws[r][k + c] =
+              (gr < p.n_out && gk + c < p.n_in) ? wget(p.w_off + gr * p.row_bytes, gk + c) : 0.0;
+        }
+      }
+      for (uint c = 0u; c < 4u; ++c) {
+        xs[r][k + c] =
+            (gt < p.n_tokens && gk + c < p.n_in) ? x[p.x_off + gt * p.x_stride + gk + c] : 0.0;
+      }
     }
     barrier();
     // Lanes whose four tokens are all past the batch skip the products (a short prefill fills
