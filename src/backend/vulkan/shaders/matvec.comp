@@ -3,12 +3,11 @@
 // workgroup of 64 lanes (the subgroups take its rows in turn, so any subgroup size works), up to
 // 8 tokens per workgroup (group y: tokens 8y..8y+7) sharing each decoded weight. Every token runs
 // the same operations in the same order whatever the others are, so its bits do not depend on
-// the batch (decode batch invariance). W is read in its GGUF block layout (quant.glsl), four elements at a time; a row's lanes stride
-// over it and
-// reduce with subgroupAdd: no shared memory, no barrier (a CPU driver such as lavapipe runs a
-// barrier as a switch between every invocation). Rows beyond the x-dimension's workgroups fold
-// into group z. Offsets and strides are in floats (w_off in bytes): whole buffers are bound, so
-// views need no aligned offsets.
+// the batch (decode batch invariance). W is read in its GGUF block layout (quant.glsl), four
+// elements at a time; a row's lanes stride over it and reduce with subgroupAdd: no shared
+// memory, no barrier (a CPU driver such as lavapipe runs a barrier as a switch between every
+// invocation). Rows beyond the x-dimension's workgroups fold into group z. Offsets and strides
+// are in floats (w_off in bytes): whole buffers are bound, so views need no aligned offsets.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
