@@ -12,6 +12,7 @@
 #include "bie/common/cpu_features.h"
 #include "bie/kv/kv_format.h"
 #include "bie/kv/kv_format_rotate.h"
+#include "bie/kv/kv_layout.h"
 #include "bie/planner/kv_format.h"
 #include "bie/quant/fp16.h"
 
@@ -66,7 +67,7 @@ std::vector<uint8_t> store_all(const KvFormatTraits& tr, KvFormat f, int d, cons
   std::vector<uint8_t> buf(kv_tile_bytes(f, d, n_tok));
   const int unit = store_unit(f);
   const KvRowGeom g = kv_row_geom(f, d);
-  if (tr.per_channel) {
+  if (planner::is_per_channel(f)) {
     for (int t = 0; t < n_tok; t += unit) {
       tr.store(g, x + static_cast<size_t>(t) * d, buf.data() + kv_tile_bytes(f, d, t), 0, unit);
     }
@@ -80,7 +81,7 @@ std::vector<float> load_all(const KvFormatTraits& tr, KvFormat f, int d, const u
                             int n_tok) {
   std::vector<float> y(static_cast<size_t>(n_tok) * d);
   const KvRowGeom g = kv_row_geom(f, d);
-  if (tr.per_channel) {
+  if (planner::is_per_channel(f)) {
     for (int t = 0; t < n_tok; t += f.group) {
       tr.load(g, buf + kv_tile_bytes(f, d, t), 0, f.group, y.data() + static_cast<size_t>(t) * d);
     }
@@ -92,6 +93,27 @@ std::vector<float> load_all(const KvFormatTraits& tr, KvFormat f, int d, const u
 
 // ---- sizes ---------------------------------------------------------------------------------
 
+// The bytes the kernels' layout (bie/kv/kv_layout.h: where each row and tile starts) spans for n
+// tokens of one head: written out per format, independently of the format table.
+size_t layout_bytes(KvFormat f, int d, int n) {
+  const auto tiles = [&](size_t tile) { return static_cast<size_t>(n / f.group) * tile; };
+  switch (f.type) {
+    case KvType::kF16:
+      return static_cast<size_t>(n) * row_bytes_f16(d);
+    case KvType::kFp8E4M3:
+    case KvType::kInt8:
+      return static_cast<size_t>(n) * row_bytes_scaled(d);
+    case KvType::kInt4Asym:
+      return static_cast<size_t>(n) * row_bytes_int4(d, f.group);
+    case KvType::kInt4Channel:
+      return tiles(chan_tile_bytes(d, f.group));
+    case KvType::kInt8Channel:
+      return tiles(chan8_tile_bytes(d, f.group));
+    default:
+      return 0;
+  }
+}
+
 TEST(KvFormatSize, EqualsPlannerForEveryFormatAndHeadDim) {
   for (KvFormat f : kAllFormats) {
     for (int d : {64, 128, 256}) {
@@ -99,6 +121,9 @@ TEST(KvFormatSize, EqualsPlannerForEveryFormatAndHeadDim) {
       ASSERT_TRUE(planner::check_kv_format(f, d).ok()) << planner::kv_format_name(f) << " d=" << d;
       ASSERT_TRUE(kv_format_supported(f));
       const uint64_t per = planner::bytes_per_head_token(f, d);
+      // The table's bytes are the layout the kernels walk.
+      EXPECT_EQ(layout_bytes(f, d, 4 * store_unit(f)), 4 * store_unit(f) * per)
+          << planner::kv_format_name(f) << " d=" << d;
       EXPECT_EQ(kv_tile_bytes(f, d, 16 * store_unit(f)), 16 * store_unit(f) * per)
           << planner::kv_format_name(f) << " d=" << d;
       if (!planner::is_per_channel(f)) {
@@ -123,7 +148,7 @@ TEST(KvFormatSize, StoreStaysInsideItsRows) {
     const size_t one = kv_tile_bytes(f, d, unit);
     std::vector<uint8_t> buf(3 * one, 0xA5);
     const std::vector<float> x = randn(static_cast<size_t>(unit) * d, 3);
-    if (tr.per_channel) {
+    if (planner::is_per_channel(f)) {
       tr.store(kv_row_geom(f, d), x.data(), buf.data() + one, 0, unit);
     } else {
       tr.store(kv_row_geom(f, d), x.data(), buf.data(), 1, 1);
@@ -428,8 +453,7 @@ void check_fused_vs_reference(const KvFormatTraits& tr, KvFormat f, int d, doubl
         mag += std::fabs(static_cast<double>(q[i])) * meta_amax(f, k, d, rc.t0 + j, i);
       }
       ASSERT_NEAR(scores[j], want, rel_tol * mag + 1e-30)
-          << tr.name << " " << planner::kv_format_name(f) << " d=" << d << " t0=" << rc.t0
-          << " j=" << j;
+          << planner::kv_format_name(f) << " d=" << d << " t0=" << rc.t0 << " j=" << j;
     }
     std::vector<float> acc = randn(d, 8);
     const std::vector<float> acc0 = acc;
@@ -443,8 +467,7 @@ void check_fused_vs_reference(const KvFormatTraits& tr, KvFormat f, int d, doubl
         mag += std::fabs(static_cast<double>(p[rc.t0 + j])) * meta_amax(f, k, d, rc.t0 + j, i);
       }
       ASSERT_NEAR(acc[i], want, rel_tol * mag + 1e-30)
-          << tr.name << " " << planner::kv_format_name(f) << " d=" << d << " t0=" << rc.t0
-          << " i=" << i;
+          << planner::kv_format_name(f) << " d=" << d << " t0=" << rc.t0 << " i=" << i;
     }
   }
 }

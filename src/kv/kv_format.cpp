@@ -385,16 +385,14 @@ void chan8_axpy(const KvRowGeom& g, const float* p, const void* tile, int t0, in
 }
 
 constexpr KvFormatTraits kScalar[] = {
-    {planner::KvType::kF16, "f16", false, f16_store, f16_load, f16_dot, f16_axpy},
-    {planner::KvType::kFp8E4M3, "fp8_e4m3", false, scaled_store<Fp8Codec>, scaled_load<Fp8Codec>,
-     scaled_dot<Fp8Codec>, scaled_axpy<Fp8Codec>},
-    {planner::KvType::kInt8, "int8", false, scaled_store<Int8Codec>, scaled_load<Int8Codec>,
-     scaled_dot<Int8Codec>, scaled_axpy<Int8Codec>},
-    {planner::KvType::kInt4Asym, "int4_asym", false, int4_store, int4_load, int4_dot, int4_axpy},
-    {planner::KvType::kInt4Channel, "int4_channel", true, chan_store, chan_load, chan_dot,
-     chan_axpy},
-    {planner::KvType::kInt8Channel, "int8_channel", true, chan8_store, chan8_load, chan8_dot,
-     chan8_axpy},
+    {planner::KvType::kF16, f16_store, f16_load, f16_dot, f16_axpy},
+    {planner::KvType::kFp8E4M3, scaled_store<Fp8Codec>, scaled_load<Fp8Codec>, scaled_dot<Fp8Codec>,
+     scaled_axpy<Fp8Codec>},
+    {planner::KvType::kInt8, scaled_store<Int8Codec>, scaled_load<Int8Codec>, scaled_dot<Int8Codec>,
+     scaled_axpy<Int8Codec>},
+    {planner::KvType::kInt4Asym, int4_store, int4_load, int4_dot, int4_axpy},
+    {planner::KvType::kInt4Channel, chan_store, chan_load, chan_dot, chan_axpy},
+    {planner::KvType::kInt8Channel, chan8_store, chan8_load, chan8_dot, chan8_axpy},
 };
 
 }  // namespace
@@ -416,32 +414,14 @@ const KvFormatTraits* kv_traits(planner::KvType type) {
 }
 
 bool kv_format_supported(planner::KvFormat f) {
-  if (kv_traits_scalar(f.type) == nullptr) return false;
-  if (f.type == planner::KvType::kInt4Asym) return f.group == 32 || f.group == 64 || f.group == 128;
-  if (planner::is_per_channel(f)) return f.group > 0;
-  return true;
+  return kv_traits_scalar(f.type) != nullptr && planner::kv_group_valid(f);
 }
 
 size_t kv_tile_bytes(planner::KvFormat f, int head_dim, int n_tokens) {
   assert(kv_format_supported(f) && planner::check_kv_format(f, head_dim).ok());
-  const auto n = static_cast<size_t>(n_tokens);
-  switch (f.type) {  // the one place sizes are spelled out; kernels use the same helpers
-    case planner::KvType::kF16:
-      return n * detail::row_bytes_f16(head_dim);
-    case planner::KvType::kFp8E4M3:
-    case planner::KvType::kInt8:
-      return n * detail::row_bytes_scaled(head_dim);
-    case planner::KvType::kInt4Asym:
-      return n * detail::row_bytes_int4(head_dim, f.group);
-    case planner::KvType::kInt4Channel:
-      assert(n_tokens % f.group == 0);
-      return static_cast<size_t>(n_tokens / f.group) * detail::chan_tile_bytes(head_dim, f.group);
-    case planner::KvType::kInt8Channel:
-      assert(n_tokens % f.group == 0);
-      return static_cast<size_t>(n_tokens / f.group) * detail::chan8_tile_bytes(head_dim, f.group);
-    default:
-      return 0;
-  }
+  // A per-channel tile holds whole groups of tokens; its bytes per head-token are exact only then.
+  assert(!planner::is_per_channel(f) || n_tokens % f.group == 0);
+  return static_cast<size_t>(n_tokens) * planner::bytes_per_head_token(f, head_dim);
 }
 
 }  // namespace bie::kv

@@ -406,16 +406,16 @@ void chan8_axpy(const KvRowGeom& g, const float* p, const void* tile, int t0, in
 
 const KvFormatTraits* kv_traits_avx2_table(KvType type) {
   static const KvFormatTraits kTable[] = {
-      {KvType::kF16, "f16", false, f16_store, scalar_of(KvType::kF16).load, f16_dot, f16_axpy},
-      {KvType::kFp8E4M3, "fp8_e4m3", false, scalar_of(KvType::kFp8E4M3).store,
-       scalar_of(KvType::kFp8E4M3).load, scaled_dot<true>, scaled_axpy<true>},
-      {KvType::kInt8, "int8", false, int8_store, scalar_of(KvType::kInt8).load, scaled_dot<false>,
+      {KvType::kF16, f16_store, scalar_of(KvType::kF16).load, f16_dot, f16_axpy},
+      {KvType::kFp8E4M3, scalar_of(KvType::kFp8E4M3).store, scalar_of(KvType::kFp8E4M3).load,
+       scaled_dot<true>, scaled_axpy<true>},
+      {KvType::kInt8, int8_store, scalar_of(KvType::kInt8).load, scaled_dot<false>,
        scaled_axpy<false>},
-      {KvType::kInt4Asym, "int4_asym", false, scalar_of(KvType::kInt4Asym).store,
-       scalar_of(KvType::kInt4Asym).load, int4_dot, int4_axpy},
-      {KvType::kInt4Channel, "int4_channel", true, scalar_of(KvType::kInt4Channel).store,
+      {KvType::kInt4Asym, scalar_of(KvType::kInt4Asym).store, scalar_of(KvType::kInt4Asym).load,
+       int4_dot, int4_axpy},
+      {KvType::kInt4Channel, scalar_of(KvType::kInt4Channel).store,
        scalar_of(KvType::kInt4Channel).load, chan_dot, chan_axpy},
-      {KvType::kInt8Channel, "int8_channel", true, scalar_of(KvType::kInt8Channel).store,
+      {KvType::kInt8Channel, scalar_of(KvType::kInt8Channel).store,
        scalar_of(KvType::kInt8Channel).load, chan8_dot, chan8_axpy},
   };
   for (const KvFormatTraits& t : kTable) {

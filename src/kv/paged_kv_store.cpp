@@ -291,7 +291,7 @@ bool PagedKvStore::can_migrate_now(int64_t written_rows) const {
   // move at any time; a partly written one only if the body formats store rows independently.
   if (written_rows <= 0 || written_rows >= cfg_.layout.block_size) return true;
   const PoolFormat& f = format(kv::PoolKind::kBody);
-  return !f.tk->per_channel && !f.tv->per_channel;
+  return !planner::is_per_channel(f.k) && !planner::is_per_channel(f.v);
 }
 
 std::optional<std::vector<int64_t>> PagedKvStore::plan_append(int g, kv::SeqId s, int64_t written,
@@ -606,7 +606,8 @@ void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const flo
     // body, migrated from the window, or quantised from an FP16 prefix-cache hit).
     const bool round_to_fp16 = cfg_.layout.mixed() && e.pool == kv::PoolKind::kBody;
     // note: per-channel tiles are only ever written whole (check_config).
-    assert(!(f.tk->per_channel || f.tv->per_channel) || (t0 == 0 && cnt == B));
+    assert(!(planner::is_per_channel(f.k) || planner::is_per_channel(f.v)) ||
+           (t0 == 0 && cnt == B));
     for (int h = 0; h < H; ++h) {
       for (int pass = 0; pass < 2; ++pass) {
         const float* src = (pass == 0 ? k : v) + (p - pos0) * kv_dim + static_cast<int64_t>(h) * d;

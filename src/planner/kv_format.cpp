@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cassert>
 #include <charconv>
 #include <optional>
@@ -10,9 +11,33 @@ namespace bie::planner {
 
 namespace {
 
-// Bytes of the fp16 metadata scalars used by the formats below.
-constexpr uint64_t kFp16Bytes = 2;
-constexpr int kGgmlBlock = 32;  // QK8_0 == QK4_0 == 32
+constexpr int kMaxTokenGroup = 4096;
+
+// The format table (bie/planner/kv_format.h documents the columns), one row per KvType.
+// clang-format off
+constexpr KvFormatSpec kSpecs[] = {
+    // type                name            bits head group kind               fixed gmeta sinks
+    {KvType::kF16,         "f16",          16,  0,   KvGroupKind::kNone,      0,    0,    false},
+    {KvType::kFp8E4M3,     "fp8_e4m3",     8,   2,   KvGroupKind::kNone,      0,    0,    true},
+    {KvType::kInt8,        "int8",         8,   2,   KvGroupKind::kNone,      0,    0,    true},
+    {KvType::kInt4Asym,    "int4_asym",    4,   0,   KvGroupKind::kAlongHead, 0,    4,    true},
+    {KvType::kInt4Channel, "int4_channel", 4,   0,   KvGroupKind::kTokens,    0,    4,    true},
+    {KvType::kQ8_0,        "q8_0",         8,   0,   KvGroupKind::kAlongHead, 32,   2,    false},
+    {KvType::kQ4_0,        "q4_0",         4,   0,   KvGroupKind::kAlongHead, 32,   2,    false},
+    {KvType::kInt8Channel, "int8_channel", 8,   0,   KvGroupKind::kTokens,    0,    4,    true},
+};
+// clang-format on
+
+// Groups along head_dim a parameterised kAlongHead type accepts.
+constexpr int kHeadGroups[] = {32, 64, 128};
+
+bool has_group_param(const KvFormatSpec& s) {
+  return s.group_kind != KvGroupKind::kNone && s.fixed_group == 0;
+}
+
+int group_of(const KvFormatSpec& s, KvFormat f) {
+  return s.fixed_group != 0 ? s.fixed_group : f.group;
+}
 
 std::optional<int> parse_suffix_int(std::string_view s) {
   int v = 0;
@@ -23,26 +48,27 @@ std::optional<int> parse_suffix_int(std::string_view s) {
 
 }  // namespace
 
-std::string kv_format_name(KvFormat f) {
-  switch (f.type) {
-    case KvType::kF16:
-      return "f16";
-    case KvType::kFp8E4M3:
-      return "fp8_e4m3";
-    case KvType::kInt8:
-      return "int8";
-    case KvType::kInt4Asym:
-      return fmt::format("int4_asym_g{}", f.group);
-    case KvType::kInt4Channel:
-      return fmt::format("int4_channel_t{}", f.group);
-    case KvType::kInt8Channel:
-      return fmt::format("int8_channel_t{}", f.group);
-    case KvType::kQ8_0:
-      return "q8_0";
-    case KvType::kQ4_0:
-      return "q4_0";
+const KvFormatSpec& kv_format_spec(KvType type) {
+  for (const KvFormatSpec& s : kSpecs) {
+    if (s.type == type) return s;
   }
-  return "?";
+  assert(false && "KvType without a row in kSpecs");
+  return kSpecs[0];
+}
+
+bool kv_group_valid(KvFormat f) {
+  const KvFormatSpec& s = kv_format_spec(f.type);
+  if (!has_group_param(s)) return true;
+  if (s.group_kind == KvGroupKind::kTokens) return f.group > 0 && f.group <= kMaxTokenGroup;
+  return std::find(std::begin(kHeadGroups), std::end(kHeadGroups), f.group) !=
+         std::end(kHeadGroups);
+}
+
+std::string kv_format_name(KvFormat f) {
+  const KvFormatSpec& s = kv_format_spec(f.type);
+  if (!has_group_param(s)) return std::string(s.name);
+  return fmt::format("{}_{}{}", s.name, s.group_kind == KvGroupKind::kAlongHead ? 'g' : 't',
+                     f.group);
 }
 
 Result<KvFormat> parse_kv_format(std::string_view name, int int4_group, int block_size) {
@@ -52,43 +78,32 @@ Result<KvFormat> parse_kv_format(std::string_view name, int int4_group, int bloc
         "int4_asym[_g32|_g64|_g128], int4_channel[_tN], int8_channel[_tN], q8_0 or q4_0",
         name, why)};
   };
-  if (name == "f16" || name == "fp16" || name == "float16") return KvFormat{KvType::kF16, 0};
-  if (name == "fp8" || name == "fp8_e4m3") return KvFormat{KvType::kFp8E4M3, 0};
-  if (name == "int8") return KvFormat{KvType::kInt8, 0};
-  if (name == "q8_0") return KvFormat{KvType::kQ8_0, 0};
-  if (name == "q4_0") return KvFormat{KvType::kQ4_0, 0};
-  constexpr std::string_view kAsym = "int4_asym";
-  constexpr std::string_view kChan = "int4_channel";
-  constexpr std::string_view kChan8 = "int8_channel";
-  if (name.substr(0, kAsym.size()) == kAsym) {
-    std::string_view rest = name.substr(kAsym.size());
-    int g = int4_group;
-    if (!rest.empty()) {
-      if (rest.substr(0, 2) != "_g") return bad("");
+  if (name == "fp16" || name == "float16") return KvFormat{KvType::kF16, 0};
+  if (name == "fp8") return KvFormat{KvType::kFp8E4M3, 0};
+  for (const KvFormatSpec& s : kSpecs) {
+    const bool exact = name == s.name;
+    if (!has_group_param(s)) {
+      if (exact) return KvFormat{s.type, 0};
+      continue;
+    }
+    if (!exact && !(name.starts_with(s.name) && name[s.name.size()] == '_')) continue;
+    const bool along_head = s.group_kind == KvGroupKind::kAlongHead;
+    int g = along_head ? int4_group : block_size;
+    if (!exact) {
+      const std::string_view rest = name.substr(s.name.size());
+      if (rest.substr(0, 2) != (along_head ? "_g" : "_t")) return bad("");
       auto v = parse_suffix_int(rest.substr(2));
-      if (!v) return bad(" (group must be a positive integer)");
+      if (!v)
+        return bad(along_head ? " (group must be a positive integer)"
+                              : " (token group must be a positive integer)");
       g = *v;
     }
-    if (g != 32 && g != 64 && g != 128) {
-      return Error{fmt::format("int4_asym group size must be 32, 64 or 128, got {}", g)};
+    const KvFormat f{s.type, g};
+    if (kv_group_valid(f)) return f;
+    if (along_head) {
+      return Error{fmt::format("{} group size must be 32, 64 or 128, got {}", s.name, g)};
     }
-    return KvFormat{KvType::kInt4Asym, g};
-  }
-  const bool chan4 = name.substr(0, kChan.size()) == kChan;
-  if (chan4 || name.substr(0, kChan8.size()) == kChan8) {
-    const std::string_view base = chan4 ? kChan : kChan8;
-    std::string_view rest = name.substr(base.size());
-    int t = block_size;
-    if (!rest.empty()) {
-      if (rest.substr(0, 2) != "_t") return bad("");
-      auto v = parse_suffix_int(rest.substr(2));
-      if (!v) return bad(" (token group must be a positive integer)");
-      t = *v;
-    }
-    if (t <= 0 || t > 4096) {
-      return Error{fmt::format("{} token group must be in 1..4096, got {}", base, t)};
-    }
-    return KvFormat{chan4 ? KvType::kInt4Channel : KvType::kInt8Channel, t};
+    return Error{fmt::format("{} token group must be in 1..{}, got {}", s.name, kMaxTokenGroup, g)};
   }
   return bad("");
 }
@@ -96,38 +111,24 @@ Result<KvFormat> parse_kv_format(std::string_view name, int int4_group, int bloc
 Status check_kv_format(KvFormat f, int head_dim) {
   if (head_dim < 0) return Error{fmt::format("head_dim must not be negative, got {}", head_dim)};
   if (head_dim == 0) return {};
-  switch (f.type) {
-    case KvType::kF16:
-    case KvType::kFp8E4M3:
-    case KvType::kInt8:
+  const KvFormatSpec& s = kv_format_spec(f.type);
+  const int g = group_of(s, f);
+  switch (s.group_kind) {
+    case KvGroupKind::kNone:
       return {};
-    case KvType::kInt4Asym:
-      if (f.group <= 0 || head_dim % f.group != 0) {
+    case KvGroupKind::kAlongHead:
+      if (g <= 0 || head_dim % g != 0) {
         return Error{fmt::format("{} needs head_dim to be a multiple of {}, got {}",
-                                 kv_format_name(f), f.group, head_dim)};
+                                 kv_format_name(f), g, head_dim)};
       }
       return {};
-    case KvType::kInt4Channel:
-      // Per head-token: head_dim/2 data bytes + 4*head_dim/T metadata bytes, both whole.
-      if (f.group <= 0 || head_dim % 2 != 0 || (4 * head_dim) % f.group != 0) {
-        return Error{
-            fmt::format("{} needs an even head_dim with 4*head_dim a multiple of {}, "
-                        "got head_dim {}",
-                        kv_format_name(f), f.group, head_dim)};
-      }
-      return {};
-    case KvType::kInt8Channel:
-      // Per head-token: head_dim data bytes + 4*head_dim/T metadata bytes.
-      if (f.group <= 0 || (4 * head_dim) % f.group != 0) {
-        return Error{fmt::format("{} needs 4*head_dim a multiple of {}, got head_dim {}",
-                                 kv_format_name(f), f.group, head_dim)};
-      }
-      return {};
-    case KvType::kQ8_0:
-    case KvType::kQ4_0:
-      if (head_dim % kGgmlBlock != 0) {
-        return Error{fmt::format("{} needs head_dim to be a multiple of 32, got {}",
-                                 kv_format_name(f), head_dim)};
+    case KvGroupKind::kTokens:
+      // Per head-token: head_dim code bytes (whole) + group_meta*head_dim/T metadata bytes.
+      if (g <= 0 || (head_dim * s.value_bits) % 8 != 0 ||
+          (s.group_meta_bytes * head_dim) % g != 0) {
+        return Error{fmt::format(
+            "{} needs {}{}*head_dim a multiple of {}, got head_dim {}", kv_format_name(f),
+            s.value_bits < 8 ? "an even head_dim with " : "", s.group_meta_bytes, g, head_dim)};
       }
       return {};
   }
@@ -138,30 +139,18 @@ uint64_t bytes_per_head_token(KvFormat f, int head_dim) {
   assert(check_kv_format(f, head_dim).ok());
   const auto d = static_cast<uint64_t>(head_dim);
   if (d == 0) return 0;
-  switch (f.type) {
-    case KvType::kF16:
-      return 2 * d;
-    case KvType::kFp8E4M3:
-    case KvType::kInt8:
-      return d + kFp16Bytes;
-    case KvType::kInt4Asym:
-      return d / 2 + (d / static_cast<uint64_t>(f.group)) * 2 * kFp16Bytes;
-    case KvType::kInt4Channel:
-      // A group of T tokens x d channels stores T*d/2 data bytes and d (scale, zero) pairs.
-      return d / 2 + (2 * kFp16Bytes * d) / static_cast<uint64_t>(f.group);
-    case KvType::kInt8Channel:
-      return d + (2 * kFp16Bytes * d) / static_cast<uint64_t>(f.group);
-    case KvType::kQ8_0:
-      return d / kGgmlBlock * 34;
-    case KvType::kQ4_0:
-      return d / kGgmlBlock * 18;
-  }
-  return 0;
+  const KvFormatSpec& s = kv_format_spec(f.type);
+  const auto g = static_cast<uint64_t>(group_of(s, f));
+  const auto gm = static_cast<uint64_t>(s.group_meta_bytes);
+  uint64_t bytes =
+      d * static_cast<uint64_t>(s.value_bits) / 8 + static_cast<uint64_t>(s.head_meta_bytes);
+  if (s.group_kind == KvGroupKind::kAlongHead) bytes += (d / g) * gm;
+  if (s.group_kind == KvGroupKind::kTokens) bytes += gm * d / g;
+  return bytes;
 }
 
 bool uses_fp16_sink_window(KvFormat f) {
-  return f.type == KvType::kFp8E4M3 || f.type == KvType::kInt8 || f.type == KvType::kInt4Asym ||
-         f.type == KvType::kInt4Channel || f.type == KvType::kInt8Channel;
+  return kv_format_spec(f.type).fp16_sink_window;
 }
 
 }  // namespace bie::planner

@@ -95,9 +95,7 @@ using KvAxpyFn = void (*)(const KvRowGeom& g, const float* p, const void* tile, 
                           float* acc);
 
 struct KvFormatTraits {
-  planner::KvType type;
-  const char* name;
-  bool per_channel;  // metadata spans a tile of `group` tokens; store writes whole tiles
+  planner::KvType type;  // its name, sizes and per-channel flag: planner::kv_format_spec(type)
   KvStoreFn store;
   KvLoadFn load;
   KvDotFn dot;

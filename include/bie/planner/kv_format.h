@@ -37,11 +37,45 @@ struct KvFormat {
 
 inline constexpr KvFormat kKvF16{KvType::kF16, 0};
 
+// What KvFormat::group counts for a type.
+enum class KvGroupKind : uint8_t {
+  kNone,       // no group: metadata, if any, is per (token, head)
+  kAlongHead,  // `group` consecutive values of one head-token share fp16 metadata
+  kTokens,     // per channel, `group` consecutive tokens share fp16 metadata (KIVI)
+};
+
+// One row per KvType: every fact about a format that is not a kernel. The planner's byte counts,
+// the KV pools' sizes, parsing, naming and the sink/window routing all read this table.
+// Bytes per (token, head) of d values:
+//   d * value_bits / 8 + head_meta_bytes
+//   + (d / group) * group_meta_bytes            (kAlongHead)
+//   + d * group_meta_bytes / group              (kTokens: each channel's metadata over the tile)
+struct KvFormatSpec {
+  KvType type;
+  std::string_view name;  // the base spelling; group types add _g<N> (kAlongHead) / _t<N>
+  int value_bits;         // code bits per value
+  int head_meta_bytes;    // fp16 metadata per (token, head): a scale
+  KvGroupKind group_kind;
+  int fixed_group;        // the group a type always has (q8_0 / q4_0: 32); 0: KvFormat::group
+  int group_meta_bytes;   // fp16 metadata per group: (scale, zero) = 4, a scale = 2
+  bool fp16_sink_window;  // BIE's own quantised formats: sinks and window stay FP16
+};
+
+// The row of `type` (every KvType has one).
+[[nodiscard]] const KvFormatSpec& kv_format_spec(KvType type);
+
 // Per-channel (KIVI) key formats: metadata spans a tile of `group` tokens = one paged block, so
 // a body block is written whole and a chunk that is not a prompt's last ends on a block boundary.
-[[nodiscard]] inline bool is_per_channel(KvFormat f) {
-  return f.type == KvType::kInt4Channel || f.type == KvType::kInt8Channel;
+[[nodiscard]] inline bool is_per_channel(KvType t) {
+  return kv_format_spec(t).group_kind == KvGroupKind::kTokens;
 }
+[[nodiscard]] inline bool is_per_channel(KvFormat f) {
+  return is_per_channel(f.type);
+}
+
+// Whether f.group is one its type accepts: kAlongHead 32, 64 or 128 (or the type's fixed group),
+// kTokens 1..4096, kNone anything (ignored). parse_kv_format only returns formats that pass.
+[[nodiscard]] bool kv_group_valid(KvFormat f);
 
 // Canonical spelling, e.g. "f16", "int4_asym_g64", "int4_channel_t16", "q8_0".
 [[nodiscard]] std::string kv_format_name(KvFormat f);
