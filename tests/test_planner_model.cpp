@@ -297,6 +297,43 @@ TEST(GeometryConfig, SlidingWindowVariants) {
                    .ok());
 }
 
+// Each class default of the architecture table, seen through the parameter count and the
+// layer pattern of one small config that differs only in model_type (Llama: none of them).
+TEST(GeometryConfig, ArchitectureClassDefaults) {
+  const std::string base =
+      R"("hidden_size":64,"intermediate_size":128,"num_hidden_layers":6,"num_attention_heads":4,
+         "num_key_value_heads":2,"vocab_size":10,"sliding_window":16)";
+  const auto geo = [&](const std::string& type) {
+    auto g = geometry_from_hf_config("{\"model_type\":\"" + type + "\"," + base + "}", "t");
+    EXPECT_TRUE(g.ok()) << type;
+    return *g;
+  };
+  const ModelGeometry llama = geo("llama");
+  const double E = 64, L = 6, d = 16, kv = 2 * d, q = 4 * d;
+  const double embd = 10 * E;
+  // Qwen 3: + q and k per-head norm weights in every layer.
+  EXPECT_DOUBLE_EQ(geo("qwen3").n_params - llama.n_params, L * 2 * d);
+  EXPECT_DOUBLE_EQ(geo("qwen3_moe").n_params - llama.n_params, L * 2 * d);  // a prefix row
+  // Qwen 2: q/k/v biases hard-wired.
+  EXPECT_DOUBLE_EQ(geo("qwen2").n_params - llama.n_params, L * (q + 2 * kv));
+  // Gemma 2: two more norms per layer, tied embeddings, local/global period 2.
+  const ModelGeometry g2 = geo("gemma2");
+  EXPECT_TRUE(g2.tied_embeddings);
+  EXPECT_FALSE(llama.tied_embeddings);
+  EXPECT_DOUBLE_EQ(g2.n_params - llama.n_params, L * 2 * E - embd);
+  EXPECT_EQ(g2.n_swa_layers(), 3);
+  // Gemma 3: the same plus q/k norms, period 6; Cohere 2: period 4; Llama: every layer local
+  // (a bare sliding_window, Mistral v0.1 style).
+  const ModelGeometry g3 = geo("gemma3_text");
+  EXPECT_DOUBLE_EQ(g3.n_params - llama.n_params, L * (2 * E + 2 * d) - embd);
+  EXPECT_EQ(g3.n_swa_layers(), 5);
+  EXPECT_EQ(geo("cohere2").n_swa_layers(), 5);  // layers 0-2, 4 and 5 of 6
+  EXPECT_EQ(llama.n_swa_layers(), 6);
+  EXPECT_EQ(arch_facts("mistral"), nullptr);
+  EXPECT_EQ(arch_facts("gemma3")->swa_period, 6);
+  EXPECT_FALSE(arch_facts("gemma3n")->qk_norm);  // the prefix row: only the period carries over
+}
+
 // ---- presets ------------------------------------------------------------------------------
 
 TEST(Presets, ParameterCountsMatchPublishedFigures) {

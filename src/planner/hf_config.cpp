@@ -151,12 +151,8 @@ Result<ModelGeometry> geometry_from_hf_config(std::string_view json_text, std::s
       int period = 0;  // Mistral-7B-v0.1 style: every layer local
       if (const json* p = find_any(j, {"sliding_window_pattern"}); p && p->is_number_integer()) {
         period = p->get<int>();
-      } else if (g.arch == "gemma2") {
-        period = 2;
-      } else if (g.arch.rfind("gemma3", 0) == 0) {
-        period = 6;
-      } else if (g.arch == "cohere2") {
-        period = 4;
+      } else if (const ArchFacts* facts = arch_facts(g.arch)) {
+        period = facts->swa_period;
       }
       if (period < 0) return Error{"config.json: \"sliding_window_pattern\" must not be negative"};
       for (int64_t il = 0; il < g.n_layer; ++il)
@@ -184,12 +180,12 @@ Result<ModelGeometry> geometry_from_hf_config(std::string_view json_text, std::s
   } else if (const json* t2 = find_any(root, {"tie_word_embeddings"}); t2 && t2->is_boolean()) {
     g.tied_embeddings = t2->get<bool>();
   } else {
-    g.tied_embeddings = g.arch.rfind("gemma", 0) == 0;
+    g.tied_embeddings = arch_facts(g.arch) && arch_facts(g.arch)->tied_embeddings;
   }
   if (const json* b = find_any(j, {"attention_bias"}); b && b->is_boolean()) {
     g.qkv_bias = b->get<bool>();
   }
-  if (g.arch == "qwen2" || g.arch == "qwen2_moe") g.qkv_bias = true;  // hard-wired in Qwen2
+  if (const ArchFacts* facts = arch_facts(g.arch); facts && facts->qkv_bias) g.qkv_bias = true;
 
   count_params_from_widths(g);
   return g;

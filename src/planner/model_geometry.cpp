@@ -57,6 +57,38 @@ int64_t ModelGeometry::head_dim_kv() const {
   return 0;
 }
 
+namespace {
+
+// The values are the model classes' own: Hugging Face transformers for the config.json defaults,
+// llama.cpp (llama-model.cpp, set_swa_pattern) for the local/global periods of GGUF files that
+// carry only the window length.
+// clang-format off
+constexpr ArchFacts kArchFacts[] = {
+    // name          prefix swa four_norms qk_norm tied  qkv_bias
+    {"gemma2",       false, 2,  true,      false,  true, false},
+    {"gemma3",       false, 6,  true,      true,   true, false},
+    {"gemma3_text",  false, 6,  true,      true,   true, false},
+    {"cohere2",      false, 4,  false,     false,  false, false},
+    {"qwen2",        false, 0,  false,     false,  false, true},
+    {"qwen2_moe",    false, 0,  false,     false,  false, true},
+    {"gemma3",       true,  6,  true,      false,  true, false},  // gemma3n, ... (HF period)
+    {"gemma",        true,  0,  true,      false,  true, false},
+    {"qwen3",        true,  0,  false,     true,   false, false},
+};
+// clang-format on
+
+}  // namespace
+
+const ArchFacts* arch_facts(std::string_view arch) {
+  for (const ArchFacts& a : kArchFacts) {
+    if (!a.prefix && arch == a.name) return &a;
+  }
+  for (const ArchFacts& a : kArchFacts) {
+    if (a.prefix && arch.starts_with(a.name)) return &a;
+  }
+  return nullptr;
+}
+
 bool is_swa_layer(int64_t il, int period) {
   return period == 0 || (il % period < period - 1);
 }
@@ -68,9 +100,9 @@ void count_params_from_widths(ModelGeometry& g) {
   double active = (g.tied_embeddings ? embd : E + embd) + E;   // one embedding row read per token
   // Gemma 2/3 put a norm after attention and after the FFN as well; Gemma 3 and Qwen 3 normalise
   // q and k per head.
-  const bool four_norms = g.arch.rfind("gemma", 0) == 0;
-  const bool qk_norm =
-      g.arch == "gemma3" || g.arch == "gemma3_text" || g.arch.rfind("qwen3", 0) == 0;
+  const ArchFacts* facts = arch_facts(g.arch);
+  const bool four_norms = facts && facts->four_norms;
+  const bool qk_norm = facts && facts->qk_norm;
   for (int64_t il = 0; il < g.n_layer; ++il) {
     double attn = 0;
     if (g.mla) {
@@ -116,15 +148,6 @@ void count_params_from_widths(ModelGeometry& g) {
 // ---- GGUF ---------------------------------------------------------------------------------
 
 namespace {
-
-// Period of the local/global layer pattern for architectures whose GGUF files carry only the
-// window length; the values are llama.cpp's (llama-model.cpp, set_swa_pattern).
-std::optional<int> known_swa_period(std::string_view arch) {
-  if (arch == "gemma2") return 2;
-  if (arch == "gemma3") return 6;
-  if (arch == "cohere2") return 4;
-  return std::nullopt;
-}
 
 // A per-layer integer: a scalar applies to all layers, an array gives one value per layer.
 Result<std::vector<int64_t>> per_layer(const gguf::GgufFile& f, const std::string& key,
@@ -249,8 +272,8 @@ Result<ModelGeometry> geometry_from_gguf(const gguf::GgufFile& f) {
       int period = 0;  // every layer local unless a pattern says otherwise
       if (auto p = f.get_int(A + "attention.sliding_window_pattern")) {
         period = static_cast<int>(*p);
-      } else if (auto kp = known_swa_period(g.arch)) {
-        period = *kp;
+      } else if (const ArchFacts* facts = arch_facts(g.arch); facts && !facts->prefix) {
+        period = facts->swa_period;  // GGUF architecture names are exact
       }
       for (int64_t il = 0; il < g.n_layer; ++il)
         local[static_cast<size_t>(il)] = is_swa_layer(il, period);

@@ -93,6 +93,21 @@ struct ModelGeometry {
 // local.
 [[nodiscard]] bool is_swa_layer(int64_t il, int period);
 
+// What the planner knows of an architecture beyond what its file or config.json states: the
+// defaults of its model class. One table (model_geometry.cpp), read by the GGUF and the
+// config.json readers alike; an architecture without a row has none of these.
+struct ArchFacts {
+  std::string_view name;         // GGUF general.architecture / HF model_type
+  bool prefix = false;           // also matches names that start with `name` (qwen3_moe, ...)
+  int swa_period = 0;            // local/global pattern when only the window is given (0: none)
+  bool four_norms = false;       // norms after attention and after the FFN as well (Gemma 2/3)
+  bool qk_norm = false;          // per-head RMSNorm of q and k (Gemma 3, Qwen 3)
+  bool tied_embeddings = false;  // HF default when config.json does not say
+  bool qkv_bias = false;         // q/k/v biases hard-wired in the model class (Qwen 2)
+};
+// The row of `arch`: exact rows first, then the first prefix row; nullptr if none.
+[[nodiscard]] const ArchFacts* arch_facts(std::string_view arch);
+
 // Reads the geometry from a parsed GGUF header. Exact weight bytes come from the tensor infos.
 [[nodiscard]] Result<ModelGeometry> geometry_from_gguf(const gguf::GgufFile& file);
 [[nodiscard]] Result<ModelGeometry> geometry_from_gguf_path(const std::string& path);
