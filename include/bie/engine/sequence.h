@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "bie/kv/block_manager.h"
+#include "bie/kv/seq_id.h"
 
 namespace bie {
 

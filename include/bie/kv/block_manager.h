@@ -24,11 +24,10 @@
 #include "bie/kv/block_table.h"
 #include "bie/kv/kv_event_sink.h"
 #include "bie/kv/memory_budget.h"
+#include "bie/kv/seq_id.h"
 #include "bie/planner/kv_bytes.h"
 
 namespace bie::kv {
-
-using SeqId = int64_t;
 
 struct BlockManagerConfig {
   planner::KvLayout layout;
