@@ -62,6 +62,7 @@ Result<ModelGeometry> geometry_from_hf_config(std::string_view json_text, std::s
       g.arch = mt->get<std::string>();
     }
   }
+  const ArchFacts* facts = arch_facts(g.arch);  // the model class's defaults (nullptr: none)
 
 #define BIE_TRY_INT(var, ...)          \
   auto var##_r = get_int(__VA_ARGS__); \
@@ -151,7 +152,7 @@ Result<ModelGeometry> geometry_from_hf_config(std::string_view json_text, std::s
       int period = 0;  // Mistral-7B-v0.1 style: every layer local
       if (const json* p = find_any(j, {"sliding_window_pattern"}); p && p->is_number_integer()) {
         period = p->get<int>();
-      } else if (const ArchFacts* facts = arch_facts(g.arch)) {
+      } else if (facts) {
         period = facts->swa_period;
       }
       if (period < 0) return Error{"config.json: \"sliding_window_pattern\" must not be negative"};
@@ -180,12 +181,12 @@ Result<ModelGeometry> geometry_from_hf_config(std::string_view json_text, std::s
   } else if (const json* t2 = find_any(root, {"tie_word_embeddings"}); t2 && t2->is_boolean()) {
     g.tied_embeddings = t2->get<bool>();
   } else {
-    g.tied_embeddings = arch_facts(g.arch) && arch_facts(g.arch)->tied_embeddings;
+    g.tied_embeddings = facts && facts->tied_embeddings;
   }
   if (const json* b = find_any(j, {"attention_bias"}); b && b->is_boolean()) {
     g.qkv_bias = b->get<bool>();
   }
-  if (const ArchFacts* facts = arch_facts(g.arch); facts && facts->qkv_bias) g.qkv_bias = true;
+  if (facts && facts->qkv_bias) g.qkv_bias = true;
 
   count_params_from_widths(g);
   return g;
