@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "bie/attention/attention_runner.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/planner/kv_bytes.h"
 
@@ -73,13 +74,14 @@ void BM_PagedAttnDecode(benchmark::State& state) {
     return;
   }
   bie::CpuBackend pool(static_cast<int>(state.range(2)));
+  bie::attention::AttentionRunner runner;
   std::mt19937 rng(2);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> q(kHeads * kHeadDim), out(q.size());
   for (float& x : q) x = nd(rng);
   for (auto _ : state) {
     for (int il = 0; il < kLayers; ++il) {
-      c->attend(il, depth - 1, 1, q.data(), kHeads, 0.125f, out.data(), pool);
+      runner.run(*c, il, depth - 1, 1, q.data(), kHeads, 0.125f, out.data(), pool);
     }
     benchmark::DoNotOptimize(out.data());
   }
@@ -104,6 +106,7 @@ void BM_PagedAttnDecodeCold(benchmark::State& state) {
     return;
   }
   bie::CpuBackend pool(static_cast<int>(state.range(2)));
+  bie::attention::AttentionRunner runner;
   static std::vector<uint8_t> evict(size_t{512} << 20);
   std::vector<float> q(kHeads * kHeadDim, 0.5f), out(q.size());
   uint8_t tick = 0;
@@ -112,7 +115,7 @@ void BM_PagedAttnDecodeCold(benchmark::State& state) {
     std::memset(evict.data(), ++tick, evict.size());
     state.ResumeTiming();
     for (int il = 0; il < kLayers; ++il) {
-      c->attend(il, depth - 1, 1, q.data(), kHeads, 0.125f, out.data(), pool);
+      runner.run(*c, il, depth - 1, 1, q.data(), kHeads, 0.125f, out.data(), pool);
     }
     benchmark::DoNotOptimize(out.data());
   }

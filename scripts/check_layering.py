@@ -7,17 +7,14 @@ source tree. Exit 1, naming each offending file and line, when:
   - src/model/ computes without the Backend: calls ops:: or matmul(), or includes
     bie/backend/ops.h, matmul.h or thread_pool.h;
   - include/bie/model/model.h mentions ThreadPool or a std::vector<float>& workspace;
-  - a kv/ header includes an attention/ header, or a kv/ source does (except the files listed in
-    KV_RUNS_ATTENTION, the one place that still runs attention until the KV store is split);
+  - a kv/ header or source includes an attention/ header (kv stores K/V and hands out its blocks;
+    the attention runner in attention/ reads them: kv must not run attention);
   - src/attention/ includes a private kv/ header ("kv/...").
 
     scripts/check_layering.py [ROOT]"""
 import os
 import re
 import sys
-
-# Sources in kv/ that still call the attention kernels (PagedKvStore::attend). Shrink, never grow.
-KV_RUNS_ATTENTION = {"src/kv/paged_kv_store.cpp"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]')
 
@@ -61,7 +58,7 @@ def main():
             if inc and inc.startswith("bie/attention/"):
                 if rel.startswith("include/bie/kv/"):
                     errors.append(f"{where}: a kv/ header includes {inc} (kv must not run attention)")
-                if rel.startswith("src/kv/") and rel not in KV_RUNS_ATTENTION:
+                if rel.startswith("src/kv/"):
                     errors.append(f"{where}: kv/ includes {inc} (kv must not run attention)")
             if inc and inc.startswith("kv/") and rel.startswith("src/attention/"):
                 errors.append(f"{where}: attention/ includes kv's private {inc} (use bie/kv/*.h)")

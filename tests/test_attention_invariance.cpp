@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "bie/attention/attention_runner.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/kv/paged_kv_store.h"
 #include "bie/planner/kv_layout_flags.h"
@@ -18,6 +19,7 @@ TEST(PagedAttentionInvariance, QueryBitsDoNotDependOnTheTile) {
   const KvGeometry geo{1, 3, 64, {}};
   const int n_head = 9;
   ThreadPool pool(2);
+  attention::AttentionRunner runner;
   for (const char* dtype : {"f16", "int8", "fp8_e4m3", "int4_asym", "int4_channel"}) {
     planner::KvLayoutFlags f;
     f.dtype = dtype;
@@ -48,10 +50,11 @@ TEST(PagedAttentionInvariance, QueryBitsDoNotDependOnTheTile) {
       // Also with a sliding window (Gemma 3's local layers), where a tile skips the blocks
       // before its first query's window.
       for (int64_t window : {0, 20, 300}) {
-        st.attend(0, 0, pos0, n, q.data(), n_head, 0.125f, all.data(), pool, window);
+        runner.run_blocks(st.host_blocks(0, 0, pos0 + n), geo, pos0, n, q.data(), n_head, 0.125f,
+                          all.data(), pool, window);
         for (int64_t i = 0; i < n; ++i) {
-          st.attend(0, 0, pos0 + i, 1, q.data() + i * q_dim, n_head, 0.125f, one.data(), pool,
-                    window);
+          runner.run_blocks(st.host_blocks(0, 0, pos0 + i + 1), geo, pos0 + i, 1,
+                            q.data() + i * q_dim, n_head, 0.125f, one.data(), pool, window);
           for (int64_t c = 0; c < q_dim; ++c) {
             ASSERT_EQ(one[static_cast<size_t>(c)], all[static_cast<size_t>(i * q_dim + c)])
                 << dtype << " pos0=" << pos0 << " n=" << n << " i=" << i << " c=" << c

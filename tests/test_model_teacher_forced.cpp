@@ -208,6 +208,7 @@ class TeacherForced : public ::testing::TestWithParam<Bars> {
       }
       auto out = model_->forward_batch(batch, pool);
       ASSERT_TRUE(out.ok()) << "step " << i;
+      for (const BatchSequence& b : batch) b.kv->finish_pass();
       logits.assign(out->begin(), out->end());
       ASSERT_EQ(logits.size(), rows.size() * static_cast<size_t>(n_vocab));
       for (size_t r = 0; r < rows.size(); ++r) {

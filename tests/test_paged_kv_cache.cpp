@@ -9,10 +9,11 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "bie/attention/attention_runner.h"
 #include "bie/engine/generate.h"
-#include "support/contiguous_kv_cache.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
+#include "support/contiguous_kv_cache.h"
 #include "support/tiny_llama.h"
 
 namespace bie {
@@ -248,10 +249,11 @@ struct Driver {
       vs.push_back(rnd(static_cast<size_t>(n) * kvd));
       const std::vector<float> q = rnd(static_cast<size_t>(n) * qd);
       kv.store(il, pos0, n, ks.back().data(), vs.back().data());
-      kv.attend(il, pos0, n, q.data(), n_head, 0.125f, out.data(), pool);
+      attention::attend(kv, il, pos0, n, q.data(), n_head, 0.125f, out.data(), pool);
       if (il == g.n_layer - 1 && out_last) *out_last = out;
       if (il == g.n_layer - 1 && q_last) *q_last = q;
     }
+    kv.finish_pass();
     for (int64_t i = 0; i < n; ++i) {
       for (int il = 0; il < g.n_layer; ++il) {
         k_all.insert(k_all.end(), ks[static_cast<size_t>(il)].begin() + i * kvd,

@@ -128,6 +128,7 @@ bool DraftModelDrafter::read(kv::SeqId seq, std::span<const int32_t> tokens) {
       forget(seq);
       return false;
     }
+    view.finish_pass();
     logits_ = *out;
     if (n == 1) {
       const double sec =

@@ -53,6 +53,9 @@ Result<RunOutput> ModelRunner::run(SchedulerOutput& out, EngineMetrics& m) {
   const auto fwd0 = std::chrono::steady_clock::now();
   auto fwd = model_.forward_batch(batch, backend_);
   if (!fwd) return Error{fwd.error()};
+  // Block state changes after the pass, here: window exits and sliding-window drops of every
+  // sequence whose pass held no draft tokens (SequenceKv::finish_pass).
+  for (SequenceKv& v : views) v.finish_pass();
   ro.forward_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - fwd0).count();
   ro.logits = *fwd;

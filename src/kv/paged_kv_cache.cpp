@@ -101,26 +101,20 @@ void PagedKvCache::store(int il, int64_t pos0, int64_t n, const float* k, const 
 
 void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
                           float* out, Backend& backend, int64_t window) {
-  store_->attend(kSeq, il, pos0, n, q, n_head, scale, out, backend.host_threads(), window);
-  after_attend(il, pos0, n);
+  (void)backend;
+  store_->attend(kSeq, il, pos0, n, q, n_head, scale, out, window);
 }
 
 Status PagedKvCache::attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
                                const Tensor& out, Backend& backend, int64_t window) {
-  if (Status st = store_->attention(kSeq, il, pos0, q, n_head, scale, out, backend, window); !st) {
-    return st;
-  }
-  after_attend(il, pos0, q.rows);
-  return {};
+  return store_->attention(kSeq, il, pos0, q, n_head, scale, out, backend, window);
 }
 
-void PagedKvCache::after_attend(int il, int64_t pos0, int64_t n) {
-  if (il == cfg_.geometry.n_layer - 1 && pos0 + n == n_tokens_) {
-    // Every layer of the batch is written: blocks that left the window can be re-quantised. A
-    // failure (body pool exhausted; impossible with planned pools) leaves them FP16, which is
-    // still correct data, and is reported by check_integrity.
-    if (Status s = migrate_window_exits(); !s) migration_error_ = s.error();
-  }
+void PagedKvCache::finish_pass() {
+  // Every layer of the pass is written: blocks that left the window can be re-quantised. A
+  // failure (body pool exhausted; impossible with planned pools) leaves them FP16, which is still
+  // correct data, and is reported by check_integrity.
+  if (Status s = migrate_window_exits(); !s) migration_error_ = s.error();
 }
 
 Status PagedKvCache::migrate_window_exits() {

@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "bie/backend/thread_pool.h"
-
 namespace bie {
 
 bool SequenceKv::can_append(int64_t n) const {
@@ -23,23 +21,19 @@ Status SequenceKv::append(int64_t n) {
 
 void SequenceKv::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
                         float* out, Backend& backend, int64_t window) {
-  store_.attend(seq_, il, pos0, n, q, n_head, scale, out, backend.host_threads(), window);
-  after_attend(il, pos0, n);
+  (void)backend;
+  store_.attend(seq_, il, pos0, n, q, n_head, scale, out, window);
 }
 
 Status SequenceKv::attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
                              const Tensor& out, Backend& backend, int64_t window) {
-  if (Status st = store_.attention(seq_, il, pos0, q, n_head, scale, out, backend, window); !st) {
-    return st;
-  }
-  after_attend(il, pos0, q.rows);
-  return {};
+  return store_.attention(seq_, il, pos0, q, n_head, scale, out, backend, window);
 }
 
-void SequenceKv::after_attend(int il, int64_t pos0, int64_t n) {
-  if (migrate_after_pass_ && il == store_.geometry().n_layer - 1 && pos0 + n == computed_ &&
-      (store_.layout().mixed() || store_.has_local_groups())) {
-    if (Status s = store_.migrate_exits(seq_, computed_); !s) migration_deferred_ = true;
+void SequenceKv::finish_pass() {
+  if (migrate_after_pass_ && (store_.layout().mixed() || store_.has_local_groups())) {
+    // A failure (body pool full) leaves the exits FP16: correct data, retried after the next pass.
+    (void)store_.migrate_exits(seq_, computed_);
   }
 }
 

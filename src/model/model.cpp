@@ -11,7 +11,9 @@ Result<std::span<float>> Model::forward(std::span<const int32_t> tokens, KvCache
                                         Backend& backend, ForwardOptions opts) {
   const BatchSequence one{
       tokens, &kv, opts.logits_all ? BatchSequence::Logits::kAll : BatchSequence::Logits::kLast};
-  return forward_batch(std::span<const BatchSequence>(&one, 1), backend);
+  auto out = forward_batch(std::span<const BatchSequence>(&one, 1), backend);
+  if (out) kv.finish_pass();
+  return out;
 }
 
 std::vector<std::string> supported_architectures() {

@@ -20,22 +20,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "bie/kv/kv_block_view.h"
 #include "bie/kv/kv_format.h"
 
 namespace bie::attention {
 
-// One logical block as attention sees it: where its tiles are and how to read them.
-struct PagedBlockView {
-  const uint8_t* k = nullptr;  // K tile of KV head 0 of this layer; head h at k + h * k_tile_bytes
-  const uint8_t* v = nullptr;  // V tile of KV head 0; head h at v + h * v_tile_bytes
-  size_t k_tile_bytes = 0;
-  size_t v_tile_bytes = 0;
-  const kv::KvFormatTraits* tk = nullptr;
-  const kv::KvFormatTraits* tv = nullptr;
-  kv::KvRowGeom gk;
-  kv::KvRowGeom gv;
-  bool k_f16 = false;  // round the query to fp16 before dot (dense_attention's arithmetic)
-};
+// One logical block as attention sees it (described by kv/: where its tiles are, how to read
+// them).
+using PagedBlockView = kv::KvBlockView;
 
 // Most query tokens in one tile (prefill); a tile's rows are n_q * group <= kMaxTileQ * group.
 inline constexpr int kMaxTileQ = 16;
@@ -91,15 +83,15 @@ struct PagedAttnPartial {
 // one idle a third of the time). The smallest s <= kMaxKvSplits minimising the makespan
 // ceil(tiles * s / n_threads) / s, with at least kMinSplitTokens visible tokens per chunk.
 inline constexpr int64_t kMinSplitTokens = 512;
-// PagedKvStore cuts every query's context into parts on this fixed grid of absolute positions
-// (whole blocks), whatever the tile, so per-query results do not depend on batching.
+// The attention runner cuts every query's context into parts on this fixed grid of absolute
+// positions (whole blocks), whatever the tile, so per-query results do not depend on batching.
 inline constexpr int64_t kSplitGridTokens = 256;
 inline constexpr int kMaxKvSplits = 8;
 [[nodiscard]] int plan_kv_splits(int64_t tiles, int64_t visible_tokens, int n_threads);
 
-// How PagedKvCache cuts one layer's attention into tasks: each task takes `heads_per_task` KV
-// heads (all of them, so a block's adjacent tiles are read as one run, unless per-head tasks
-// balance the threads better) and one of `splits` chunks of the context.
+// How the attention runner cuts one layer's attention into tasks: each task takes
+// `heads_per_task` KV heads (all of them, so a block's adjacent tiles are read as one run, unless
+// per-head tasks balance the threads better) and one of `splits` chunks of the context.
 struct PagedTaskPlan {
   int heads_per_task = 1;
   int splits = 1;

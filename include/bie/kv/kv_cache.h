@@ -1,9 +1,10 @@
 // KvCache: the interface between the model's forward pass and KV storage. The model computes
-// roped K/V rows and asks the cache to store them and to run causal attention over what it
-// holds; how K/V are laid out, quantised or paged is the cache's business (the paged,
+// roped K/V rows and asks the cache to store them; attention over what it holds runs through the
+// attention runner (attention/attention_runner.h), which reads a paged cache's host blocks
+// (host_blocks) and otherwise asks the cache (attention / attend: a device store, a reference
+// cache). How K/V are laid out, quantised or paged is the cache's business (the paged,
 // mixed-precision cache replaces the contiguous one without touching model code).
-// One sequence per cache object for now. Not thread-safe: called from the engine thread; a cache
-// holding its blocks in host memory fans attention out over the backend's host threads.
+// One sequence per cache object for now. Not thread-safe: called from the engine thread.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 
 #include "bie/backend/backend.h"
 #include "bie/common/result.h"
+#include "bie/kv/kv_block_view.h"
 
 namespace bie {
 
@@ -58,6 +60,11 @@ class KvCache {
   virtual void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
                       float* out, Backend& backend, int64_t window = 0) = 0;
 
+  // Layer il's blocks for a pass ending at n_ctx tokens, when this cache holds its K/V as paged
+  // blocks in host memory: the attention runner (attention/attention_runner.h) reads them there,
+  // and attend / attention are not called. Empty (the default): the cache runs attention itself.
+  [[nodiscard]] virtual kv::HostKvBlocks host_blocks(int /*il*/, int64_t /*n_ctx*/) { return {}; }
+
   // The forward pass's entry points: the same store / attend on backend tensors (q, k, v, out:
   // this sequence's n rows, F32). A cache whose storage lives on the device (a PagedKvStore with
   // PagedKvStoreConfig::device) runs them as backend operations without leaving the device; the
@@ -68,6 +75,14 @@ class KvCache {
   [[nodiscard]] virtual Status attention(int il, int64_t pos0, const Tensor& q, int n_head,
                                          float scale, const Tensor& out, Backend& backend,
                                          int64_t window = 0);
+
+  // The pass that wrote this cache's newest positions is over (every layer stored and attended
+  // them). A paged cache changes block state here, never inside attend: blocks that left the
+  // FP16 window move to the body pool, blocks a sliding window no longer reaches are dropped.
+  // A move that cannot happen now (body pool full) leaves the block FP16, which is still correct
+  // data, and is tried again after the next pass. The caller that ran the pass calls it: the
+  // engine's model runner, Model::forward for a single-sequence cache. Default: nothing to do.
+  virtual void finish_pass() {}
 
   // Drops every position >= n (rollback, or reuse of a common prefix); n <= 0 empties the cache.
   // A paged cache may refuse a rollback into blocks already re-quantised out of its FP16 window;

@@ -1,9 +1,9 @@
 // PagedKvCache: the paged, mixed-precision KV cache behind the KvCache interface, for one sequence
 // (bie run, bie bench, bie quality). Owns a PagedKvStore (pools sized by the planner:
 // kv_pool_plan(geometry, layout, max_tokens, 1)) holding that one sequence; blocks that leave the
-// FP16 window are re-quantised after each forward pass. Prefix caching is off: the KvCache
-// interface carries no token ids (the engine's scheduler drives the store directly, with them).
-// Not thread-safe (engine thread); attend() fans out over the ThreadPool it is given.
+// FP16 window are re-quantised after each forward pass (finish_pass). Prefix caching is off: the
+// KvCache interface carries no token ids (the engine's scheduler drives the store directly, with
+// them). Not thread-safe (engine thread).
 #pragma once
 
 #include <array>
@@ -57,8 +57,11 @@ class PagedKvCache final : public KvCache {
   [[nodiscard]] bool can_append(int64_t n) const override;
   [[nodiscard]] Status append(int64_t n) override;
   void store(int il, int64_t pos0, int64_t n, const float* k, const float* v) override;
-  // After the last layer's attention over the newest tokens, migrates the blocks that left the
-  // FP16 window (so rollback of the batch just run may be refused; see truncate).
+  [[nodiscard]] kv::HostKvBlocks host_blocks(int il, int64_t n_ctx) override {
+    return store_->host_blocks(kSeq, il, n_ctx);
+  }
+  // A device store's attention (staged through device buffers for attend); a host store's runs
+  // in the attention runner (host_blocks).
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
               Backend& backend, int64_t window = 0) override;
   [[nodiscard]] Status write(int il, int64_t pos0, const Tensor& k, const Tensor& v,
@@ -67,11 +70,15 @@ class PagedKvCache final : public KvCache {
   }
   [[nodiscard]] Status attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
                                  const Tensor& out, Backend& backend, int64_t window = 0) override;
+  // After a pass over the newest tokens: migrate_window_exits (so rollback of the batch just run
+  // may be refused; see truncate); a failure is reported by check_integrity.
+  void finish_pass() override;
   // Through BlockManager::truncate: only FP16 window blocks may be cut; n == 0 frees everything.
   [[nodiscard]] Status truncate(int64_t n) override;
 
   // Quantises every block that has left the FP16 window into the body pool and frees its FP16
-  // block. attend() calls it; exposed for callers that store without attending.
+  // block, and drops blocks a sliding window no longer reaches. finish_pass() calls it; exposed
+  // for callers that store without a forward pass.
   [[nodiscard]] Status migrate_window_exits();
 
   [[nodiscard]] Status check_integrity() const;
@@ -89,8 +96,6 @@ class PagedKvCache final : public KvCache {
   static constexpr kv::SeqId kSeq = 0;
   PagedKvCache(const PagedKvCacheConfig& cfg, std::unique_ptr<PagedKvStore> store);
   [[nodiscard]] std::vector<int32_t> placeholder_tokens(int64_t n) const;
-  // After the last layer's attention over the newest tokens: window exits.
-  void after_attend(int il, int64_t pos0, int64_t n);
   PagedKvCacheConfig cfg_;
   std::unique_ptr<PagedKvStore> store_;
   int64_t n_tokens_ = 0;

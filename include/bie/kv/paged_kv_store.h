@@ -5,12 +5,13 @@
 // decide on the pools' memory: K/V rows are written into FP16 sink/window blocks (or straight
 // into body blocks that lie outside the window), blocks that leave the window are re-quantised
 // into the body pool, blocks a local group's sliding window no longer reaches are dropped after
-// the pass, copy-on-write copies are made, and attention walks a sequence's block table (of the
-// layer's group) with the formats' fused dot/axpy kernels (attention/paged_attention.h) as
-// (query tile x KV head x context split) tasks on the ThreadPool. Every group holds the same
+// the pass, copy-on-write copies are made. It runs no attention: host_blocks describes a
+// sequence's blocks of a layer (its group's block table) for the attention runner in attention/,
+// and on a device store attention() is the backend's paged_attention. Every group holds the same
 // tokens of every sequence.
-// With layout.rotate, K rows and queries pass through kv::hadamard_rotate per head (V does not).
-// Not thread-safe (engine thread); attend() fans out over the ThreadPool it is given.
+// With layout.rotate, K rows pass through kv::hadamard_rotate per head (V does not); the
+// attention runner or the device rotates the queries.
+// Not thread-safe (engine thread).
 //
 // Block layout (every pool): per layer of the group (in layer order), the K tiles of KV heads
 // 0..n_head_kv-1, then the V tiles; a tile is kv::kv_tile_bytes(format, head_dim, block_size)
@@ -32,12 +33,9 @@
 #include <vector>
 
 #include "bie/kv/block_manager.h"
+#include "bie/kv/kv_block_view.h"
 #include "bie/kv/kv_cache.h"
 #include "bie/kv/kv_format.h"
-
-namespace bie::attention {
-struct PagedBlockView;  // bie/attention/paged_attention.h
-}  // namespace bie::attention
 
 namespace bie {
 
@@ -145,22 +143,26 @@ class PagedKvStore {
   // ---- data ------------------------------------------------------------------------------
   // Whether the pools live in a device backend's memory (PagedKvStoreConfig::device).
   [[nodiscard]] bool on_device() const { return cfg_.device != nullptr; }
-  // store / attend on backend tensors (k, v, q, out: the sequence's rows, F32). On a device store
-  // they are kv_write / paged_attention operations on the device; on a host store they wait for
-  // the backend and run store / attend on the tensors' host memory.
+  // A host store: layer il's blocks of s for a pass ending at n_ctx tokens (KvCache::host_blocks;
+  // valid until the next call or block change). A device store: empty.
+  [[nodiscard]] kv::HostKvBlocks host_blocks(kv::SeqId s, int il, int64_t n_ctx);
+  // store / attention on backend tensors (k, v, q, out: the sequence's rows, F32). On a device
+  // store they are kv_write / paged_attention operations on the device. On a host store write
+  // waits for the backend and runs store on the tensors' host memory; attention is refused (the
+  // attention runner reads host_blocks).
   [[nodiscard]] Status write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, const Tensor& v,
                              Backend& backend);
   [[nodiscard]] Status attention(kv::SeqId s, int il, int64_t pos0, const Tensor& q, int n_head,
                                  float scale, const Tensor& out, Backend& backend,
                                  int64_t window = 0);
-  // Host-memory data path (host stores; on a device store these stage through device buffers).
+  // Host-memory data path (host stores; on a device store store stages through device buffers).
   // note: positions [pos0, pos0 + n) must be allocated for s.
   void store(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* k, const float* v);
-  // Causal attention of n queries at positions [pos0, pos0 + n) of s over [0, pos0 + i], or with
-  // window > 0 over [max(0, pos0 + i - window + 1), pos0 + i] (sliding window; blocks wholly
-  // before a tile's window are not read; a local layer's group drops them after the pass).
+  // A device store: causal attention of n queries at positions [pos0, pos0 + n) of s over
+  // [0, pos0 + i], or with window > 0 over [max(0, pos0 + i - window + 1), pos0 + i], staged
+  // through device buffers. A host store refuses it (reported by check_integrity).
   void attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-              float* out, ThreadPool& pool, int64_t window = 0);
+              float* out, int64_t window = 0);
 
   // Bytes of the blocks held by sequences (active blocks of both pools of every group).
   [[nodiscard]] uint64_t held_bytes() const;
@@ -172,8 +174,8 @@ class PagedKvStore {
   [[nodiscard]] const uint8_t* block_storage(int g, const kv::BlockTableEntry& e) const {
     return groups_[static_cast<size_t>(g)].mgr->pool(e.pool).data(e.block.index);
   }
-  // check_integrity also reports the first failure of a host call (store / attend) on a device
-  // store, which return void.
+  // check_integrity also reports the first failure of a void call (store / attend on a device
+  // store, attend on a host store).
   [[nodiscard]] Status check_integrity() const;
 
  private:
@@ -197,7 +199,6 @@ class PagedKvStore {
   [[nodiscard]] const PoolFormat& format(kv::PoolKind p) const { return fmt_[static_cast<int>(p)]; }
   [[nodiscard]] uint8_t* block_data(int g, const kv::BlockTableEntry& e);
   [[nodiscard]] Status quantise_block(int g, const kv::Migration& m, int rows);
-  void build_views(kv::SeqId s, int il, int64_t n_ctx);
   // The manager appends an append of n tokens to s (holding `written` tokens) makes in group g:
   // first up to a block boundary, then one block at a time; nullopt when the pools cannot hold
   // them with the migrations in between. *budget_bytes (a shared budget's bytes left, carried
@@ -222,11 +223,8 @@ class PagedKvStore {
   std::vector<LayerSlot> slots_;  // [n_layer]
   size_t lead_ = 0;
   std::array<PoolFormat, kv::kPoolKinds> fmt_;
-  std::vector<float> rows_;                       // [block_size, head_dim] staging for store
-  std::vector<attention::PagedBlockView> views_;  // per logical block, rebuilt per attend
-  std::vector<float> scratch_;                    // per thread: paged_attn_scratch_floats
-  std::vector<float> partials_;                   // per task: paged_partial_floats
-  std::vector<float> q_rot_;                      // [n, n_head * head_dim] rotated queries
+  std::vector<float> rows_;             // [block_size, head_dim] staging for store
+  std::vector<kv::KvBlockView> views_;  // per logical block, rebuilt per host_blocks
   // Device store: per group, the pools' descriptions in kv::PoolKind order (their memory in
   // device_buffers_), and staging buffers for host calls.
   std::vector<std::array<KvPoolDesc, kv::kPoolKinds>> device_pools_;
@@ -234,7 +232,7 @@ class PagedKvStore {
   std::array<std::unique_ptr<DeviceBuffer>, 4> staging_;
   std::vector<KvSlot> slots_buf_;
   std::vector<KvBlockRef> table_buf_;
-  std::string device_error_;  // sticky: the first failed host call on a device store
+  std::string device_error_;  // sticky: the first failed void call (check_integrity)
 };
 
 }  // namespace bie

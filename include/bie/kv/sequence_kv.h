@@ -1,8 +1,8 @@
 // SequenceKv: one engine sequence's view of the shared PagedKvStore, as the KvCache the model's
 // forward pass writes and reads. The scheduler allocates a sequence's blocks (with its real token
 // ids, so the prefix cache works) before the pass; append() here only advances over positions
-// already allocated. After the last layer's attention over the newest tokens it moves blocks that
-// left the FP16 window to the body pool. A light value made per step; engine thread only.
+// already allocated. finish_pass(), which the model runner calls after the pass, moves blocks
+// that left the FP16 window to the body pool. A light value made per step; engine thread only.
 #pragma once
 #include <cstdint>
 
@@ -32,6 +32,10 @@ class SequenceKv final : public KvCache {
   void store(int il, int64_t pos0, int64_t n, const float* k, const float* v) override {
     store_.store(seq_, il, pos0, n, k, v);
   }
+  [[nodiscard]] kv::HostKvBlocks host_blocks(int il, int64_t n_ctx) override {
+    return store_.host_blocks(seq_, il, n_ctx);
+  }
+  // A device store's attention (staged through device buffers for attend).
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
               Backend& backend, int64_t window = 0) override;
   [[nodiscard]] Status write(int il, int64_t pos0, const Tensor& k, const Tensor& v,
@@ -40,21 +44,18 @@ class SequenceKv final : public KvCache {
   }
   [[nodiscard]] Status attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
                                  const Tensor& out, Backend& backend, int64_t window = 0) override;
+  // Window exits and sliding-window drops at the tokens stored (PagedKvStore::migrate_exits),
+  // unless the pass held unverified draft tokens (migrate_after_pass = false).
+  void finish_pass() override;
   // Rollback goes through the scheduler (BlockManager::truncate); refused here.
   [[nodiscard]] Status truncate(int64_t n) override;
-  // Window exits that could not move to the body pool this pass (body pool full): they stay
-  // FP16 (correct data) and are retried on the next pass.
-  [[nodiscard]] bool migration_deferred() const { return migration_deferred_; }
 
  private:
-  // After the last layer's attention over the newest tokens: window exits and sliding drops.
-  void after_attend(int il, int64_t pos0, int64_t n);
   PagedKvStore& store_;
   kv::SeqId seq_;
   int64_t computed_;
   int64_t capacity_;
   bool migrate_after_pass_;
-  bool migration_deferred_ = false;
 };
 
 }  // namespace bie

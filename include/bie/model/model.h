@@ -84,7 +84,8 @@ class Model {
 
   // Runs tokens at positions [kv.n_tokens(), kv.n_tokens() + tokens.size()) after appending them
   // to the cache. Returns logits: [tokens.size(), n_vocab] if opts.logits_all, else [1, n_vocab]
-  // for the last token. On error nothing is appended.
+  // for the last token, and then finishes the pass on the cache (KvCache::finish_pass). On error
+  // nothing is appended.
   [[nodiscard]] Result<std::span<float>> forward(std::span<const int32_t> tokens, KvCache& kv,
                                                  Backend& backend, ForwardOptions opts = {});
   // Runs the tokens of several sequences in one pass: every weight matrix is read once for all
@@ -92,7 +93,8 @@ class Model {
   // order: one per kLast sequence, one per token of a kAll sequence ([rows, n_vocab], fp32 in
   // host memory owned by the model, valid until its next pass; the caller may modify them in
   // place). The total token count must fit the workspace (LoadOptions::max_batch_tokens). On
-  // error nothing is appended to any cache.
+  // error nothing is appended to any cache. The caller finishes the pass on each cache
+  // (KvCache::finish_pass) when it has decided what the pass's tokens are (draft tokens stay).
   [[nodiscard]] virtual Result<std::span<float>> forward_batch(std::span<const BatchSequence> seqs,
                                                                Backend& backend) = 0;
   // Uploads the weights to `backend` and allocates the activation workspace there: the GGUF data
