@@ -96,6 +96,52 @@ TEST(Engine, GreedyMatchesSingleSequenceGenerate) {
   EXPECT_EQ(used_blocks(eng), 0);
 }
 
+// Blocks that leave the FP16 window while the engine decodes are re-quantised into the body pool
+// by the data work the KV coordinator hands back (ModelRunner::prepare_kv, finish_pass): a
+// window of 16 tokens makes that happen every 16 decode steps. The greedy tokens equal the
+// single-sequence path's on a cache of the same layout, whose exits run at once.
+TEST(Engine, WindowExitsDuringDecodeMatchSingleSequenceGenerate) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  for (const char* dtype : {"int8", "int4_asym"}) {
+    EngineConfig cfg = base_config();
+    cfg.kv.kv.dtype = dtype;
+    cfg.kv.kv.block_size = 16;
+    cfg.kv.kv.window_tokens = 16;
+    cfg.kv.kv.sink_tokens = 8;
+    auto e = Engine::create(cfg);
+    ASSERT_TRUE(e.ok()) << e.error();
+    Engine& eng = **e;
+    const EngineRequest req = greedy(eng.tokenizer(), kPrompts[1], 48);
+    Collected c;
+    ASSERT_FALSE(eng.submit(1, req, collect(c)).has_value());
+    c.wait();
+    ASSERT_EQ(c.finish->finish_reason, "length") << c.finish->error;
+
+    LoadOptions lo;
+    lo.max_batch_tokens = 64;
+    auto model = load_named_model("default", lo);
+    ASSERT_TRUE(model.ok());
+    auto kv = setup_kv_cache(**model, cfg.kv);
+    ASSERT_TRUE(kv.ok()) << kv.error();
+    CpuBackend pool(2);
+    GenerateRequest g;
+    g.prompt = req.prompt;
+    g.sampling.temperature = 0;
+    g.max_tokens = 48;
+    g.prefill_chunk = 64;
+    g.prefill_align = kv->report.layout.block_size;
+    std::vector<int32_t> want;
+    auto st = generate(**model, *kv->cache, pool, g, [&](int32_t t) {
+      want.push_back(t);
+      return true;
+    });
+    ASSERT_TRUE(st.ok()) << st.error();
+    EXPECT_EQ(c.tokens, want) << dtype;
+    eng.wait_idle();
+    EXPECT_EQ(used_blocks(eng), 0);
+  }
+}
+
 // Runs each prompt alone, then all together; returns (alone, together) token lists.
 std::pair<std::vector<std::vector<int32_t>>, std::vector<std::vector<int32_t>>> alone_and_together(
     Engine& eng, int max_tokens) {

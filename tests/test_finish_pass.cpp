@@ -88,7 +88,7 @@ TEST(FinishPass, ModelRunnerMovesWindowExitsToTheBodyPoolAfterThePass) {
     auto hit = (*store)->append_tokens(s.id, s.computed, all.subspan(s.computed, chunk));
     ASSERT_TRUE(hit.ok()) << hit.error();
     if (s.computed == 40) {
-      EXPECT_EQ((*store)->manager().table(s.id)[2].pool, kv::PoolKind::kFp16)
+      EXPECT_EQ((*store)->coordinator().manager().table(s.id)[2].pool, kv::PoolKind::kFp16)
           << "block 2 moved before its pass";
     }
     SchedulerOutput out;
@@ -96,9 +96,9 @@ TEST(FinishPass, ModelRunnerMovesWindowExitsToTheBodyPoolAfterThePass) {
     auto r = runner.run(out, metrics);
     ASSERT_TRUE(r.ok()) << r.error();
     s.computed += chunk;
-    ASSERT_TRUE((*store)->mark_computed(s.id, s.computed).ok());
+    ASSERT_TRUE((*store)->coordinator().mark_computed(s.id, s.computed).ok());
   }
-  const kv::BlockTable& t = (*store)->manager().table(s.id);
+  const kv::BlockTable& t = (*store)->coordinator().manager().table(s.id);
   EXPECT_EQ(count_body(t), 3);  // blocks 1..3
   expect_roles(t, layout, kPrompt);
   EXPECT_TRUE((*store)->check_integrity().ok());

@@ -59,7 +59,8 @@ struct Measured {
 };
 
 // Sequence 0's blocks locate each pool's reserved range: block b lives at base + (b - 1) * stride.
-Measured measure(const PagedKvStore& st) {
+Measured measure(const PagedKvStore& store) {
+  const kv::KvCoordinator& st = store.coordinator();
   Measured m;
   for (int g = 0; g < st.n_groups(); ++g) {
     const kv::BlockManager& mgr = st.manager(g);
@@ -79,7 +80,8 @@ Measured measure(const PagedKvStore& st) {
       if (mgr.has_sequence(0)) {
         for (const kv::BlockTableEntry& e : mgr.table(0)) {
           if (e.pool != pk || e.block.index == kv::kNullBlock) continue;
-          base = st.block_storage(g, e) - static_cast<uint64_t>(e.block.index - 1) * pool.stride();
+          base =
+              store.block_storage(g, e) - static_cast<uint64_t>(e.block.index - 1) * pool.stride();
           break;
         }
       }
@@ -153,9 +155,9 @@ TEST_P(KvMemoryTruth, StorageReservesAndCommitsWhatBiePlanSays) {
   cfg.max_append = kChunk;
   auto kv = PagedKvCache::create(cfg);
   ASSERT_TRUE(kv.ok()) << kv.error();
-  const PagedKvStore& st = (*kv)->store();
+  const kv::KvCoordinator& st = (*kv)->store().coordinator();
 
-  const Measured before = measure(st);
+  const Measured before = measure((*kv)->store());
   EXPECT_EQ(before.reserved, plan_kv) << "address space reserved vs bie plan's kv_bytes";
   EXPECT_EQ(before.committed, 0u);
   EXPECT_EQ(before.resident, 0u);
@@ -178,7 +180,7 @@ TEST_P(KvMemoryTruth, StorageReservesAndCommitsWhatBiePlanSays) {
   // holding window_tokens plus one: 8 + 1 at B = 16, 2 + 1 at int8's B = 64, in a mixed layout),
   // and one body block for a chunk straddling blocks; this cache migrates between blocks, so
   // exactly that headroom stays unused, and nothing more.
-  const Measured after = measure(st);
+  const Measured after = measure((*kv)->store());
   const uint64_t slack = page_size() * static_cast<uint64_t>(2 * st.n_groups());
   EXPECT_EQ(after.unused_global, 0);
   const int window_blocks =

@@ -346,7 +346,7 @@ TEST_F(Gemma3Golden, LocalLayersKeepOnlyTheirWindow) {
   CpuBackend pool(2);
   auto kv = paged_f16();
   ASSERT_NE(kv, nullptr);
-  const PagedKvStore& st = kv->store();
+  const kv::KvCoordinator& st = kv->store().coordinator();
   ASSERT_EQ(st.n_groups(), 2);
   int local = -1, global = -1;
   for (int g = 0; g < 2; ++g) (st.group_window(g) > 0 ? local : global) = g;
@@ -373,7 +373,7 @@ TEST_F(Gemma3Golden, LocalLayersKeepOnlyTheirWindow) {
   // Blocks holding one of the last 512 tokens: 32 or 33.
   EXPECT_LE(held(local), 512 / B + 1);
   EXPECT_GE(held(local), 512 / B);
-  EXPECT_LT(st.held_bytes(), kv->store().reserved_bytes());
+  EXPECT_LT(st.held_bytes(), st.reserved_bytes());
   // Three decode steps, then a rollback of two tokens (rejected drafts) and one more step.
   std::vector<float> out = std::move(*logits);
   for (int i = 0; i < 3; ++i) {

@@ -72,7 +72,7 @@ Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
   DraftModelBytes bytes;
   bytes.weights = (*model)->weight_bytes();
   bytes.workspace = planner::activation_bytes(*g, chunk, 1);
-  bytes.kv = (*store)->reserved_bytes();
+  bytes.kv = (*store)->coordinator().reserved_bytes();
   bytes.kv_tokens = kv_tokens;
   return std::unique_ptr<DraftModelDrafter>(new DraftModelDrafter(
       std::move(model).value(), std::move(store).value(), bytes, chunk, backend));
@@ -85,7 +85,7 @@ void DraftModelDrafter::touch(kv::SeqId seq) {
 
 void DraftModelDrafter::forget(kv::SeqId seq) {
   lru_.remove(seq);
-  (void)store_->free(seq);
+  (void)store_->coordinator().free(seq);
 }
 
 void DraftModelDrafter::release(kv::SeqId seq) {
@@ -105,7 +105,7 @@ bool DraftModelDrafter::append(kv::SeqId seq, int64_t written, std::span<const i
 }
 
 bool DraftModelDrafter::read(kv::SeqId seq, std::span<const int32_t> tokens) {
-  kv::BlockManager& m = store_->manager();
+  kv::BlockManager& m = store_->coordinator().manager();
   int64_t written = m.has_sequence(seq) ? m.num_tokens(seq) : 0;
   for (size_t off = 0; off < tokens.size(); off += static_cast<size_t>(chunk_)) {
     const auto piece =
@@ -146,7 +146,7 @@ void DraftModelDrafter::propose(kv::SeqId seq, std::span<const int32_t> tokens, 
                                 std::vector<int32_t>& out) {
   out.clear();
   if (max_tokens <= 0 || tokens.empty()) return;
-  kv::BlockManager& m = store_->manager();
+  kv::BlockManager& m = store_->coordinator().manager();
   // Keep the longest prefix the copy shares with the sequence (drafts the target rejected go),
   // always re-reading at least the last token: its logits start the drafts.
   int64_t keep = 0;
@@ -158,7 +158,7 @@ void DraftModelDrafter::propose(kv::SeqId seq, std::span<const int32_t> tokens, 
            have.begin();
     if (keep == 0) {
       forget(seq);
-    } else if (!store_->truncate(seq, keep)) {
+    } else if (!store_->coordinator().truncate(seq, keep)) {
       forget(seq);
       keep = 0;
     }

@@ -562,8 +562,8 @@ EngineMetrics EngineImpl::metrics() const {
 std::vector<PrefixCacheListing> EngineImpl::list_prefix_cache() const {
   std::map<std::string, PrefixCacheListing> by_medium;
   for (const Regime& rg : regimes_) {
-    for (int g = 0; g < rg.store->n_groups(); ++g) {
-      const kv::BlockManager& m = rg.store->manager(g);
+    for (int g = 0; g < rg.store->coordinator().n_groups(); ++g) {
+      const kv::BlockManager& m = rg.store->coordinator().manager(g);
       for (const kv::CachedBlock& b : m.cached_blocks()) {
         PrefixCacheListing& l = by_medium[m.event_medium(b.pool)];
         l.block_size = m.block_size();
@@ -684,6 +684,14 @@ void EngineImpl::loop() {
 void EngineImpl::step() {
   if (spec_) spec_->draft(*sched_, reqs_, m_);
   SchedulerOutput out = sched_->schedule();
+  if (Status st = ModelRunner::prepare_kv(out); !st) {
+    // The blocks the step decided on hold no data: every request in it, and those that held the
+    // blocks copied or moved, can no longer be trusted.
+    std::vector<Request*> all;
+    for (auto& [sid, r] : reqs_) all.push_back(r.get());
+    for (Request* r : all) finish(*r, "error", "KV cache: " + st.error());
+    return;
+  }
   if (out.scheduled.empty()) {
     // Nothing could run: with nothing running, the queue's head can never fit the pools.
     if (sched_->num_running() == 0 && sched_->num_waiting() > 0) {
@@ -741,14 +749,14 @@ void EngineImpl::publish_metrics() {
   std::map<std::string, EngineMetrics::Pool> by_format;
   int64_t queried = 0, hits = 0;
   for (const Regime& rg : regimes_) {
-    const kv::BlockManager& mgr = rg.store->manager();
+    const kv::BlockManager& mgr = rg.store->coordinator().manager();
     const planner::KvLayout& l = rg.store->layout();
     const std::array<std::string, kv::kPoolKinds> names = {
         "f16", planner::kv_format_name(l.k) +
                    (l.k == l.v ? std::string() : "/" + planner::kv_format_name(l.v))};
     // Blocks of every layer group count as used; totals are in the lead group's blocks.
-    for (int gi = 0; gi < rg.store->n_groups(); ++gi) {
-      const kv::BlockManager& gm = rg.store->manager(gi);
+    for (int gi = 0; gi < rg.store->coordinator().n_groups(); ++gi) {
+      const kv::BlockManager& gm = rg.store->coordinator().manager(gi);
       for (int p = 0; p < kv::kPoolKinds; ++p) {
         const kv::BlockPool& pool = gm.pool(kv::PoolKind(p));
         if (pool.n_blocks() == 0) continue;
@@ -767,7 +775,7 @@ void EngineImpl::publish_metrics() {
     m.pools.push_back(e);
   }
   if (!regimes_.empty()) {
-    const kv::BlockManager& lead = regimes_.front().store->manager();
+    const kv::BlockManager& lead = regimes_.front().store->coordinator().manager();
     m.kv_block_size = lead.block_size();
     const kv::BlockPool& body = lead.pool(kv::PoolKind::kBody);
     const kv::BlockPool& any = body.n_blocks() > 0 ? body : lead.pool(kv::PoolKind::kFp16);

@@ -258,7 +258,7 @@ Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts, 
 }
 
 uint64_t kv_held_bytes(const PagedKvCache& kv) {
-  return kv.store().held_bytes();
+  return kv.store().coordinator().held_bytes();
 }
 
 std::string format_kv_report(const KvSetupReport& r) {

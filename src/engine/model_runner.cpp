@@ -10,6 +10,13 @@
 
 namespace bie {
 
+Status ModelRunner::prepare_kv(const SchedulerOutput& out) {
+  for (const StoreWork& w : out.kv_work) {
+    if (Status st = w.store->execute(w.work); !st) return st;
+  }
+  return {};
+}
+
 Result<RunOutput> ModelRunner::run(SchedulerOutput& out, EngineMetrics& m) {
   assert(!out.scheduled.empty());
   // Decode chunks first: their rows form one run of matrix-vector kernels.

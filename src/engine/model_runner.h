@@ -1,7 +1,7 @@
-// The model runner: turns one step's scheduled sequences into the model's batch (a SequenceKv
-// view per sequence, its tokens: a prompt chunk, a decode token, or a decode token and its
-// drafts to verify) and runs the forward pass. Holds no state between steps. Not thread-safe
-// (engine thread).
+// The model runner: executes the KV data work the scheduler's block decisions imply, turns one
+// step's scheduled sequences into the model's batch (a SequenceKv view per sequence, its tokens:
+// a prompt chunk, a decode token, or a decode token and its drafts to verify) and runs the
+// forward pass. Holds no state between steps. Not thread-safe (engine thread).
 #pragma once
 
 #include <cstdint>
@@ -28,9 +28,13 @@ class ModelRunner {
   ModelRunner(Model& model, Backend& backend, int64_t max_model_len)
       : model_(model), backend_(backend), max_model_len_(max_model_len) {}
 
+  // Executes the KV data work of the step's block decisions (out.kv_work: copy-on-write copies,
+  // window exits) on each store, in decision order. Call it after every schedule(), before run()
+  // and also when nothing was scheduled.
+  [[nodiscard]] static Status prepare_kv(const SchedulerOutput& out);
   // Puts decode chunks first in out.scheduled (their rows form one run of matrix-vector
   // kernels), then builds the batch and runs it; counts the step in m.
-  // note: call only with a non-empty out.scheduled.
+  // note: call only with a non-empty out.scheduled, after prepare_kv(out).
   [[nodiscard]] Result<RunOutput> run(SchedulerOutput& out, EngineMetrics& m);
 
  private:

@@ -13,6 +13,14 @@ int64_t SchedulerOutput::n_tokens() const {
   return n;
 }
 
+kv::KvWork& SchedulerOutput::work_for(PagedKvStore* store) {
+  for (StoreWork& w : kv_work) {
+    if (w.store == store) return w.work;
+  }
+  kv_work.push_back({store, {}});
+  return kv_work.back().work;
+}
+
 Scheduler::Scheduler(const SchedulerConfig& cfg, PagedKvStore& store)
     : Scheduler(cfg, std::vector<PagedKvStore*>{&store}) {}
 
@@ -42,7 +50,7 @@ Sequence* Scheduler::find(kv::SeqId id) {
 Status Scheduler::finish(kv::SeqId id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return Error{fmt::format("scheduler: unknown sequence {}", id)};
-  if (Status s = it->second->store->free(id); !s) return s;
+  if (Status s = it->second->store->coordinator().free(id); !s) return s;
   std::erase(running_, id);
   std::erase(waiting_, id);
   it->second->status = SeqStatus::kFinished;
@@ -91,7 +99,7 @@ int64_t Scheduler::chunk_for(const Sequence& s, int64_t budget) const {
 
 int64_t Scheduler::tokens_to_hold(const Sequence& s) const {
   const auto known = static_cast<int64_t>(s.tokens.size());
-  if (!s.store->has_local_groups()) return known;
+  if (!s.store->coordinator().has_local_groups()) return known;
   return std::min(known, s.computed + prefill_span(s));
 }
 
@@ -102,31 +110,31 @@ int64_t Scheduler::tokens_to_hold_at_start(const Sequence& s) const {
   // A store with local groups holds a chunk past what is computed; a prefix hit counts as
   // computed, so the first append reaches one chunk past the longest hit (if the hit still holds
   // at that length: the window's FP16 roles move with it).
-  const int64_t hit = s.store->prefix_hit_tokens(s.tokens);
+  const int64_t hit = s.store->coordinator().prefix_hit_tokens(s.tokens);
   if (hit == 0) return n_hold;
   const int64_t n_try = std::min(known, hit + prefill_span(s));
   const auto first = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(n_try));
-  return s.store->prefix_hit_tokens(first) == hit ? n_try : n_hold;
+  return s.store->coordinator().prefix_hit_tokens(first) == hit ? n_try : n_hold;
 }
 
-bool Scheduler::ensure_blocks(Sequence& s, bool draft) {
-  PagedKvStore& store = *s.store;
-  const kv::BlockManager& m = store.manager();
+bool Scheduler::ensure_blocks(Sequence& s, kv::KvWork& work, bool draft) {
+  kv::KvCoordinator& kv = s.store->coordinator();
+  const kv::BlockManager& m = kv.manager();
   const int64_t held = m.has_sequence(s.id) ? m.num_tokens(s.id) : 0;
   const int64_t known = tokens_to_hold(s);
-  // append_tokens plans the append (a dry run) and changes nothing when it does not fit.
+  // append plans the append (a dry run) and changes nothing when it does not fit.
   if (held < known) {
     const auto fresh = std::span<const int32_t>(s.tokens).subspan(
         static_cast<size_t>(held), static_cast<size_t>(known - held));
-    if (!store.append_tokens(s.id, s.computed, fresh).ok()) return false;
+    if (!kv.append(s.id, s.computed, fresh, /*migrate=*/true, work).ok()) return false;
   }
   if (!draft || s.draft.empty()) return true;
-  return store.append_tokens(s.id, s.computed, s.draft, /*migrate=*/false).ok();
+  return kv.append(s.id, s.computed, s.draft, /*migrate=*/false, work).ok();
 }
 
 void Scheduler::preempt(kv::SeqId id, SchedulerOutput& out) {
   Sequence& s = *seqs_.at(id);
-  (void)s.store->free(id);
+  (void)s.store->coordinator().free(id);
   s.computed = 0;
   s.status = SeqStatus::kWaiting;
   ++s.preemptions;
@@ -149,7 +157,7 @@ SchedulerOutput Scheduler::schedule() {
       s.draft.resize(static_cast<size_t>(std::max<int64_t>(budget - 1, 0)));
     }
     if (!s.draft.empty()) {
-      if (ensure_blocks(s, /*draft=*/true)) {
+      if (ensure_blocks(s, out.work_for(s.store), /*draft=*/true)) {
         const auto nd = static_cast<int64_t>(s.draft.size());
         out.scheduled.push_back({.seq = &s, .n_tokens = 1, .n_draft = nd, .sample = true});
         budget -= 1 + nd;
@@ -158,7 +166,7 @@ SchedulerOutput Scheduler::schedule() {
       s.draft.clear();  // no blocks for drafts this step: plain decode
     }
     bool preempted_self = false;
-    while (!ensure_blocks(s)) {
+    while (!ensure_blocks(s, out.work_for(s.store))) {
       const kv::SeqId victim = running_.back();
       preempt(victim, out);
       if (victim == id) {
@@ -185,8 +193,9 @@ SchedulerOutput Scheduler::schedule() {
     const auto n_known = static_cast<int64_t>(s.tokens.size());
     const int64_t n_hold = tokens_to_hold_at_start(s);
     const auto first = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(n_hold));
-    if (!s.store->can_start(first)) break;
-    auto cached = s.store->append_tokens(id, 0, first);
+    kv::KvCoordinator& kv = s.store->coordinator();
+    if (!kv.can_start(first)) break;
+    auto cached = kv.append(id, 0, first, /*migrate=*/true, out.work_for(s.store));
     if (!cached) break;  // unreachable after can_start
     s.computed = *cached;
     if (s.cached_tokens < 0) s.cached_tokens = *cached;
@@ -205,24 +214,21 @@ SchedulerOutput Scheduler::schedule() {
 Status Scheduler::commit(const ScheduledSeq& sc, int64_t n_verified) {
   Sequence& s = *sc.seq;
   assert(n_verified >= sc.n_tokens && n_verified <= sc.n_tokens + sc.n_draft);
-  PagedKvStore& store = *s.store;
+  kv::KvCoordinator& kv = s.store->coordinator();
   if (sc.n_draft > 0) {
     // Rejected drafts: back to the verified length (their blocks are FP16 window blocks).
-    if (Status st = store.truncate(s.id, s.computed + n_verified); !st) return st;
+    if (Status st = kv.truncate(s.id, s.computed + n_verified); !st) return st;
     s.draft.clear();
   }
   s.computed += n_verified;
-  return store.mark_computed(s.id, s.computed);
+  return kv.mark_computed(s.id, s.computed);
 }
 
 Status Scheduler::fork(kv::SeqId parent, kv::SeqId child) {
   assert(seqs_.count(child) == 0);
   Sequence& p = *seqs_.at(parent);
   assert(p.status == SeqStatus::kRunning && p.forks > 0 && !p.in_prompt());
-  for (int g = 0; g < p.store->n_groups(); ++g) {
-    if (!p.store->manager(g).has_sequence(parent)) continue;
-    if (Status st = p.store->manager(g).fork(parent, child); !st) return st;
-  }
+  if (Status st = p.store->coordinator().fork(parent, child); !st) return st;
   auto c = std::make_unique<Sequence>(p);
   c->id = child;
   c->arrival = next_arrival_++;
@@ -242,7 +248,7 @@ Status Scheduler::check_integrity() const {
   std::unordered_map<const PagedKvStore*, int64_t> running_in;
   for (const kv::SeqId id : running_) {
     const Sequence& s = *seqs_.at(id);
-    const kv::BlockManager& m = s.store->manager();
+    const kv::BlockManager& m = s.store->coordinator().manager();
     ++running_in[s.store];
     if (!m.has_sequence(id)) return Error{fmt::format("running sequence {} holds no blocks", id)};
     if (m.num_computed(id) != s.computed) {
@@ -252,12 +258,12 @@ Status Scheduler::check_integrity() const {
   }
   for (const kv::SeqId id : waiting_) {
     const Sequence& s = *seqs_.at(id);
-    if (s.store->manager().has_sequence(id)) {
+    if (s.store->coordinator().has_sequence(id)) {
       return Error{fmt::format("waiting sequence {} holds blocks", id)};
     }
   }
   for (const PagedKvStore* st : stores_) {
-    const int64_t held = st->manager().num_sequences();
+    const int64_t held = st->coordinator().manager().num_sequences();
     if (held != running_in[st]) {
       return Error{fmt::format("a KV store holds {} sequences, {} of its sequences are running",
                                held, running_in[st])};

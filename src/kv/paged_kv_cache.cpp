@@ -67,18 +67,19 @@ std::vector<int32_t> PagedKvCache::placeholder_tokens(int64_t n) const {
 
 bool PagedKvCache::can_append(int64_t n) const {
   if (n < 0 || n_tokens_ + n > cfg_.max_tokens) return false;
-  if (store_->has_local_groups() && cfg_.max_append > 0 && n > cfg_.max_append) {
+  if (store_->coordinator().has_local_groups() && cfg_.max_append > 0 && n > cfg_.max_append) {
     // A prompt longer than a chunk goes in chunks with a pass (and the local groups' drops) in
     // between; the pools hold a sequence of max_tokens in such chunks, so the first chunk
     // decides.
-    return store_->can_append(kSeq, n_tokens_, cfg_.max_append);
+    return store_->coordinator().can_append(kSeq, n_tokens_, cfg_.max_append);
   }
-  return store_->can_append(kSeq, n_tokens_, n);
+  return store_->coordinator().can_append(kSeq, n_tokens_, n);
 }
 
 Status PagedKvCache::append(int64_t n) {
   if (n == 0) return {};
-  if (n < 0 || n_tokens_ + n > cfg_.max_tokens || !store_->can_append(kSeq, n_tokens_, n)) {
+  if (n < 0 || n_tokens_ + n > cfg_.max_tokens ||
+      !store_->coordinator().can_append(kSeq, n_tokens_, n)) {
     const kv::BlockPool& f16 = manager().pool(kv::PoolKind::kFp16);
     const kv::BlockPool& body = manager().pool(kv::PoolKind::kBody);
     return Error{fmt::format(
@@ -119,17 +120,17 @@ void PagedKvCache::finish_pass() {
 
 Status PagedKvCache::migrate_window_exits() {
   if (!manager().has_sequence(kSeq)) return {};
-  return store_->migrate_exits(kSeq, n_tokens_);
+  return store_->finish_pass(kSeq, n_tokens_);
 }
 
 Status PagedKvCache::truncate(int64_t n) {
   if (n >= n_tokens_) return {};
   if (n <= 0) {
-    if (Status s = store_->free(kSeq); !s) return s;
+    if (Status s = store_->coordinator().free(kSeq); !s) return s;
     n_tokens_ = 0;
     return {};
   }
-  if (Status s = store_->truncate(kSeq, n); !s) return s;
+  if (Status s = store_->coordinator().truncate(kSeq, n); !s) return s;
   n_tokens_ = n;
   return {};
 }

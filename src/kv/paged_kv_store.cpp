@@ -87,59 +87,18 @@ Result<PagedKvStoreConfig> PagedKvStore::planned_config(const KvGeometry& geomet
 
 Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreConfig& cfg) {
   if (Status s = check_config(cfg); !s) return Error{s.error()};
-  const planner::ModelGeometry g = planner_geometry(cfg.geometry);
-  const planner::KvPoolPlan plan = planner::kv_pool_plan(g, cfg.layout, 1, 1);
-  const size_t n_groups = plan.groups.size();
-  if (cfg.budget == nullptr && n_groups > 1 && cfg.groups.size() != n_groups) {
-    return Error{fmt::format("paged KV cache: {} layer groups but pool sizes for {}", n_groups,
-                             cfg.groups.size())};
-  }
+  kv::KvCoordinatorConfig cc = cfg;
+  cc.host_memory = cfg.device == nullptr;  // a host store writes into the pools' memory
+  auto coord = kv::KvCoordinator::create(cc);
+  if (!coord) return Error{coord.error()};
   std::unique_ptr<PagedKvStore> c(new PagedKvStore(cfg));
-  // Layer il -> (group, index within the group's block), in layer order.
-  c->slots_.resize(static_cast<size_t>(cfg.geometry.n_layer));
-  std::vector<int> filled(n_groups, 0);
-  for (int il = 0; il < cfg.geometry.n_layer; ++il) {
-    const planner::LayerKv& l = g.layers[static_cast<size_t>(il)];
-    const auto it = std::find_if(plan.groups.begin(), plan.groups.end(),
-                                 [&](const planner::KvGroupPool& p) { return p.group.shape == l; });
-    assert(it != plan.groups.end());
-    const auto gi = static_cast<size_t>(it - plan.groups.begin());
-    c->slots_[static_cast<size_t>(il)] = {static_cast<int>(gi), filled[gi]++};
-  }
-  for (size_t gi = 0; gi < n_groups; ++gi) {
-    const planner::KvGroupPool& p = plan.groups[gi];
-    kv::BlockManagerConfig mc;
-    mc.layout = cfg.layout;
-    mc.local_window = p.group.shape.window;
-    mc.model_id = cfg.model_id;
-    mc.enable_prefix_caching = cfg.enable_prefix_caching;
-    mc.fp16_blocks = n_groups == 1 && cfg.groups.empty() ? cfg.fp16_blocks
-                     : gi < cfg.groups.size()            ? cfg.groups[gi].fp16_blocks
-                                                         : 0;
-    mc.body_blocks = n_groups == 1 && cfg.groups.empty() ? cfg.body_blocks
-                     : gi < cfg.groups.size()            ? cfg.groups[gi].body_blocks
-                                                         : 0;
-    mc.fp16_block_bytes = p.fp16_block_bytes;
-    mc.body_block_bytes = p.body_block_bytes;
-    mc.reserve_memory = cfg.device == nullptr;  // a host store writes into the pools' memory
-    mc.budget = cfg.budget;
-    mc.sizes_as_given = cfg.pools_as_given;
-    mc.events = cfg.events;
-    mc.events_medium =
-        n_groups == 1 ? cfg.events_medium : fmt::format("{}/g{}", cfg.events_medium, gi);
-    auto m = kv::BlockManager::create(mc);
-    if (!m) return Error{m.error()};
-    c->groups_.push_back({std::make_unique<kv::BlockManager>(std::move(m).value()),
-                          p.group.shape.window, static_cast<int>(p.group.n_layers)});
-  }
-  const auto lead = std::find_if(c->groups_.begin(), c->groups_.end(),
-                                 [](const Group& gr) { return gr.window == 0; });
-  c->lead_ = lead == c->groups_.end() ? 0 : static_cast<size_t>(lead - c->groups_.begin());
-  for (const Group& gr : c->groups_) {
+  c->coord_ = std::move(coord).value();
+  const kv::KvCoordinator& co = *c->coord_;
+  for (int g = 0; g < co.n_groups(); ++g) {
     for (int p = 0; p < kv::kPoolKinds; ++p) {
       const PoolFormat& f = c->fmt_[p];
-      const uint64_t want = static_cast<uint64_t>(gr.n_layers) * f.layer_bytes;
-      const kv::BlockPool& pool = gr.mgr->pool(kv::PoolKind(p));
+      const uint64_t want = static_cast<uint64_t>(co.group_layers(g)) * f.layer_bytes;
+      const kv::BlockPool& pool = co.manager(g).pool(kv::PoolKind(p));
       if (pool.n_blocks() > 0 && pool.block_bytes() != want) {
         return Error{fmt::format("paged KV cache: planner block bytes {} != layout bytes {}",
                                  pool.block_bytes(), want)};
@@ -167,10 +126,10 @@ Status PagedKvStore::alloc_device_pools() {
           planner::kv_layout_label(l), be.name())};
     }
   }
-  device_pools_.resize(groups_.size());
-  for (size_t g = 0; g < groups_.size(); ++g) {
+  device_pools_.resize(static_cast<size_t>(coord_->n_groups()));
+  for (size_t g = 0; g < device_pools_.size(); ++g) {
     for (int p = 0; p < kv::kPoolKinds; ++p) {
-      const kv::BlockPool& pool = groups_[g].mgr->pool(kv::PoolKind(p));
+      const kv::BlockPool& pool = coord_->manager(static_cast<int>(g)).pool(kv::PoolKind(p));
       const PoolFormat& f = fmt_[static_cast<size_t>(p)];
       KvPoolDesc& d = device_pools_[g][static_cast<size_t>(p)];
       d.k_type = static_cast<uint8_t>(f.k.type);
@@ -243,250 +202,42 @@ PagedKvStore::PagedKvStore(const PagedKvStoreConfig& cfg) : cfg_(cfg) {
   rows_.resize(static_cast<size_t>(B) * static_cast<size_t>(d));
 }
 
-uint64_t PagedKvStore::reserved_bytes() const {
-  uint64_t sum = 0;
-  for (const Group& gr : groups_) sum += gr.mgr->reserved_bytes();
-  return sum;
-}
-
-bool PagedKvStore::has_local_groups() const {
-  return std::any_of(groups_.begin(), groups_.end(), [](const Group& gr) { return gr.window > 0; });
-}
-
-Status PagedKvStore::free(kv::SeqId s) {
-  for (Group& gr : groups_) {
-    if (!gr.mgr->has_sequence(s)) continue;
-    if (Status st = gr.mgr->free(s); !st) return st;
-  }
-  return {};
-}
-
-Status PagedKvStore::truncate(kv::SeqId s, int64_t n) {
-  // Local groups first: the lead (global) group refuses only where a local group refuses too
-  // (its body blocks are body or dropped there), so a refusal changes nothing.
-  for (size_t pass = 0; pass < 2; ++pass) {
-    for (size_t gi = 0; gi < groups_.size(); ++gi) {
-      if ((gi == lead_) != (pass == 1)) continue;
-      if (Status st = groups_[gi].mgr->truncate(s, n); !st) return st;
-    }
-  }
-  return {};
-}
-
-Status PagedKvStore::mark_computed(kv::SeqId s, int64_t n) {
-  for (Group& gr : groups_) {
-    if (Status st = gr.mgr->mark_computed(s, n); !st) return st;
-  }
-  return {};
-}
-
 uint8_t* PagedKvStore::block_data(int g, const kv::BlockTableEntry& e) {
-  return manager(g).pool(e.pool).data(e.block.index);
-}
-
-bool PagedKvStore::can_migrate_now(int64_t written_rows) const {
-  // Whole blocks, and blocks not written yet (store then writes them in the body format), can
-  // move at any time; a partly written one only if the body formats store rows independently.
-  if (written_rows <= 0 || written_rows >= cfg_.layout.block_size) return true;
-  const PoolFormat& f = format(kv::PoolKind::kBody);
-  return !planner::is_per_channel(f.k) && !planner::is_per_channel(f.v);
-}
-
-std::optional<std::vector<int64_t>> PagedKvStore::plan_append(int g, kv::SeqId s, int64_t written,
-                                                              int64_t n, bool migrate,
-                                                              uint64_t* budget_bytes) const {
-  const kv::BlockManager& mgr = manager(g);
-  assert(mgr.has_sequence(s) && n > 0);
-  const planner::KvLayout& l = cfg_.layout;
-  const int64_t B = l.block_size;
-  const int64_t W = groups_[static_cast<size_t>(g)].window;
-  const int64_t n0 = mgr.num_tokens(s);
-  kv::PoolCapacity cap = mgr.capacity();
-  if (cap.budgeted) cap.bytes = std::min(cap.bytes, *budget_bytes);
-  std::vector<int64_t> pieces;
-  // An unmixed layout has no window to leave: one append, as the manager plans it.
-  if (!l.mixed()) {
-    if (!mgr.can_append(s, n)) return std::nullopt;
-    if (cap.budgeted) {  // the groups before this one charged the shared budget too
-      const auto fresh = static_cast<uint64_t>((n0 + n + B - 1) / B - (n0 + B - 1) / B);
-      const uint64_t need = fresh * cap.cost[static_cast<int>(kv::PoolKind::kBody)];
-      if (need > cap.bytes) return std::nullopt;
-      *budget_bytes = cap.bytes - need;
-    }
-    return std::vector<int64_t>{n};
-  }
-  for (int64_t x = n0; x < n0 + n;) {
-    const int64_t k = std::min(B - x % B, n0 + n - x);  // up to the next block boundary
-    pieces.push_back(k);
-    x += k;
-  }
-  // Dry run of append(): where each block lives after every piece and its migrations (nullopt:
-  // dropped from a sliding window).
-  const kv::BlockTable& t = mgr.table(s);
-  std::vector<std::optional<kv::PoolKind>> where;
-  where.reserve(t.size() + pieces.size());
-  for (const kv::BlockTableEntry& e : t) {
-    where.push_back(e.block.index == kv::kNullBlock ? std::nullopt
-                                                    : std::optional<kv::PoolKind>(e.pool));
-  }
-  const auto role = [&](int64_t i, int64_t len) { return kv::block_role(l, W, i, len); };
-  const auto migrate_exits_dry = [&](int64_t len, bool after_pass) {
-    for (size_t i = 0; i < where.size(); ++i) {
-      const int64_t b = static_cast<int64_t>(i);
-      if (where[i] != kv::PoolKind::kFp16 || role(b, len) != kv::BlockRole::kBody) continue;
-      if (!after_pass && !can_migrate_now(std::clamp<int64_t>(written - b * B, 0, B))) continue;
-      if (!cap.take(kv::PoolKind::kBody)) return false;
-      cap.give(kv::PoolKind::kFp16);
-      where[i] = kv::PoolKind::kBody;
-    }
-    return true;
-  };
-  int64_t x = n0;
-  for (const int64_t k : pieces) {
-    const int64_t x1 = x + k;
-    if (x % B == 0) {  // the piece starts a new block, in the pool of its role at x1
-      const kv::PoolKind p =
-          role(x / B, x1) == kv::BlockRole::kFp16 ? kv::PoolKind::kFp16 : kv::PoolKind::kBody;
-      if (!cap.take(p)) return std::nullopt;
-      where.push_back(p);
-    }
-    if (migrate && !migrate_exits_dry(x1, false)) return std::nullopt;
-    x = x1;
-  }
-  // Blocks kept FP16 through the pass move after it (attend -> migrate_exits); blocks a sliding
-  // window no longer keeps are dropped then too, but not counted as freed here (a caller may
-  // hold draft tokens, and a drop waits for verified tokens).
-  if (migrate && !migrate_exits_dry(n0 + n, true)) return std::nullopt;
-  if (cap.budgeted) *budget_bytes = cap.bytes;
-  return pieces;
-}
-
-int64_t PagedKvStore::prefix_hit_blocks(std::span<const int32_t> prompt) const {
-  if (groups_.size() == 1) {
-    return groups_[0].mgr->lookup_prefix(prompt).cached_tokens / cfg_.layout.block_size;
-  }
-  std::vector<bool> all;
-  for (const Group& gr : groups_) {
-    const std::vector<bool> g = gr.mgr->servable_prefixes(prompt);
-    if (all.empty()) {
-      all = g;
-    } else {
-      for (size_t h = 0; h < all.size(); ++h) all[h] = all[h] && g[h];
-    }
-  }
-  int64_t h = static_cast<int64_t>(all.size()) - 1;
-  while (h > 0 && !all[static_cast<size_t>(h)]) --h;
-  return std::max<int64_t>(h, 0);
-}
-
-int64_t PagedKvStore::prefix_hit_tokens(std::span<const int32_t> prompt) const {
-  return prefix_hit_blocks(prompt) * cfg_.layout.block_size;
-}
-
-bool PagedKvStore::can_start(std::span<const int32_t> tokens) const {
-  if (tokens.empty()) return false;
-  const int64_t h = prefix_hit_blocks(tokens);
-  // Each group places every block by its role at once; with a shared budget the groups' new
-  // blocks and pinned hits are charged together.
-  uint64_t cost = 0, left = 0;
-  bool budgeted = false;
-  for (const Group& gr : groups_) {
-    if (!gr.mgr->can_allocate(tokens, h)) return false;
-    const kv::PoolCapacity cap = gr.mgr->capacity();
-    if (!cap.budgeted) continue;
-    budgeted = true;
-    left = cap.bytes;
-    const kv::BlockNeeds nd = gr.mgr->allocation_needs(tokens, h);
-    for (int p = 0; p < kv::kPoolKinds; ++p) {
-      cost += static_cast<uint64_t>(nd.need[p] + nd.pinned[p]) * cap.cost[p];
-    }
-  }
-  return !budgeted || groups_.size() == 1 || cost <= left;
-}
-
-bool PagedKvStore::can_append(kv::SeqId s, int64_t written, int64_t n, bool migrate) const {
-  if (n <= 0) return n == 0;
-  if (!has_sequence(s)) {
-    const std::vector<int32_t> placeholder(static_cast<size_t>(n), 0);
-    return can_start(placeholder);
-  }
-  uint64_t budget_bytes = UINT64_MAX;
-  for (int g = 0; g < n_groups(); ++g) {
-    if (!plan_append(g, s, written, n, migrate, &budget_bytes)) return false;
-  }
-  return true;
+  return coord_->manager(g).pool(e.pool).data(e.block.index);
 }
 
 Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
                                             std::span<const int32_t> tokens, bool migrate) {
-  const auto n = static_cast<int64_t>(tokens.size());
-  if (n == 0) return int64_t{0};
-  if (!has_sequence(s)) {
-    if (groups_.size() > 1 && !can_start(tokens)) {
-      return Error{fmt::format("KV cache out of budget: a new sequence of {} tokens", n)};
-    }
-    // Every group maps the same hit: the longest prefix all of them serve.
-    const int64_t h = prefix_hit_blocks(tokens);
-    int64_t cached = 0;
-    for (int g = 0; g < n_groups(); ++g) {
-      auto r = manager(g).allocate(s, tokens, h);
-      if (!r) {
-        (void)free(s);  // the groups allocated before this one
-        return Error{r.error()};
-      }
-      if (static_cast<size_t>(g) == lead_) cached = *r;
-    }
-    // FP16 prefix hits the prompt needs in the body format are quantised now.
-    if (cfg_.layout.mixed() && cached > 0) {
-      for (int g = 0; g < n_groups(); ++g) {
-        if (Status st = move_exits(g, s, cached, false); !st) return Error{st.error()};
-      }
-    }
-    return cached;
-  }
-  std::vector<std::vector<int64_t>> pieces;
-  uint64_t budget_bytes = UINT64_MAX;
-  for (int g = 0; g < n_groups(); ++g) {
-    std::optional<std::vector<int64_t>> p = plan_append(g, s, written, n, migrate, &budget_bytes);
-    if (!p) {
-      const kv::BlockPool& f16 = manager(g).pool(kv::PoolKind::kFp16);
-      const kv::BlockPool& body = manager(g).pool(kv::PoolKind::kBody);
-      return Error{fmt::format(
-          "KV cache out of budget: {} tokens held, {} more requested (layer group {}: FP16 pool "
-          "{} of {} blocks free, body pool {} of {} free)",
-          manager(g).num_tokens(s), n, g, f16.num_available(), f16.n_blocks(), body.num_available(),
-          body.n_blocks())};
-    }
-    pieces.push_back(std::move(*p));
-  }
-  for (int g = 0; g < n_groups(); ++g) {
-    size_t off = 0;
-    for (const int64_t k : pieces[static_cast<size_t>(g)]) {
-      auto r = manager(g).append(s, tokens.subspan(off, static_cast<size_t>(k)));
-      if (!r) return Error{r.error()};  // unreachable after plan_append
-      off += static_cast<size_t>(k);
-      if (Status st = execute_copies(g, *r); !st) return Error{st.error()};
-      if (cfg_.layout.mixed() && migrate) {
-        if (Status st = move_exits(g, s, written, false); !st) return Error{st.error()};
-      }
-    }
-  }
-  return int64_t{0};
+  kv::KvWork work;
+  auto r = coord_->append(s, written, tokens, migrate, work);
+  if (Status st = execute(work); !st) return Error{st.error()};  // what was decided, done
+  return r;
 }
 
-Status PagedKvStore::execute_copies(int g, std::span<const kv::KvCopy> copies) {
+Status PagedKvStore::finish_pass(kv::SeqId s, int64_t written) {
+  kv::KvWork work;
+  const Status decided = coord_->finish_pass(s, written, work);
+  if (Status st = execute(work); !st) return st;
+  return decided;
+}
+
+Status PagedKvStore::execute(const kv::KvWork& work) {
+  for (const kv::KvWorkItem& w : work) {
+    const Status st = w.kind == kv::KvWorkItem::Kind::kCopy
+                          ? copy_block(w.group, w.copy)
+                          : quantise_block(w.group, w.src, w.dst, w.rows);
+    if (!st) return st;
+  }
+  return {};
+}
+
+Status PagedKvStore::copy_block(int g, const kv::KvCopy& c) {
   if (on_device()) {
-    std::vector<KvBlockCopy> jobs;
-    for (const kv::KvCopy& c : copies) {
-      jobs.push_back({device_ref({c.pool, c.src}), device_ref({c.pool, c.dst})});
-    }
-    if (jobs.empty()) return {};
-    return cfg_.device->copy_blocks(device_pools_[static_cast<size_t>(g)], jobs);
+    const KvBlockCopy job{device_ref({c.pool, c.src}), device_ref({c.pool, c.dst})};
+    return cfg_.device->copy_blocks(device_pools_[static_cast<size_t>(g)], {&job, 1});
   }
-  for (const kv::KvCopy& c : copies) {  // copy-on-write of a shared last block
-    kv::BlockPool& p = manager(g).pool(c.pool);
-    std::memcpy(p.data(c.dst.index), p.data(c.src.index), p.block_bytes());
-  }
+  kv::BlockPool& p = coord_->manager(g).pool(c.pool);  // copy-on-write of a shared last block
+  std::memcpy(p.data(c.dst.index), p.data(c.src.index), p.block_bytes());
   return {};
 }
 
@@ -498,8 +249,8 @@ Status PagedKvStore::write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, c
     store(s, il, pos0, k.rows, kp, vp);
     return {};
   }
-  const LayerSlot slot = slots_[static_cast<size_t>(il)];
-  const kv::BlockTable& t = manager(slot.group).table(s);
+  const int group = coord_->layer_group(il);
+  const kv::BlockTable& t = coord_->manager(group).table(s);
   const int B = cfg_.layout.block_size;
   slots_buf_.clear();
   for (int64_t p = pos0; p < pos0 + k.rows; ++p) {
@@ -510,26 +261,25 @@ Status PagedKvStore::write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, c
   KvWriteMetadata m;
   m.k = k;
   m.v = v;
-  m.layer_in_group = slot.index;
+  m.layer_in_group = coord_->layer_index(il);
   m.n_head_kv = cfg_.geometry.n_head_kv;
   m.head_dim = cfg_.geometry.head_dim;
   m.block_size = B;
   m.rotate_keys = cfg_.layout.rotate;
-  m.pools = device_pools_[static_cast<size_t>(slot.group)];
+  m.pools = device_pools_[static_cast<size_t>(group)];
   m.slots = slots_buf_;
   return cfg_.device->kv_write(m);
 }
 
 Status PagedKvStore::attention(kv::SeqId s, int il, int64_t pos0, const Tensor& q, int n_head,
                                float scale, const Tensor& out, Backend& backend, int64_t window) {
-  (void)backend;
   if (!on_device()) {
     return Error{
         "paged KV cache in host memory: attention over its blocks runs in the attention runner "
         "(attention::AttentionRunner reads host_blocks)"};
   }
-  const LayerSlot slot = slots_[static_cast<size_t>(il)];
-  const kv::BlockTable& t = manager(slot.group).table(s);
+  const int group = coord_->layer_group(il);
+  const kv::BlockTable& t = coord_->manager(group).table(s);
   const int B = cfg_.layout.block_size;
   const int64_t nb = (pos0 + q.rows + B - 1) / B;
   table_buf_.clear();
@@ -551,8 +301,8 @@ Status PagedKvStore::attention(kv::SeqId s, int il, int64_t pos0, const Tensor& 
   AttnMetadata m;
   m.q = q;
   m.out = out;
-  m.layer_in_group = slot.index;
-  m.n_layers_in_group = groups_[static_cast<size_t>(slot.group)].n_layers;
+  m.layer_in_group = coord_->layer_index(il);
+  m.n_layers_in_group = coord_->group_layers(group);
   m.n_head = n_head;
   m.n_head_kv = cfg_.geometry.n_head_kv;
   m.head_dim = cfg_.geometry.head_dim;
@@ -560,7 +310,7 @@ Status PagedKvStore::attention(kv::SeqId s, int il, int64_t pos0, const Tensor& 
   m.scale = scale;
   m.window = window;
   m.rotate_keys = cfg_.layout.rotate;
-  m.pools = device_pools_[static_cast<size_t>(slot.group)];
+  m.pools = device_pools_[static_cast<size_t>(group)];
   m.query_start = query_start;
   m.q_pos0 = q_pos0;
   m.block_table_start = table_start;
@@ -583,8 +333,8 @@ void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const flo
     if (!st) device_error_ = st.error();
     return;
   }
-  const LayerSlot slot = slots_[static_cast<size_t>(il)];
-  const kv::BlockManager& mgr = manager(slot.group);
+  const int group = coord_->layer_group(il);
+  const kv::BlockManager& mgr = coord_->manager(group);
   assert(pos0 >= 0 && pos0 + n <= mgr.num_tokens(s));
   const kv::BlockTable& t = mgr.table(s);
   const int B = cfg_.layout.block_size;
@@ -598,7 +348,8 @@ void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const flo
     const kv::BlockTableEntry& e = t[static_cast<size_t>(lb)];
     assert(e.block.index != kv::kNullBlock);
     const PoolFormat& f = format(e.pool);
-    uint8_t* layer = block_data(slot.group, e) + static_cast<size_t>(slot.index) * f.layer_bytes;
+    uint8_t* layer =
+        block_data(group, e) + static_cast<size_t>(coord_->layer_index(il)) * f.layer_bytes;
     // In a mixed layout a body block is quantised from FP16-rounded rows, as if it had passed
     // through the FP16 window: its bytes do not depend on the path (written straight into the
     // body, migrated from the window, or quantised from an FP16 prefix-cache hit).
@@ -635,8 +386,8 @@ kv::HostKvBlocks PagedKvStore::host_blocks(kv::SeqId s, int il, int64_t n_ctx) {
   const int d = cfg_.geometry.head_dim;
   const int H = cfg_.geometry.n_head_kv;
   const int64_t nb = (n_ctx + B - 1) / B;
-  const LayerSlot slot = slots_[static_cast<size_t>(il)];
-  const kv::BlockTable& t = manager(slot.group).table(s);
+  const int group = coord_->layer_group(il);
+  const kv::BlockTable& t = coord_->manager(group).table(s);
   views_.resize(static_cast<size_t>(nb));
   for (int64_t b = 0; b < nb; ++b) {
     const kv::BlockTableEntry& e = t[static_cast<size_t>(b)];
@@ -647,7 +398,7 @@ kv::HostKvBlocks PagedKvStore::host_blocks(kv::SeqId s, int il, int64_t n_ctx) {
     }
     const PoolFormat& f = format(e.pool);
     const uint8_t* layer =
-        block_data(slot.group, e) + static_cast<size_t>(slot.index) * f.layer_bytes;
+        block_data(group, e) + static_cast<size_t>(coord_->layer_index(il)) * f.layer_bytes;
     bv.k = layer;
     bv.v = layer + static_cast<size_t>(H) * f.k_tile;
     bv.k_tile_bytes = f.k_tile;
@@ -683,22 +434,23 @@ void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const fl
   }
 }
 
-Status PagedKvStore::quantise_block(int g, const kv::Migration& m, int rows) {
+Status PagedKvStore::quantise_block(int g, kv::BlockRef src_block, kv::BlockRef dst_block,
+                                    int rows) {
   if (on_device()) {
-    const KvBlockQuantise job{device_ref({kv::PoolKind::kFp16, m.src}),
-                              device_ref({kv::PoolKind::kBody, m.dst}), rows};
-    return cfg_.device->quantise_blocks(
-        device_pools_[static_cast<size_t>(g)], {&job, 1}, groups_[static_cast<size_t>(g)].n_layers,
-        cfg_.geometry.n_head_kv, cfg_.geometry.head_dim, cfg_.layout.block_size);
+    const KvBlockQuantise job{device_ref({kv::PoolKind::kFp16, src_block}),
+                              device_ref({kv::PoolKind::kBody, dst_block}), rows};
+    return cfg_.device->quantise_blocks(device_pools_[static_cast<size_t>(g)], {&job, 1},
+                                        coord_->group_layers(g), cfg_.geometry.n_head_kv,
+                                        cfg_.geometry.head_dim, cfg_.layout.block_size);
   }
   const PoolFormat& src_f = format(kv::PoolKind::kFp16);
   const PoolFormat& dst_f = format(kv::PoolKind::kBody);
-  const uint8_t* src = manager(g).pool(kv::PoolKind::kFp16).data(m.src.index);
-  uint8_t* dst = manager(g).pool(kv::PoolKind::kBody).data(m.dst.index);
+  const uint8_t* src = coord_->manager(g).pool(kv::PoolKind::kFp16).data(src_block.index);
+  uint8_t* dst = coord_->manager(g).pool(kv::PoolKind::kBody).data(dst_block.index);
   const int d = cfg_.geometry.head_dim;
   const int H = cfg_.geometry.n_head_kv;
   const kv::KvRowGeom g16 = kv::kv_row_geom(planner::kKvF16, d);
-  for (int il = 0; il < groups_[static_cast<size_t>(g)].n_layers; ++il) {
+  for (int il = 0; il < coord_->group_layers(g); ++il) {
     const uint8_t* s = src + static_cast<size_t>(il) * src_f.layer_bytes;
     uint8_t* t = dst + static_cast<size_t>(il) * dst_f.layer_bytes;
     for (int h = 0; h < H; ++h) {
@@ -714,68 +466,9 @@ Status PagedKvStore::quantise_block(int g, const kv::Migration& m, int rows) {
   return {};
 }
 
-Status PagedKvStore::move_exits(int g, kv::SeqId s, int64_t written, bool drop) {
-  kv::BlockManager& mgr = manager(g);
-  if (!mgr.has_sequence(s)) return {};
-  const int64_t B = cfg_.layout.block_size;
-  const int64_t W = groups_[static_cast<size_t>(g)].window;
-  for (const kv::WindowExit& x : mgr.blocks_leaving_window(s)) {
-    if (x.drop) {
-      // Dropped only once no query to come can reach it: outside the window at the `written`
-      // tokens stored (the sequence may hold more, e.g. a whole prompt of which a chunk ran).
-      if (drop && kv::block_role(cfg_.layout, W, x.logical, written) == kv::BlockRole::kDropped) {
-        auto r = mgr.drop(s, x.logical);
-        if (!r) return Error{r.error()};
-      }
-      continue;
-    }
-    const int64_t rows = std::clamp<int64_t>(written - x.logical * B, 0, B);
-    if (!can_migrate_now(rows)) continue;  // partly written per-channel tile: after the pass
-    auto m = mgr.begin_migration(s, x.logical);
-    if (!m) return Error{m.error()};
-    if (m->needs_quantise && rows > 0) {
-      if (Status st = quantise_block(g, *m, static_cast<int>(rows)); !st) return st;
-    }
-    auto r = mgr.migrate(s, x.logical, m->dst);
-    if (!r) return Error{r.error()};
-  }
-  return {};
-}
-
-Status PagedKvStore::migrate_exits(kv::SeqId s, int64_t written) {
-  for (int g = 0; g < n_groups(); ++g) {
-    if (Status st = move_exits(g, s, written, true); !st) return st;
-  }
-  return {};
-}
-
-uint64_t PagedKvStore::held_bytes() const {
-  uint64_t sum = 0;
-  for (const Group& gr : groups_) {
-    for (const kv::PoolKind p : {kv::PoolKind::kFp16, kv::PoolKind::kBody}) {
-      const kv::BlockPool& pool = gr.mgr->pool(p);
-      sum += static_cast<uint64_t>(pool.num_active()) * pool.block_bytes();
-    }
-  }
-  return sum;
-}
-
 Status PagedKvStore::check_integrity() const {
   if (!device_error_.empty()) return Error{"paged KV cache on the device: " + device_error_};
-  const kv::BlockManager& lead = manager();
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    const kv::BlockManager& m = *groups_[gi].mgr;
-    if (Status st = m.check_integrity(); !st) {
-      return groups_.size() == 1 ? st : Error{fmt::format("layer group {}: {}", gi, st.error())};
-    }
-    if (gi == lead_) continue;
-    // Every group holds the same sequences with the same tokens and computed counts.
-    if (m.num_sequences() != lead.num_sequences()) {
-      return Error{fmt::format("paged KV cache: layer group {} holds {} sequences, the lead {}", gi,
-                               m.num_sequences(), lead.num_sequences())};
-    }
-  }
-  return {};
+  return coord_->check_integrity();
 }
 
 }  // namespace bie

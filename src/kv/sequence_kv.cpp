@@ -5,7 +5,7 @@
 namespace bie {
 
 bool SequenceKv::can_append(int64_t n) const {
-  const kv::BlockManager& m = store_.manager();
+  const kv::BlockManager& m = store_.coordinator().manager();
   return n >= 0 && computed_ + n <= capacity_ && m.has_sequence(seq_) &&
          m.num_tokens(seq_) >= computed_ + n;
 }
@@ -21,7 +21,6 @@ Status SequenceKv::append(int64_t n) {
 
 void SequenceKv::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
                         float* out, Backend& backend, int64_t window) {
-  (void)backend;
   store_.attend(seq_, il, pos0, n, q, n_head, scale, out, window);
 }
 
@@ -31,9 +30,9 @@ Status SequenceKv::attention(int il, int64_t pos0, const Tensor& q, int n_head, 
 }
 
 void SequenceKv::finish_pass() {
-  if (migrate_after_pass_ && (store_.layout().mixed() || store_.has_local_groups())) {
+  if (migrate_after_pass_ && (store_.layout().mixed() || store_.coordinator().has_local_groups())) {
     // A failure (body pool full) leaves the exits FP16: correct data, retried after the next pass.
-    (void)store_.migrate_exits(seq_, computed_);
+    (void)store_.finish_pass(seq_, computed_);
   }
 }
 

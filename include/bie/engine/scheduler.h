@@ -4,8 +4,10 @@
 // blocks allow; a sequence that cannot be admitted blocks those behind it (no starvation). When
 // a running sequence needs a block and none is free, the newest running sequence is preempted:
 // its blocks are freed and it goes back to the front of the waiting queue, to be recomputed
-// (cheaply, through the prefix cache) when blocks return. Owns the queues and the sequences; the
-// block manager owns the blocks. Not thread-safe (engine thread).
+// (cheaply, through the prefix cache) when blocks return. Owns the queues and the sequences; each
+// store's KV coordinator owns the blocks and answers whether a sequence fits. The data work its
+// block decisions imply (copy-on-write copies, window exits) comes back in the step's output,
+// for the model runner to execute before the pass. Not thread-safe (engine thread).
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -36,10 +38,21 @@ struct ScheduledSeq {
   bool sample = false;  // the chunk reaches the last known token: sample the next one
 };
 
+// The KV data work of one store's block decisions in a step, in decision order.
+struct StoreWork {
+  PagedKvStore* store = nullptr;
+  kv::KvWork work;
+};
+
 struct SchedulerOutput {
   std::vector<ScheduledSeq> scheduled;
   std::vector<kv::SeqId> preempted;  // this step, newest first
+  // Copies and quantisations the step's block decisions imply, per store: executed before the
+  // pass (ModelRunner::prepare_kv), also when nothing is scheduled.
+  std::vector<StoreWork> kv_work;
   [[nodiscard]] int64_t n_tokens() const;
+  // The work list of `store` (made on first use).
+  [[nodiscard]] kv::KvWork& work_for(PagedKvStore* store);
 };
 
 class Scheduler {
@@ -89,7 +102,7 @@ class Scheduler {
   [[nodiscard]] int64_t prefill_span(const Sequence& s) const;
   // Makes the manager hold every known token of s (decode: the last sampled token) and, with
   // draft, its draft tokens (no window exits for those: they may be rolled back).
-  [[nodiscard]] bool ensure_blocks(Sequence& s, bool draft = false);
+  [[nodiscard]] bool ensure_blocks(Sequence& s, kv::KvWork& work, bool draft = false);
   // Tokens of s its store should hold before the next pass: every known token, except in a store
   // with sliding-window layer groups, which holds a prompt one chunk ahead only (the chunk's
   // blocks of a local group are dropped after its pass, so the whole prompt is never held).

@@ -82,7 +82,7 @@ class PagedKvCache final : public KvCache {
   [[nodiscard]] Status migrate_window_exits();
 
   [[nodiscard]] Status check_integrity() const;
-  [[nodiscard]] const kv::BlockManager& manager() const { return store_->manager(); }
+  [[nodiscard]] const kv::BlockManager& manager() const { return store_->coordinator().manager(); }
   [[nodiscard]] const PagedKvStore& store() const { return *store_; }
   // The sequence's block table (empty while it holds no tokens).
   [[nodiscard]] const kv::BlockTable& table() const;

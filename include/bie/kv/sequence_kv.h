@@ -44,7 +44,7 @@ class SequenceKv final : public KvCache {
   }
   [[nodiscard]] Status attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
                                  const Tensor& out, Backend& backend, int64_t window = 0) override;
-  // Window exits and sliding-window drops at the tokens stored (PagedKvStore::migrate_exits),
+  // Window exits and sliding-window drops at the tokens stored (PagedKvStore::finish_pass),
   // unless the pass held unverified draft tokens (migrate_after_pass = false).
   void finish_pass() override;
   // Rollback goes through the scheduler (BlockManager::truncate); refused here.
