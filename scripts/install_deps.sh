@@ -5,7 +5,7 @@ PKGS=(build-essential cmake ninja-build pkg-config python3 python3-pip python3-v
       libpcre2-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libxxhash-dev
       libcpp-httplib-dev libboost-dev libssl-dev pybind11-dev libopenblas-dev libgtest-dev libbenchmark-dev
       libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
-      clang libclang-rt-14-dev clang-format
+      clang libclang-rt-14-dev clang-format ccache
       libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools)  # Vulkan backend; tests run on lavapipe
 missing=()
 for p in "${PKGS[@]}"; do

@@ -31,7 +31,14 @@ case "$mode" in
     ;;
   pip)
     start=$(date +%s)
-    pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+    # The build tree's compiler and warnings as errors: the same compiler command lines let ccache
+    # hand this build the build tree's objects of bie_core (CMakeLists.txt, BIE_CCACHE).
+    pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check
+         --config-settings=cmake.define.BIE_WERROR=ON)
+    for lang in C CXX; do
+      compiler=$(sed -n "s/^CMAKE_${lang}_COMPILER:[A-Z]*=//p" "$build/CMakeCache.txt" 2>/dev/null)
+      if [ -n "$compiler" ]; then pip+=("--config-settings=cmake.define.CMAKE_${lang}_COMPILER=$compiler"); fi
+    done
     if [ ! -f "$venv/.isolated-install-ok" ]; then
       # First run: exactly what a user does (build dependencies from PyPI, isolated build).
       "${pip[@]}" "$src"
