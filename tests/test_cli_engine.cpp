@@ -74,11 +74,12 @@ TEST(CliEngine, RunPrintsOneReportAndPeakRss) {
   BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   const auto r = run_cmd(test::bie_bin() +
                          " run -m default -p 'The capital of France is' -n 4 --temp 0 -t 2 "
-                         "--kv-cache-dtype int4_channel --max-model-len 256");
+                         "--kv-cache-dtype int4_asym --max-model-len 256");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count_lines(r.err), 4) << r.err;  // three report lines, then the timings
   EXPECT_NE(r.err.find("memory: budget"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("kv: k=int4_channel_t16 v=int4_asym_g64"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("kv: k=int4_channel_t64 v=int4_asym_g64, block 64"), std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("peak RSS"), std::string::npos) << r.err;
 }
 

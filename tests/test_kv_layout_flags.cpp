@@ -19,55 +19,64 @@ TEST(KvLayoutFlags, F16IsTheDefault) {
   EXPECT_EQ(kv_layout_label(l), "f16");
 }
 
-TEST(KvLayoutFlags, Int4AsymIsTheRotatedRecipe) {
+// The 4-bit recipe (int4_asym = int4 = int4_channel): per-channel int4 keys over 64-token blocks,
+// per-token int4 values in groups of 64, no rotation: 4.5 + 4.5 bits per value.
+TEST(KvLayoutFlags, Int4IsPerChannelKeysWithPerTokenValues) {
+  for (const char* name : {"int4_asym", "int4", "int4_channel"}) {
+    SCOPED_TRACE(name);
+    KvLayoutFlags f;
+    f.dtype = name;
+    const KvLayout l = resolve(f);
+    EXPECT_EQ(l.block_size, kDefaultChannelBlock);
+    EXPECT_EQ(l.block_size, 64);
+    EXPECT_EQ(l.k, (KvFormat{KvType::kInt4Channel, 64}));
+    EXPECT_EQ(l.v, (KvFormat{KvType::kInt4Asym, 64}));
+    EXPECT_FALSE(l.rotate);
+    EXPECT_EQ(kv_layout_label(l), "k=int4_channel_t64 v=int4_asym_g64");
+    f.block_size = 32;  // an explicit block size is the key tile
+    f.group_size = 32;  // and the group size the values' group
+    EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt4Channel, 32}));
+    EXPECT_EQ(resolve(f).v, (KvFormat{KvType::kInt4Asym, 32}));
+    f.rotate = true;
+    EXPECT_TRUE(resolve(f).rotate);
+  }
+}
+
+// The per-token 4-bit recipe by its format's name: K and V int4_asym_gN, keys rotated, B = 16.
+TEST(KvLayoutFlags, PerTokenInt4IsTheRotatedFormatName) {
   KvLayoutFlags f;
-  f.dtype = "int4_asym";
+  f.dtype = "int4_asym_g64";
   const KvLayout l = resolve(f);
+  EXPECT_EQ(l.block_size, 16);
   EXPECT_EQ(l.k, (KvFormat{KvType::kInt4Asym, 64}));
   EXPECT_EQ(l.v, (KvFormat{KvType::kInt4Asym, 64}));
   EXPECT_TRUE(l.rotate);
   EXPECT_EQ(kv_layout_label(l), "int4_asym_g64 +rotate");
-  f.dtype = "int4";
-  f.group_size = 32;
+  f.dtype = "int4_asym_g32";
   EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt4Asym, 32}));
   f.rotate = false;
   EXPECT_FALSE(resolve(f).rotate);
 }
 
-TEST(KvLayoutFlags, Int4ChannelKeysWithPerTokenValues) {
-  KvLayoutFlags f;
-  f.dtype = "int4_channel";
-  f.block_size = 32;
-  const KvLayout l = resolve(f);
-  EXPECT_EQ(l.k, (KvFormat{KvType::kInt4Channel, 32}));
-  EXPECT_EQ(l.v, (KvFormat{KvType::kInt4Asym, 64}));
-  EXPECT_FALSE(l.rotate);
-  EXPECT_EQ(kv_layout_label(l), "k=int4_channel_t32 v=int4_asym_g64");
-}
-
 // int8: 8-bit per-channel keys over 64-token blocks (q8_0's 8.5 bits), per-token int8 values.
 TEST(KvLayoutFlags, Int8IsPerChannelKeysWithPerTokenValues) {
-  KvLayoutFlags f;
-  f.dtype = "int8";
-  const KvLayout l = resolve(f);
-  EXPECT_EQ(l.block_size, kDefaultInt8Block);
-  EXPECT_EQ(l.block_size, 64);
-  EXPECT_EQ(l.k, (KvFormat{KvType::kInt8Channel, 64}));
-  EXPECT_EQ(l.v, (KvFormat{KvType::kInt8, 0}));
-  EXPECT_FALSE(l.rotate);
-  EXPECT_EQ(kv_layout_label(l), "k=int8_channel_t64 v=int8");
-  f.block_size = 16;  // an explicit block size is the tile
-  EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt8Channel, 16}));
-  f.dtype_k = "int8";  // the per-token key format, literally
-  EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt8, 0}));
-  // int8_channel: the same recipe at the ordinary block size.
-  KvLayoutFlags c;
-  c.dtype = "int8_channel";
-  EXPECT_EQ(resolve(c).block_size, 16);
-  EXPECT_EQ(resolve(c).k, (KvFormat{KvType::kInt8Channel, 16}));
-  EXPECT_EQ(resolve(c).v, (KvFormat{KvType::kInt8, 0}));
-  // Every other name keeps 16-token blocks by default.
-  for (const char* name : {"f16", "fp8", "int4_asym", "int4", "int4_channel", "int8_channel"}) {
+  for (const char* name : {"int8", "int8_channel"}) {
+    SCOPED_TRACE(name);
+    KvLayoutFlags f;
+    f.dtype = name;
+    const KvLayout l = resolve(f);
+    EXPECT_EQ(l.block_size, kDefaultChannelBlock);
+    EXPECT_EQ(l.k, (KvFormat{KvType::kInt8Channel, 64}));
+    EXPECT_EQ(l.v, (KvFormat{KvType::kInt8, 0}));
+    EXPECT_FALSE(l.rotate);
+    EXPECT_EQ(kv_layout_label(l), "k=int8_channel_t64 v=int8");
+    f.block_size = 16;  // an explicit block size is the tile
+    EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt8Channel, 16}));
+    f.dtype_k = "int8";  // the per-token key format, literally
+    EXPECT_EQ(resolve(f).k, (KvFormat{KvType::kInt8, 0}));
+  }
+  // Every name without per-channel keys keeps 16-token blocks by default.
+  for (const char* name : {"f16", "fp8", "int4_asym_g64", "q8_0", "q4_0"}) {
     KvLayoutFlags o;
     o.dtype = name;
     EXPECT_EQ(resolve(o).block_size, 16) << name;

@@ -105,10 +105,10 @@ struct Case {
   const char* model;  // "smollm2" | "gemma3"
   const char* dtype;
   int64_t max_model_len;
-  // Tokens before the first full chunk. Per-channel keys (int4_channel, int8): 0, block-aligned
-  // chunks as the engine's
-  // prefill runs them (prefill_chunk_len); a chunk starting mid-block there needs one FP16 block
-  // of slack that a one-sequence plan does not hold, and fill_kv_synthetic's append is refused.
+  // Tokens before the first full chunk. Per-channel keys (int4_asym, int4_channel, int8): 0,
+  // block-aligned chunks as the engine's prefill runs them (prefill_chunk_len); a chunk starting
+  // mid-block there needs one FP16 block of slack that a one-sequence plan does not hold, and
+  // fill_kv_synthetic's append is refused.
   int64_t offset = 8;
 };
 
@@ -207,9 +207,11 @@ TEST_P(KvMemoryTruth, StorageReservesAndCommitsWhatBiePlanSays) {
 INSTANTIATE_TEST_SUITE_P(
     Regimes, KvMemoryTruth,
     ::testing::Values(Case{"smollm2", "f16", 4096}, Case{"smollm2", "int8", 4096, 0},
-                      Case{"smollm2", "fp8_e4m3", 4096}, Case{"smollm2", "int4_asym", 4096},
+                      Case{"smollm2", "fp8_e4m3", 4096}, Case{"smollm2", "int4_asym", 4096, 0},
+                      Case{"smollm2", "int4_asym_g64", 4096},
                       Case{"smollm2", "int4_channel", 4096, 0}, Case{"gemma3", "f16", 2048},
-                      Case{"gemma3", "int4_asym", 2048}, Case{"gemma3", "int8", 2048, 0}),
+                      Case{"gemma3", "int4_asym", 2048, 0}, Case{"gemma3", "int4_asym_g64", 2048},
+                      Case{"gemma3", "int8", 2048, 0}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return std::string(i.param.model) + "_" + i.param.dtype;
     });

@@ -185,8 +185,9 @@ TEST(KvRegimes, KillSwitchOverrideAndPolicy) {
   EXPECT_EQ(info.regimes[1].label, "f16");
   EXPECT_FALSE(info.force_f16);
   EXPECT_EQ(info.policy, "fp8_e4m3:1000-");
-  // f16 costs ~3.2x the bytes of int4: the budget holds far fewer f16 tokens.
-  EXPECT_GT(info.regimes[0].tokens_fit, 3 * info.regimes[1].tokens_fit);
+  // f16 costs 3.6x the body bytes of int4 (16 vs 4.5 bits): the budget holds far fewer f16
+  // tokens, even with int4's FP16 sink block and window (64-token blocks) counted.
+  EXPECT_GT(info.regimes[0].tokens_fit, 2 * info.regimes[1].tokens_fit);
   EXPECT_NE(eng.kv_report().regimes.find("kill switch"), std::string::npos);
 
   const std::string text = "The capital of France is";

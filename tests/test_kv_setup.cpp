@@ -104,7 +104,8 @@ TEST(KvSetup, GemmaHybridPoolsEqualThePlanner) {
   const planner::ModelGeometry& g = *gg;
   ASSERT_EQ(g.n_swa_layers(), 15);
   ASSERT_TRUE(g.weight_bytes.has_value());
-  for (const char* dtype : {"f16", "int4_asym"}) {
+  // 16-token blocks (the block counts below): f16 and the per-token 4-bit recipe (mixed pools).
+  for (const char* dtype : {"f16", "int4_asym_g64"}) {
     SCOPED_TRACE(dtype);
     KvEngineOptions o;
     o.kv.dtype = dtype;

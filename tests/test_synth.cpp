@@ -214,7 +214,7 @@ TEST(Synth, RefusesGeometriesItCannotWrite) {
 
 TEST(SyntheticKv, FillsToDepthWithThePlannersBlocks) {
   const planner::ModelGeometry g = tiny_geometry(1000);
-  for (const char* dtype : {"f16", "int8", "int4_asym"}) {
+  for (const char* dtype : {"f16", "int8", "int4_asym", "int4_asym_g64"}) {
     SCOPED_TRACE(dtype);
     planner::KvLayoutFlags flags;
     flags.dtype = dtype;
@@ -235,8 +235,9 @@ TEST(SyntheticKv, FillsToDepthWithThePlannersBlocks) {
     EXPECT_EQ(progress, depth);
     EXPECT_EQ((*kv)->n_tokens(), depth);
     ASSERT_TRUE((*kv)->check_integrity().ok());
-    const int64_t B = layout->block_size;  // 16; 64 for int8 (per-channel keys)
-    EXPECT_EQ(B, std::string(dtype) == "int8" ? 64 : 16);
+    const int64_t B = layout->block_size;  // 64 for per-channel keys (int8, int4_asym), else 16
+    const std::string d = dtype;
+    EXPECT_EQ(B, d == "int8" || d == "int4_asym" ? 64 : 16);
     const int64_t blocks = (depth + B - 1) / B;
     EXPECT_EQ(static_cast<int64_t>((*kv)->table().size()), blocks);
     EXPECT_EQ(kv_held_bytes(**kv), planner::kv_sequence_bytes(g, *layout, depth));

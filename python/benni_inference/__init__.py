@@ -96,8 +96,9 @@ class EngineConfig:
             ``scripts/fetch_models.sh`` into ``~/.cache/bie/models``).
         max_model_len: tokens per sequence (prompt + output); 0 = min(model's trained context, 8192).
         kv_cache_dtype: KV storage format of the body (tokens outside the sink and window):
-            ``"f16"``, ``"int8"``, ``"fp8_e4m3"``, ``"int4_asym"`` (K and V int4 with rotation),
-            ``"int4_asym_g32"``, ``"int4_channel"``, ``"q8_0"``, ``"q4_0"``.
+            ``"f16"``, ``"int8"``, ``"fp8_e4m3"``, ``"int4_asym"`` (= ``"int4"``: per-channel int4 keys over
+            64-token blocks, int4 values in groups of 64), ``"int4_asym_g64"`` (the per-token recipe: K and
+            V int4 groups along the head, keys rotated), ``"q8_0"``, ``"q4_0"``.
         kv_cache_dtype_k: format of K only (overrides kv_cache_dtype); None: from kv_cache_dtype.
         kv_cache_dtype_v: format of V only; None: from kv_cache_dtype.
         kv_group_size: int4_asym values per (scale, zero) group: 32, 64 or 128.
@@ -124,7 +125,7 @@ class EngineConfig:
             f16 is always one (the kill switch, :meth:`BieEngine.set_force_f16`).
         kv_policy: KV format by request length (prompt + max_tokens), e.g.
             ``"int4_asym:0-16384,int8:16384-"``; lengths no range covers use kv_cache_dtype.
-        kv_rotate: Hadamard-rotate K and Q; None = on for int4_asym keys.
+        kv_rotate: Hadamard-rotate K and Q; None = on for per-token int4_asym_gN keys.
         max_queue: requests waiting for admission before submission is refused.
         check_integrity: verify the scheduler's and KV block manager's invariants after every
             step (slow; for tests and debugging).
@@ -331,7 +332,7 @@ class RequestMetrics:
     Attributes:
         ttft: seconds from submission to the first token.
         tokens_per_second: decode speed (tokens after the first / their time).
-        kv_regime: the KV layout the request ran in, e.g. ``"k=int4_asym_g64 v=int4_asym_g64 +rotate"``.
+        kv_regime: the KV layout the request ran in, e.g. ``"k=int4_channel_t64 v=int4_asym_g64"``.
         cached_tokens: prompt tokens served from the prefix cache.
         prompt_tokens, generated_tokens, preemptions, queue_seconds, total_seconds: as named.
         acceptance_rate: share of draft tokens accepted when speculating; None otherwise.

@@ -153,7 +153,8 @@ int main(int argc, char** argv) {
   app.add_option("--kv-events-topic", a.kv_events_topic,
                  "the whole KV event topic, instead of kv@<pod-id>@<model>");
   bie::cli::add_kv_engine_flags(
-      &app, a.kv, "KV format: f16, int8, fp8_e4m3, int4_asym[_gN], int4_channel, q8_0, q4_0");
+      &app, a.kv,
+      "KV format: f16, int8, fp8_e4m3, int4 (= int4_asym, int4_channel), int4_asym_gN, q8_0, q4_0");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -258,11 +258,12 @@ void add_plan_command(CLI::App& root, int* rc) {
   cmd->add_option("--max-num-seqs", f->max_num_seqs, "sequences held at once")
       ->capture_default_str();
   cmd->add_option("--kv-cache-dtype", f->kv_dtype,
-                  "f16, fp8_e4m3, int8, int4_asym[_gN], int4_channel, q8_0, q4_0")
+                  "f16, fp8_e4m3, int8, int4 (= int4_asym, int4_channel), int4_asym_gN, q8_0, q4_0")
       ->capture_default_str();
   cmd->add_option("--kv-cache-dtype-k", f->kv_dtype_k, "K format (overrides --kv-cache-dtype)");
   cmd->add_option("--kv-cache-dtype-v", f->kv_dtype_v, "V format (overrides --kv-cache-dtype)");
-  cmd->add_option("--kv-group-size", f->kv_group_size, "int4_asym group size: 32, 64 or 128")
+  cmd->add_option("--kv-group-size", f->kv_group_size,
+                  "int4_asym values per group (the 4-bit recipe's V, int4_asym_gN): 32, 64 or 128")
       ->capture_default_str();
   cmd->add_option("--kv-sink-tokens", f->kv_sink_tokens, "first tokens kept in FP16")
       ->capture_default_str();

@@ -26,8 +26,7 @@ namespace {
 struct QualityArgs {
   std::string model = "default";
   std::string text_file;
-  std::vector<std::string> regimes = {"f16",         "int8", "fp8", "int4_asym", "int4_asym-rotate",
-                                      "int4_channel"};
+  std::vector<std::string> regimes = {"f16", "int8", "fp8", "int4_asym", "int4_asym_g64"};
   std::vector<int32_t> ctx_sizes = {2048};
   int32_t windows = 4;
   int32_t batch = 512;

@@ -164,8 +164,9 @@ void add_run_command(CLI::App& root, int* rc) {
   cmd->add_option("-n,--n-predict", args->n_predict, "Tokens to generate")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  add_kv_engine_flags(cmd, args->kv,
-                      "KV format: f16, int8, fp8_e4m3, int4_asym[_gN], int4_channel, q8_0, q4_0");
+  add_kv_engine_flags(
+      cmd, args->kv,
+      "KV format: f16, int8, fp8_e4m3, int4 (= int4_asym, int4_channel), int4_asym_gN, q8_0, q4_0");
   cmd->add_option("-t,--threads", args->threads, "Threads (0: all cores)")
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--seed", args->seed, "RNG seed (-1: random)");

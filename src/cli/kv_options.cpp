@@ -9,11 +9,12 @@ void add_kv_engine_flags(CLI::App* cmd, KvCliFlags& f, const std::string& dtype_
   cmd->add_option("--kv-cache-dtype", kv.dtype, dtype_help)->capture_default_str();
   cmd->add_option("--kv-cache-dtype-k", kv.dtype_k, "K format (overrides --kv-cache-dtype)");
   cmd->add_option("--kv-cache-dtype-v", kv.dtype_v, "V format (overrides --kv-cache-dtype)");
-  cmd->add_option("--kv-group-size", kv.group_size, "int4_asym group size: 32, 64 or 128")
+  cmd->add_option("--kv-group-size", kv.group_size,
+                  "int4_asym values per group (the 4-bit recipe's V, int4_asym_gN): 32, 64 or 128")
       ->capture_default_str();
-  cmd->add_option(
-         "--paged-block-size", kv.block_size,
-         "tokens per KV block and per int4/int8_channel key tile (0: 64 for int8, else 16)")
+  cmd->add_option("--paged-block-size", kv.block_size,
+                  "tokens per KV block and per-channel key tile (0: 64 for int4_asym, int8 and the "
+                  "_channel formats, else 16)")
       ->capture_default_str();
   cmd->add_option("--kv-sink-tokens", kv.sink_tokens, "first tokens kept in FP16")
       ->capture_default_str();
@@ -21,7 +22,7 @@ void add_kv_engine_flags(CLI::App* cmd, KvCliFlags& f, const std::string& dtype_
       ->capture_default_str();
   cmd->add_flag_callback(
       "--kv-rotate", [&kv] { kv.rotate = true; },
-      "Hadamard-rotate K and Q (default: on for int4_asym keys)");
+      "Hadamard-rotate K and Q (default: on for per-token int4_asym_gN keys)");
   cmd->add_flag_callback(
       "--no-kv-rotate", [&kv] { kv.rotate = false; }, "no rotation");
   cmd->add_option("-c,--ctx-size,--max-model-len", f.opts.max_model_len,

@@ -9,16 +9,11 @@ Result<KvLayout> resolve_kv_layout(const KvLayoutFlags& f) {
     return Error{fmt::format(
         "--paged-block-size must be in 1..4096 (0: the regime's default), got {}", f.block_size)};
   }
-  // int4 / int4_asym: per-token groups (rotated keys), the recipe the planner's headline uses
-  // (4.5 bits per value). int4_channel = KIVI keys over the block (int4_channel_t<block>) +
-  // int4_asym values (docs/kv-quality.md: why it is not the 4-bit default yet).
-  // int8 (the default 8-bit recipe) and int8_channel: 8-bit KIVI keys over the block + int8
-  // values; int8 picks kDefaultInt8Block-token blocks unless --paged-block-size says otherwise.
-  const bool kivi4 = f.dtype == "int4_channel";
-  const bool default8 = f.dtype == "int8";
-  const bool kivi8 = default8 || f.dtype == "int8_channel";
+  // The recipes (kv_layout_flags.h): per-channel keys over the block, per-token values.
+  const bool kivi4 = f.dtype == "int4_asym" || f.dtype == "int4" || f.dtype == "int4_channel";
+  const bool kivi8 = f.dtype == "int8" || f.dtype == "int8_channel";
   KvLayout l;
-  l.block_size = f.block_size > 0 ? f.block_size : default8 ? kDefaultInt8Block : 16;
+  l.block_size = f.block_size > 0 ? f.block_size : kivi4 || kivi8 ? kDefaultChannelBlock : 16;
   l.sink_tokens = f.sink_tokens;
   l.window_tokens = f.window_tokens;
   const auto parse = [&](const std::string& flag, const std::string& name) -> Result<KvFormat> {
@@ -39,7 +34,7 @@ Result<KvLayout> resolve_kv_layout(const KvLayoutFlags& f) {
     l.k = *k;
     l.v = KvFormat{KvType::kInt8, 0};
   } else {
-    auto both = parse("--kv-cache-dtype", f.dtype == "int4" ? std::string("int4_asym") : f.dtype);
+    auto both = parse("--kv-cache-dtype", f.dtype);
     if (!both) return Error{both.error()};
     l.k = l.v = *both;
   }
@@ -58,7 +53,8 @@ Result<KvLayout> resolve_kv_layout(const KvLayoutFlags& f) {
         "--kv-cache-dtype-v: int4_channel / int8_channel are key formats (per-channel scales); "
         "use int4_asym or int8 for values"};
   }
-  // Rotation: on for int4_asym keys (it halves their error); --kv-rotate / --no-kv-rotate override.
+  // Rotation: on for per-token int4_asym keys (it halves their error); --kv-rotate / --no-kv-rotate
+  // override.
   l.rotate = f.rotate.value_or(l.k.type == KvType::kInt4Asym);
   return l;
 }

@@ -37,7 +37,7 @@ def test_regimes_policy_override_and_kill_switch(server, client):
     assert names == ["int4_asym", "f16", "int8", "fp8_e4m3"], info
     assert info["force_f16"] is False and info["policy"] == "fp8_e4m3:900-"
     default_kv, text4 = kv_of(client)
-    assert default_kv.startswith("int4_asym")
+    assert default_kv == "k=int4_channel_t64 v=int4_asym_g64"
     assert kv_of(client, extra_body={"kv_cache_dtype": "int8"})[0] == "k=int8_channel_t64 v=int8"
     # prompt + max_tokens >= 900: the policy's regime
     r = client.completions.create(model="default", prompt="Hello", max_tokens=950, temperature=0,

@@ -17,35 +17,30 @@ struct KvLayoutFlags {
   std::string dtype_k;        // empty: from dtype
   std::string dtype_v;
   int group_size = 64;  // int4_asym values per group when a name has no _gN
-  // Tokens per paged block (and per int4/int8_channel key tile); 0: kDefaultInt8Block for int8,
-  // else 16.
+  // Tokens per paged block (and per int4/int8_channel key tile); 0: kDefaultChannelBlock for the
+  // recipes with per-channel keys (int4, int4_asym, int4_channel, int8, int8_channel), else 16.
   int block_size = 0;
   int sink_tokens = 8;
   int window_tokens = 128;
-  std::optional<bool> rotate;  // --kv-rotate / --no-kv-rotate; unset: on for int4_asym keys
+  std::optional<bool> rotate;  // --kv-rotate / --no-kv-rotate; unset: on for int4_asym_gN keys
 };
 
-// The block (and key tile) of the default int8 recipe: 8.5-bit keys, q8_0's bytes.
-inline constexpr int kDefaultInt8Block = 64;
+// The block (and key tile) of the recipes with per-channel keys: a 64-token tile costs a key
+// 4.5 bits at 4-bit codes (the planner's 8B-at-64k headline) and 8.5 at 8-bit (q8_0's bytes).
+inline constexpr int kDefaultChannelBlock = 64;
 
-// Rules:
-//  * --kv-cache-dtype int4_asym (or int4): K and V int4_asym_g<group> (per-token groups), keys
-//    Hadamard-rotated: 4.5 bits per value at g64, the bytes the planner's 8B-at-64k headline uses.
-//    It collapses on Qwen2.5, whose keys carry bias channels ~80x the others (docs/kv-quality.md
-//    "Why the old int4_asym collapsed on Qwen2.5"); the outlier-robust recipes are named below and
-//    are not the default yet (docs/kv-quality.md "Defaults").
-//  * --kv-cache-dtype int4_channel: K int4_channel_t<block> (KIVI keys: fp16 scale and zero per
-//    channel over each block) and V int4_asym_g<group>: 5.25 bits per value at the default
-//    16-token block, 4.5 with --paged-block-size 64.
-//  * --kv-cache-dtype int8 (the default 8-bit recipe): K int8_channel_t<block> (8-bit KIVI keys:
-//    fp16 scale and zero per channel over each block) and V int8 (one fp16 scale per token-head),
-//    in blocks of kDefaultInt8Block = 64 tokens unless --paged-block-size is given: 8.5 + 8.125
-//    bits per value. Per-token int8 keys lose 5x to llama.cpp's q8_0 on Qwen2.5 (one scale spans
-//    its bias channels, docs/kv-quality.md); per-channel ones beat it. The per-token recipe is
-//    spelled --kv-cache-dtype-k int8 (with --kv-cache-dtype int8) or k=int8:v=int8 in bie quality.
-//  * --kv-cache-dtype int8_channel: the same keys and values with the ordinary block size (16
-//    unless given; 10-bit keys at 16).
-//  * The rotation defaults to on whenever K is int4_asym; --kv-rotate / --no-kv-rotate override.
+// Rules (docs/kv-quality.md has the measurements behind each):
+//  * --kv-cache-dtype int4_asym, int4 or int4_channel (the 4-bit recipe): K int4_channel_t<block>
+//    (KIVI keys: fp16 scale and zero per channel over each block) and V int4_asym_g<group>, in
+//    blocks of kDefaultChannelBlock = 64 tokens unless --paged-block-size is given: 4.5 + 4.5 bits
+//    per value at g64. Per-token 4-bit keys collapse on Qwen2.5, whose keys carry bias channels
+//    ~80x the others (docs/kv-quality.md "Why the old int4_asym collapsed on Qwen2.5").
+//  * --kv-cache-dtype int8 or int8_channel (the 8-bit recipe): K int8_channel_t<block> and V int8
+//    (one fp16 scale per token-head), in blocks of 64 unless given: 8.5 + 8.125 bits per value.
+//  * The per-token recipes are spelled with the format's own name: --kv-cache-dtype int4_asym_g64
+//    (or _g32, _g128: K and V per-token groups, keys Hadamard-rotated, 16-token blocks), and
+//    --kv-cache-dtype-k int8 for per-token int8 keys.
+//  * The rotation defaults to on whenever K is int4_asym_gN; --kv-rotate / --no-kv-rotate override.
 //  * --kv-cache-dtype-k / -v are taken literally and override --kv-cache-dtype.
 //  * Other names: parse_kv_format.
 // Errors name the flag and the accepted spellings.
