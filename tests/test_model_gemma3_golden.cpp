@@ -400,11 +400,12 @@ TEST_F(Gemma3Golden, LocalLayersKeepOnlyTheirWindow) {
 // answer, a new message: the hit reaches past A into the answer); a branch off A's first 600
 // tokens (its window blocks 5..36 were dropped by A's local layers and hit from the pool's cache);
 // and A once more. Greedy outputs must equal an engine without prefix caching, in f16, in the
-// default 4-bit regime (FP16 hits quantised into the body format where the prompt needs it) and
-// in int8 (per-channel keys, 64-token blocks). With quantised KV this equality is not guaranteed
-// (docs/kv-cache.md §4 "An honest caveat": a cached block's rows at layers > 0 were computed with
-// the window roles of the request that computed them); the 4-bit regimes in 64-token blocks do
-// break it here, on request 3 (docs/kv-quality.md "What blocks a 64-token 4-bit default").
+// 4-bit regime at 16-token blocks (FP16 hits quantised into the body format where the prompt
+// needs it) and in int8 (per-channel keys, 64-token blocks). With quantised KV this equality is
+// not guaranteed (docs/kv-cache.md §4 "An honest caveat": a cached block's rows at layers > 0
+// were computed with the window roles of the request that computed them); the 4-bit regimes in
+// 64-token blocks, the default int4_asym among them, do break it here, on request 3
+// (docs/kv-quality.md "What blocks a 64-token 4-bit default").
 TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
   const nlohmann::json* p = prompt(kLongPrompt);
   ASSERT_NE(p, nullptr) << "regenerate tests/golden/gemma3/logits.json";

@@ -186,6 +186,65 @@ Int4Params int4_params(const float* x, int count, int64_t stride, float levels =
 inline int int4_code(const Int4Params& p, float v) {
   return static_cast<int>(std::clamp(std::nearbyint((v - p.z) * p.inv), 0.0f, 15.0f));
 }
+
+// Squared error of `count` values x[k * stride] coded with p (nearest code, as the store writes).
+double int4_sq_error(const Int4Params& p, const float* x, int count, int64_t stride) {
+  double e = 0.0;
+  for (int k = 0; k < count; ++k) {
+    const float v = x[k * stride];
+    const double r = static_cast<double>(v) - (p.s * static_cast<float>(int4_code(p, v)) + p.z);
+    e += r * r;
+  }
+  return e;
+}
+
+// Range search for the 4-bit channels of a key tile. Min/max spends the 16 levels on the two
+// extreme tokens; a channel's values over a tile are bulk plus tails, and a grid a little narrower
+// or wider, fitted to its codes, loses less. Tries code spacings (15 + delta) / (max - min) for
+// delta in -1.0 .. +1.0 in steps of 0.1 (the candidate grid ggml's k-quant search uses), fits
+// scale and zero to each candidate's codes by least squares, rounds them to fp16 as stored, and
+// keeps the pair with the least squared error over the tile; min/max wins ties, so a channel it
+// codes exactly stays exact. The format (codes, fp16 scale and zero) is unchanged.
+Int4Params int4_params_fitted(const float* x, int count, int64_t stride) {
+  Int4Params best = int4_params(x, count, stride);
+  double best_err = int4_sq_error(best, x, count, stride);
+  if (best_err == 0.0 || count < 3) return best;
+  float mn = x[0], mx = x[0];
+  for (int k = 1; k < count; ++k) {
+    mn = std::min(mn, x[k * stride]);
+    mx = std::max(mx, x[k * stride]);
+  }
+  const double n = count;
+  for (int step = -10; step <= 10; ++step) {
+    const float inv = (15.0f + 0.1f * static_cast<float>(step)) / (mx - mn);
+    double sq = 0.0, sx = 0.0, sqq = 0.0, sqx = 0.0;
+    for (int k = 0; k < count; ++k) {
+      const float v = x[k * stride];
+      const double q = std::clamp(std::nearbyint((v - mn) * inv), 0.0f, 15.0f);
+      sq += q;
+      sx += v;
+      sqq += q * q;
+      sqx += q * v;
+    }
+    const double det = n * sqq - sq * sq;
+    if (det <= 0.0) continue;
+    const double scale = (n * sqx - sq * sx) / det;
+    if (!(scale > 0.0)) continue;
+    Int4Params p{};
+    p.scale = fp32_to_fp16(static_cast<float>(scale));
+    p.zero = fp32_to_fp16(static_cast<float>((sx - scale * sq) / n));
+    p.s = fp16_to_fp32(p.scale);
+    p.z = fp16_to_fp32(p.zero);
+    if (!(p.s > 0.0f) || !std::isfinite(p.s) || !std::isfinite(p.z)) continue;
+    p.inv = 1.0f / p.s;
+    const double err = int4_sq_error(p, x, count, stride);
+    if (err < best_err) {
+      best_err = err;
+      best = p;
+    }
+  }
+  return best;
+}
 inline int int8_chan_code(const Int4Params& p, float v) {
   return static_cast<int>(std::clamp(std::nearbyint((v - p.z) * p.inv), 0.0f, 255.0f));
 }
@@ -274,8 +333,8 @@ void chan_store(const KvRowGeom& g, const float* x, void* tile, int t0, int n) {
   auto* base = static_cast<uint8_t*>(tile);
   // Channels c and c + d/2 share a byte of every row.
   for (int c = 0; c < half; ++c) {
-    const Int4Params lo = int4_params(x + c, T, d);
-    const Int4Params hi = int4_params(x + c + half, T, d);
+    const Int4Params lo = int4_params_fitted(x + c, T, d);
+    const Int4Params hi = int4_params_fitted(x + c + half, T, d);
     store_fp16(base + 4 * c, lo.scale);
     store_fp16(base + 4 * c + 2, lo.zero);
     store_fp16(base + 4 * (c + half), hi.scale);
