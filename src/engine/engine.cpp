@@ -6,15 +6,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <future>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -23,18 +20,15 @@
 #include "bie/engine/draft_model.h"
 #include "bie/engine/drafter.h"
 #include "bie/engine/file_digest.h"
-#include "bie/engine/kv_policy.h"
 #include "bie/engine/model_path.h"
 #include "bie/engine/scheduler.h"
 #include "bie/engine/stop_strings.h"
-#include "bie/kv/memory_budget.h"
-#include "bie/kv/paged_kv_store.h"
 #include "bie/kv/sequence_kv.h"
 #include "bie/model/model.h"
 #include "bie/planner/model_geometry.h"
-#include "bie/planner/plan_report.h"
 #include "bie/tokenizer/stream_decoder.h"
 #include "bie/tokenizer/tokenizer.h"
+#include "engine/kv_regimes.h"
 #include "engine/model_runner.h"
 #include "engine/output_processor.h"
 #include "engine/request.h"
@@ -60,13 +54,13 @@ class EngineImpl final : public Engine, private OutputProcessor::Hooks {
   const ModelInfo& model_info() const override { return info_; }
   const tokenizer::Tokenizer& tokenizer() const override { return *tok_; }
   const KvSetupReport& kv_report() const override { return report_; }
-  std::string kv_regime() const override { return regimes_[force_f16_ ? f16_regime_ : 0].label; }
-  void set_force_f16(bool on) override { force_f16_ = on; }
+  std::string kv_regime() const override { return regimes_->default_label(); }
+  void set_force_f16(bool on) override { regimes_->set_force_f16(on); }
   std::string kv_regime_for(const EngineRequest& req) const override {
-    auto r = pick_regime(req, static_cast<int64_t>(req.prompt.size()) + capped_max_tokens(req));
-    return regimes_[r ? *r : 0].label;
+    auto r = regimes_->pick(req, static_cast<int64_t>(req.prompt.size()) + capped_max_tokens(req));
+    return (*regimes_)[r ? *r : 0].label;
   }
-  KvPolicyInfo kv_policy() const override;
+  KvPolicyInfo kv_policy() const override { return regimes_->info(); }
 
   std::optional<SubmitFailure> submit(RequestId id, EngineRequest req,
                                       RequestCallbacks cb) override;
@@ -84,12 +78,10 @@ class EngineImpl final : public Engine, private OutputProcessor::Hooks {
   }
   // OutputProcessor::Hooks.
   [[nodiscard]] const std::string& regime_label(size_t regime) const override {
-    return regimes_[regime].label;
+    return (*regimes_)[regime].label;
   }
   [[nodiscard]] bool retire(RequestId rid, int32_t choices) override;
   void publish_metrics() override;
-  // The listing prefix_cache_index returns (engine thread, or after it stopped).
-  [[nodiscard]] std::vector<PrefixCacheListing> list_prefix_cache() const;
 
   EngineConfig cfg_;
   int64_t max_model_len_ = 0;
@@ -100,28 +92,12 @@ class EngineImpl final : public Engine, private OutputProcessor::Hooks {
   std::unique_ptr<tokenizer::Tokenizer> tok_;
   KvSetupReport report_;
   ModelInfo info_;
-  // KV regimes: regimes_[0] the default, each with its store; all draw on budget_.
-  struct Regime {
-    std::string name;
-    std::string label;
-    std::unique_ptr<PagedKvStore> store;
-    int64_t tokens_fit = 0;
-  };
-  // Builds the regimes (default, f16, --kv-regimes, the policy's formats) over one budget.
-  [[nodiscard]] Status make_regimes(const planner::ModelGeometry& g, const std::string& model_id);
-  // The regime a request runs in (kill switch, its own choice, the length policy at `length`
-  // tokens, the default).
-  [[nodiscard]] Result<size_t> pick_regime(const EngineRequest& req, int64_t length) const;
   // Tokens req may generate within max_model_len (its max_tokens, or all the room left).
   [[nodiscard]] int64_t capped_max_tokens(const EngineRequest& req) const {
     const int64_t room = max_model_len_ - static_cast<int64_t>(req.prompt.size());
     return req.max_tokens > 0 ? std::min<int64_t>(req.max_tokens, room) : room;
   }
-  std::unique_ptr<kv::MemoryBudget> budget_;
-  std::vector<Regime> regimes_;
-  size_t f16_regime_ = 0;
-  std::vector<KvLengthRule> policy_;
-  std::atomic<bool> force_f16_{false};
+  std::unique_ptr<KvRegimes> regimes_;  // each with its store; all draw on one budget
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<Drafter> drafter_;       // null: speculation off
   std::unique_ptr<VocabTrie> vocab_trie_;  // structured output's token trie (built on first use)
@@ -248,19 +224,24 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   auto sha = file_sha256(*path);
   if (!sha) return Error{sha.error()};
   kind = CreateError::kInvalidConfig;
-  if (!cfg.kv_policy.empty()) {
-    auto rules = parse_kv_policy(cfg.kv_policy);
-    if (!rules) return Error{rules.error()};
-    policy_ = std::move(rules).value();
-  }
-  if (Status st = make_regimes(*g, *sha); !st) return st;
+  KvRegimesConfig rc;
+  rc.base = o.kv;
+  rc.extra = cfg.kv_regimes;
+  rc.policy = cfg.kv_policy;
+  rc.enable_prefix_caching = cfg.enable_prefix_caching;
+  rc.events = cfg.kv_events;
+  auto regimes =
+      KvRegimes::create(rc, *g, model_->hparams().kv_geometry(), *sha, *backend_, report_);
+  if (!regimes) return Error{regimes.error()};
+  regimes_ = std::move(regimes).value();
   if (plan_opts.device) {
     // On a device the weights and the workspace are held from start-up, as the report says (a
     // weight type without a device kernel is refused here too).
     kind = CreateError::kModel;
     if (Status st = model_->bind(*backend_); !st) return st;
   }
-  for (const Regime& r : regimes_) {
+  for (size_t i = 0; i < regimes_->size(); ++i) {
+    const KvRegime& r = (*regimes_)[i];
     // A per-channel body block is written as one tile by one pass (Scheduler::chunk_for): a
     // step budget below the block size could never run a prompt chunk that reaches past it.
     const planner::KvLayout& l = r.store->layout();
@@ -291,9 +272,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   schc.max_num_batched_tokens = batched;
   schc.chunked_prefill_size = o.chunked_prefill_size;
   schc.max_model_len = max_model_len_;
-  std::vector<PagedKvStore*> stores;
-  for (Regime& r : regimes_) stores.push_back(r.store.get());
-  sched_ = std::make_unique<Scheduler>(schc, std::move(stores));
+  sched_ = std::make_unique<Scheduler>(schc, regimes_->stores());
 
   info_.path = *path;
   info_.id = std::filesystem::path(*path).stem().string();
@@ -311,140 +290,6 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   loop_done_ = false;
   thread_ = std::thread([this] { loop(); });
   return {};
-}
-
-Status EngineImpl::make_regimes(const planner::ModelGeometry& g, const std::string& model_id) {
-  const planner::KvLayoutFlags& base = cfg_.kv.kv;
-  std::vector<std::pair<std::string, std::string>> wanted;  // (name, what asked for it)
-  const bool split_kv = !base.dtype_k.empty() || !base.dtype_v.empty();
-  wanted.emplace_back(split_kv ? std::string() : base.dtype, "default");
-  wanted.emplace_back("f16", "kill switch");
-  for (const std::string& n : cfg_.kv_regimes) wanted.emplace_back(n, "--kv-regimes");
-  for (const KvLengthRule& r : policy_) wanted.emplace_back(r.regime, "--kv-policy");
-  // Pools of every layer group with each block rounded up to whole pages (how a shared budget
-  // lays blocks out).
-  const auto page_bytes = [&](const std::vector<planner::KvGroupPool>& groups) {
-    uint64_t sum = 0;
-    for (const planner::KvGroupPool& p : groups) {
-      sum +=
-          static_cast<uint64_t>(p.fp16_blocks) * kv::MemoryBudget::block_cost(p.fp16_block_bytes) +
-          static_cast<uint64_t>(p.body_blocks) * kv::MemoryBudget::block_cost(p.body_block_bytes);
-    }
-    return sum;
-  };
-  // The report's pools (local layer groups with their pass headroom), within the KV budget:
-  // --kv-cache-memory is never exceeded.
-  const uint64_t planned = page_bytes(report_.groups);
-  uint64_t limit = std::min(planned, report_.kv_budget_bytes);
-  // A device binds each pool as one buffer: its budget stops at what one pool may span.
-  if (backend_->supports_paged_kv()) limit = std::min(limit, backend_->max_kv_pool_bytes());
-  budget_ = std::make_unique<kv::MemoryBudget>(limit);
-  const KvGeometry geo = model_->hparams().kv_geometry();
-  std::string line;
-  for (const auto& [name, why] : wanted) {
-    planner::KvLayoutFlags f = base;
-    if (!name.empty() || !split_kv) {
-      f.dtype = name;
-      f.dtype_k.clear();
-      f.dtype_v.clear();
-    }
-    auto layout = kv_layout_for_model(g, f);
-    if (!layout) return Error{fmt::format("{} regime '{}': {}", why, name, layout.error())};
-    const std::string label = planner::kv_layout_label(*layout);
-    const auto same = std::find_if(regimes_.begin(), regimes_.end(),
-                                   [&](const Regime& r) { return r.label == label; });
-    if (same != regimes_.end()) {
-      if (name == "f16") f16_regime_ = static_cast<size_t>(same - regimes_.begin());
-      continue;
-    }
-    if (!regimes_.empty() && backend_->supports_paged_kv()) {
-      // A device allocates each regime's pools up front (no shared arena yet): one regime per
-      // engine there, so the plan stays what is allocated. The automatic f16 kill switch is left
-      // out (set_force_f16 then keeps the default regime, docs/gpu.md).
-      if (why == "kill switch") continue;
-      return Error{fmt::format(
-          "{} regime '{}': on {} every KV regime's pools are allocated up front in device "
-          "memory, and an engine holds one regime there for now; drop --kv-regimes / "
-          "--kv-policy, or run with --device cpu",
-          why, name, backend_->name())};
-    }
-    PagedKvStoreConfig sc;
-    sc.geometry = geo;
-    sc.layout = *layout;
-    sc.model_id = model_id;
-    sc.enable_prefix_caching = cfg_.enable_prefix_caching;
-    sc.budget = budget_.get();
-    sc.events = cfg_.kv_events;
-    sc.events_medium = name.empty() ? label : name;
-    if (backend_->supports_paged_kv()) {
-      sc.device = backend_.get();  // pools on the device
-      if (label == report_.layout_label) {
-        sc.groups = report_.groups;  // allocated as the report plans them
-        sc.pools_as_given = true;
-      }
-    }
-    auto store = PagedKvStore::create(sc);
-    if (!store) return Error{store.error()};
-    // The longest single sequence the budget holds in this regime (page-rounded blocks).
-    const auto bytes_for = [&](int64_t n) {
-      return page_bytes(
-          planner::kv_pool_plan(g, *layout, n, 1, report_.chunked_prefill_size).groups);
-    };
-    int64_t lo = 0, hi = planner::kMaxPlanContext;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (bytes_for(mid) <= budget_->limit())
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    if (name == "f16") f16_regime_ = regimes_.size();
-    regimes_.push_back({name.empty() ? label : name, label, std::move(store).value(), lo});
-    line += fmt::format("{}{} ({}, {} tokens)", line.empty() ? "" : "; ", label, why, lo);
-  }
-  if (regimes_[0].tokens_fit < report_.max_model_len) {
-    return Error{fmt::format(
-        "the KV budget {} holds {} tokens of one sequence at {} with page-aligned blocks, fewer "
-        "than --max-model-len {}; lower --max-model-len or raise the KV memory",
-        planner::format_bytes(static_cast<double>(budget_->limit())), regimes_[0].tokens_fit,
-        regimes_[0].label, report_.max_model_len)};
-  }
-  if (regimes_.size() > 1) {
-    report_.regimes =
-        fmt::format("kv regimes sharing the {} of KV (page-aligned blocks): {}",
-                    planner::format_bytes(static_cast<double>(budget_->limit())), line);
-  }
-  return {};
-}
-
-Result<size_t> EngineImpl::pick_regime(const EngineRequest& req, int64_t length) const {
-  if (force_f16_) return f16_regime_;
-  const auto find = [&](const std::string& name) -> std::optional<size_t> {
-    for (size_t i = 0; i < regimes_.size(); ++i) {
-      if (regimes_[i].name == name || regimes_[i].label == name) return i;
-    }
-    return std::nullopt;
-  };
-  if (!req.kv_cache_dtype.empty()) {
-    if (auto i = find(req.kv_cache_dtype)) return *i;
-    std::string names;
-    for (const Regime& r : regimes_) names += (names.empty() ? "" : ", ") + r.name;
-    return Error{fmt::format("kv_cache_dtype '{}' is not one of this engine's KV regimes ({})",
-                             req.kv_cache_dtype, names)};
-  }
-  if (auto name = kv_policy_regime(policy_, length)) {
-    if (auto i = find(*name)) return *i;
-  }
-  return size_t{0};
-}
-
-KvPolicyInfo EngineImpl::kv_policy() const {
-  KvPolicyInfo p;
-  p.force_f16 = force_f16_;
-  p.policy = format_kv_policy(policy_);
-  for (const Regime& r : regimes_) p.regimes.push_back({r.name, r.label, r.tokens_fit});
-  p.budget_bytes = budget_->limit();
-  return p;
 }
 
 std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
@@ -489,10 +334,10 @@ std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
   r->rid = id;
   r->submitted = Clock::now();
   r->max_tokens = capped_max_tokens(req);
-  auto regime = pick_regime(req, n_prompt + r->max_tokens);
+  auto regime = regimes_->pick(req, n_prompt + r->max_tokens);
   if (!regime) return refuse(SubmitError::kInvalid, regime.error());
   r->regime = *regime;
-  const Regime& rg = regimes_[r->regime];
+  const KvRegime& rg = (*regimes_)[r->regime];
   if (n_prompt >= rg.tokens_fit) {
     return refuse(SubmitError::kTooLong,
                   fmt::format("the prompt has {} tokens; the KV budget holds {} tokens of one "
@@ -555,36 +400,15 @@ EngineMetrics EngineImpl::metrics() const {
   EngineMetrics m = snapshot_;
   m.requests_in_flight = static_cast<int64_t>(live_.size());
   m.admission_refusals = refusals_;
-  m.force_f16 = force_f16_;
+  m.force_f16 = regimes_->force_f16();
   return m;
-}
-
-std::vector<PrefixCacheListing> EngineImpl::list_prefix_cache() const {
-  std::map<std::string, PrefixCacheListing> by_medium;
-  for (const Regime& rg : regimes_) {
-    for (int g = 0; g < rg.store->coordinator().n_groups(); ++g) {
-      const kv::BlockManager& m = rg.store->coordinator().manager(g);
-      for (const kv::CachedBlock& b : m.cached_blocks()) {
-        PrefixCacheListing& l = by_medium[m.event_medium(b.pool)];
-        l.block_size = m.block_size();
-        l.hashes.push_back(b.chain);
-      }
-    }
-  }
-  std::vector<PrefixCacheListing> out;
-  for (auto& [medium, l] : by_medium) {
-    l.medium = medium;
-    std::sort(l.hashes.begin(), l.hashes.end());
-    out.push_back(std::move(l));
-  }
-  return out;
 }
 
 std::vector<PrefixCacheListing> EngineImpl::prefix_cache_index() {
   std::future<std::vector<PrefixCacheListing>> f;
   {
     std::lock_guard lk(mu_);
-    if (loop_done_) return list_prefix_cache();  // no engine thread touches the stores
+    if (loop_done_) return regimes_->prefix_cache_listing();  // no engine thread touches the stores
     index_requests_.emplace_back();
     f = index_requests_.back().get_future();
   }
@@ -649,7 +473,7 @@ void EngineImpl::loop() {
     }
     for (auto& r : incoming) {
       const kv::SeqId sid = r->sid;
-      sched_->add(sid, r->req.prompt, regimes_[r->regime].store.get());
+      sched_->add(sid, r->req.prompt, (*regimes_)[r->regime].store.get());
       sched_->find(sid)->forks = r->forks_pending;
       m_.prompt_tokens += static_cast<int64_t>(r->req.prompt.size());
       reqs_.emplace(sid, std::move(r));
@@ -657,7 +481,7 @@ void EngineImpl::loop() {
     for (const kv::SeqId sid : cancels) {
       if (const auto it = reqs_.find(sid); it != reqs_.end()) finish(*it->second, "cancelled");
     }
-    for (auto& p : index_requests) p.set_value(list_prefix_cache());
+    for (auto& p : index_requests) p.set_value(regimes_->prefix_cache_listing());
     if (stopping) {
       // Waiting requests never start; running ones finish when asked to, else stop now.
       std::vector<Request*> drop;
@@ -676,7 +500,7 @@ void EngineImpl::loop() {
   std::lock_guard lk(mu_);
   busy_ = false;
   loop_done_ = true;
-  for (auto& p : index_requests_) p.set_value(list_prefix_cache());
+  for (auto& p : index_requests_) p.set_value(regimes_->prefix_cache_listing());
   index_requests_.clear();
   idle_cv_.notify_all();
 }
@@ -740,54 +564,10 @@ bool EngineImpl::retire(RequestId rid, int32_t choices) {
 
 void EngineImpl::publish_metrics() {
   EngineMetrics m = m_;
-  m.kv_budget_bytes = budget_->limit();
-  m.kv_committed_bytes = budget_->committed();
+  regimes_->fill_metrics(m);
   const DeviceMemoryUse dev = backend_->device_memory_use();
   m.device_bytes = dev.bytes;
   m.device_peak_bytes = dev.peak_bytes;
-  // Pools by storage format across regimes; totals are what the whole budget holds in it.
-  std::map<std::string, EngineMetrics::Pool> by_format;
-  int64_t queried = 0, hits = 0;
-  for (const Regime& rg : regimes_) {
-    const kv::BlockManager& mgr = rg.store->coordinator().manager();
-    const planner::KvLayout& l = rg.store->layout();
-    const std::array<std::string, kv::kPoolKinds> names = {
-        "f16", planner::kv_format_name(l.k) +
-                   (l.k == l.v ? std::string() : "/" + planner::kv_format_name(l.v))};
-    // Blocks of every layer group count as used; totals are in the lead group's blocks.
-    for (int gi = 0; gi < rg.store->coordinator().n_groups(); ++gi) {
-      const kv::BlockManager& gm = rg.store->coordinator().manager(gi);
-      for (int p = 0; p < kv::kPoolKinds; ++p) {
-        const kv::BlockPool& pool = gm.pool(kv::PoolKind(p));
-        if (pool.n_blocks() == 0) continue;
-        EngineMetrics::Pool& e = by_format[names[static_cast<size_t>(p)]];
-        e.format = names[static_cast<size_t>(p)];
-        if (&gm == &mgr) e.blocks_total = static_cast<int64_t>(budget_->limit() / pool.stride());
-        e.blocks_used += pool.num_active();
-        e.blocks_cached += pool.num_cached();
-      }
-    }
-    queried += mgr.prefix_stats().queried_blocks;
-    hits += mgr.prefix_stats().hit_blocks;
-  }
-  for (auto& [name, e] : by_format) {
-    e.blocks_free = e.blocks_total - e.blocks_used;
-    m.pools.push_back(e);
-  }
-  if (!regimes_.empty()) {
-    const kv::BlockManager& lead = regimes_.front().store->coordinator().manager();
-    m.kv_block_size = lead.block_size();
-    const kv::BlockPool& body = lead.pool(kv::PoolKind::kBody);
-    const kv::BlockPool& any = body.n_blocks() > 0 ? body : lead.pool(kv::PoolKind::kFp16);
-    if (any.stride() > 0) {
-      m.kv_blocks_default = static_cast<int64_t>(budget_->limit() / any.stride());
-    }
-  }
-  m.kv_usage = budget_->limit() > 0 ? static_cast<double>(budget_->active_cost()) /
-                                          static_cast<double>(budget_->limit())
-                                    : 0.0;
-  m.prefix_queried_blocks = queried;
-  m.prefix_hit_blocks = hits;
   m.requests_running = sched_->num_running();
   m.preemptions = sched_->preemptions();
   std::lock_guard lk(mu_);

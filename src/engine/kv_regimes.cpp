@@ -1,0 +1,237 @@
+#include "engine/kv_regimes.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "bie/planner/plan_report.h"
+
+namespace bie {
+
+namespace {
+
+// Pools of every layer group with each block rounded up to whole pages (how a shared budget lays
+// blocks out).
+uint64_t page_bytes(const std::vector<planner::KvGroupPool>& groups) {
+  uint64_t sum = 0;
+  for (const planner::KvGroupPool& p : groups) {
+    sum += static_cast<uint64_t>(p.fp16_blocks) * kv::MemoryBudget::block_cost(p.fp16_block_bytes) +
+           static_cast<uint64_t>(p.body_blocks) * kv::MemoryBudget::block_cost(p.body_block_bytes);
+  }
+  return sum;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
+                                                     const planner::ModelGeometry& g,
+                                                     const KvGeometry& geo,
+                                                     const std::string& model_id, Backend& backend,
+                                                     KvSetupReport& report) {
+  std::unique_ptr<KvRegimes> rs(new KvRegimes());
+  if (!cfg.policy.empty()) {
+    auto rules = parse_kv_policy(cfg.policy);
+    if (!rules) return Error{rules.error()};
+    rs->policy_ = std::move(rules).value();
+  }
+  const planner::KvLayoutFlags& base = cfg.base;
+  std::vector<std::pair<std::string, std::string>> wanted;  // (name, what asked for it)
+  const bool split_kv = !base.dtype_k.empty() || !base.dtype_v.empty();
+  wanted.emplace_back(split_kv ? std::string() : base.dtype, "default");
+  wanted.emplace_back("f16", "kill switch");
+  for (const std::string& n : cfg.extra) wanted.emplace_back(n, "--kv-regimes");
+  for (const KvLengthRule& r : rs->policy_) wanted.emplace_back(r.regime, "--kv-policy");
+  // The report's pools (local layer groups with their pass headroom), within the KV budget:
+  // --kv-cache-memory is never exceeded.
+  uint64_t limit = std::min(page_bytes(report.groups), report.kv_budget_bytes);
+  // A device binds each pool as one buffer: its budget stops at what one pool may span.
+  if (backend.supports_paged_kv()) limit = std::min(limit, backend.max_kv_pool_bytes());
+  rs->budget_ = std::make_unique<kv::MemoryBudget>(limit);
+  std::vector<KvRegime>& regimes = rs->regimes_;
+  std::string line;
+  for (const auto& [name, why] : wanted) {
+    planner::KvLayoutFlags f = base;
+    if (!name.empty() || !split_kv) {
+      f.dtype = name;
+      f.dtype_k.clear();
+      f.dtype_v.clear();
+    }
+    auto layout = kv_layout_for_model(g, f);
+    if (!layout) return Error{fmt::format("{} regime '{}': {}", why, name, layout.error())};
+    const std::string label = planner::kv_layout_label(*layout);
+    const auto same = std::find_if(regimes.begin(), regimes.end(),
+                                   [&](const KvRegime& r) { return r.label == label; });
+    if (same != regimes.end()) {
+      if (name == "f16") rs->f16_ = static_cast<size_t>(same - regimes.begin());
+      continue;
+    }
+    if (!regimes.empty() && backend.supports_paged_kv()) {
+      // A device allocates each regime's pools up front (no shared arena yet): one regime per
+      // engine there, so the plan stays what is allocated. The automatic f16 kill switch is left
+      // out (set_force_f16 then keeps the default regime, docs/gpu.md).
+      if (why == "kill switch") continue;
+      return Error{fmt::format(
+          "{} regime '{}': on {} every KV regime's pools are allocated up front in device "
+          "memory, and an engine holds one regime there for now; drop --kv-regimes / "
+          "--kv-policy, or run with --device cpu",
+          why, name, backend.name())};
+    }
+    PagedKvStoreConfig sc;
+    sc.geometry = geo;
+    sc.layout = *layout;
+    sc.model_id = model_id;
+    sc.enable_prefix_caching = cfg.enable_prefix_caching;
+    sc.budget = rs->budget_.get();
+    sc.events = cfg.events;
+    sc.events_medium = name.empty() ? label : name;
+    if (backend.supports_paged_kv()) {
+      sc.device = &backend;  // pools on the device
+      if (label == report.layout_label) {
+        sc.groups = report.groups;  // allocated as the report plans them
+        sc.pools_as_given = true;
+      }
+    }
+    auto store = PagedKvStore::create(sc);
+    if (!store) return Error{store.error()};
+    // The longest single sequence the budget holds in this regime (page-rounded blocks).
+    const auto bytes_for = [&](int64_t n) {
+      return page_bytes(
+          planner::kv_pool_plan(g, *layout, n, 1, report.chunked_prefill_size).groups);
+    };
+    int64_t lo = 0, hi = planner::kMaxPlanContext;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (bytes_for(mid) <= limit)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    if (name == "f16") rs->f16_ = regimes.size();
+    regimes.push_back({name.empty() ? label : name, label, std::move(store).value(), lo});
+    line += fmt::format("{}{} ({}, {} tokens)", line.empty() ? "" : "; ", label, why, lo);
+  }
+  if (regimes[0].tokens_fit < report.max_model_len) {
+    return Error{fmt::format(
+        "the KV budget {} holds {} tokens of one sequence at {} with page-aligned blocks, fewer "
+        "than --max-model-len {}; lower --max-model-len or raise the KV memory",
+        planner::format_bytes(static_cast<double>(limit)), regimes[0].tokens_fit, regimes[0].label,
+        report.max_model_len)};
+  }
+  if (regimes.size() > 1) {
+    report.regimes = fmt::format("kv regimes sharing the {} of KV (page-aligned blocks): {}",
+                                 planner::format_bytes(static_cast<double>(limit)), line);
+  }
+  return rs;
+}
+
+std::vector<PagedKvStore*> KvRegimes::stores() const {
+  std::vector<PagedKvStore*> out;
+  for (const KvRegime& r : regimes_) out.push_back(r.store.get());
+  return out;
+}
+
+Result<size_t> KvRegimes::pick(const EngineRequest& req, int64_t length) const {
+  if (force_f16_) return f16_;
+  const auto find = [&](const std::string& name) -> std::optional<size_t> {
+    for (size_t i = 0; i < regimes_.size(); ++i) {
+      if (regimes_[i].name == name || regimes_[i].label == name) return i;
+    }
+    return std::nullopt;
+  };
+  if (!req.kv_cache_dtype.empty()) {
+    if (auto i = find(req.kv_cache_dtype)) return *i;
+    std::string names;
+    for (const KvRegime& r : regimes_) names += (names.empty() ? "" : ", ") + r.name;
+    return Error{fmt::format("kv_cache_dtype '{}' is not one of this engine's KV regimes ({})",
+                             req.kv_cache_dtype, names)};
+  }
+  if (auto name = kv_policy_regime(policy_, length)) {
+    if (auto i = find(*name)) return *i;
+  }
+  return size_t{0};
+}
+
+KvPolicyInfo KvRegimes::info() const {
+  KvPolicyInfo p;
+  p.force_f16 = force_f16_;
+  p.policy = format_kv_policy(policy_);
+  for (const KvRegime& r : regimes_) p.regimes.push_back({r.name, r.label, r.tokens_fit});
+  p.budget_bytes = budget_->limit();
+  return p;
+}
+
+void KvRegimes::fill_metrics(EngineMetrics& m) const {
+  m.kv_budget_bytes = budget_->limit();
+  m.kv_committed_bytes = budget_->committed();
+  // Pools by storage format across regimes; totals are what the whole budget holds in it.
+  std::map<std::string, EngineMetrics::Pool> by_format;
+  int64_t queried = 0, hits = 0;
+  for (const KvRegime& rg : regimes_) {
+    const kv::BlockManager& mgr = rg.store->coordinator().manager();
+    const planner::KvLayout& l = rg.store->layout();
+    const std::array<std::string, kv::kPoolKinds> names = {
+        "f16", planner::kv_format_name(l.k) +
+                   (l.k == l.v ? std::string() : "/" + planner::kv_format_name(l.v))};
+    // Blocks of every layer group count as used; totals are in the lead group's blocks.
+    for (int gi = 0; gi < rg.store->coordinator().n_groups(); ++gi) {
+      const kv::BlockManager& gm = rg.store->coordinator().manager(gi);
+      for (int p = 0; p < kv::kPoolKinds; ++p) {
+        const kv::BlockPool& pool = gm.pool(kv::PoolKind(p));
+        if (pool.n_blocks() == 0) continue;
+        EngineMetrics::Pool& e = by_format[names[static_cast<size_t>(p)]];
+        e.format = names[static_cast<size_t>(p)];
+        if (&gm == &mgr) e.blocks_total = static_cast<int64_t>(budget_->limit() / pool.stride());
+        e.blocks_used += pool.num_active();
+        e.blocks_cached += pool.num_cached();
+      }
+    }
+    queried += mgr.prefix_stats().queried_blocks;
+    hits += mgr.prefix_stats().hit_blocks;
+  }
+  m.pools.clear();
+  for (auto& [name, e] : by_format) {
+    e.blocks_free = e.blocks_total - e.blocks_used;
+    m.pools.push_back(e);
+  }
+  if (!regimes_.empty()) {
+    const kv::BlockManager& lead = regimes_.front().store->coordinator().manager();
+    m.kv_block_size = lead.block_size();
+    const kv::BlockPool& body = lead.pool(kv::PoolKind::kBody);
+    const kv::BlockPool& any = body.n_blocks() > 0 ? body : lead.pool(kv::PoolKind::kFp16);
+    if (any.stride() > 0) {
+      m.kv_blocks_default = static_cast<int64_t>(budget_->limit() / any.stride());
+    }
+  }
+  m.kv_usage = budget_->limit() > 0 ? static_cast<double>(budget_->active_cost()) /
+                                          static_cast<double>(budget_->limit())
+                                    : 0.0;
+  m.prefix_queried_blocks = queried;
+  m.prefix_hit_blocks = hits;
+}
+
+std::vector<PrefixCacheListing> KvRegimes::prefix_cache_listing() const {
+  std::map<std::string, PrefixCacheListing> by_medium;
+  for (const KvRegime& rg : regimes_) {
+    for (int g = 0; g < rg.store->coordinator().n_groups(); ++g) {
+      const kv::BlockManager& m = rg.store->coordinator().manager(g);
+      for (const kv::CachedBlock& b : m.cached_blocks()) {
+        PrefixCacheListing& l = by_medium[m.event_medium(b.pool)];
+        l.block_size = m.block_size();
+        l.hashes.push_back(b.chain);
+      }
+    }
+  }
+  std::vector<PrefixCacheListing> out;
+  for (auto& [medium, l] : by_medium) {
+    l.medium = medium;
+    std::sort(l.hashes.begin(), l.hashes.end());
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+}  // namespace bie
