@@ -97,6 +97,38 @@ void BM_KvAxpy(benchmark::State& state) {
   finish(state, s);
 }
 
+// Quantising one 64-token tile of one head, as a window exit does (per 64 tokens, per layer and
+// KV head): the per-token formats and the per-channel keys with their fitted grids.
+const KvFormat kStoreFormats[] = {
+    {KvType::kInt8, 0},
+    {KvType::kInt4Asym, 64},
+    {KvType::kInt4Channel, 64},
+    {KvType::kInt8Channel, 64},
+};
+
+void BM_KvStoreTile(benchmark::State& state) {
+  const KvFormat f = kStoreFormats[state.range(0)];
+  const int d = static_cast<int>(state.range(1));
+  constexpr int kTile = 64;
+  const bie::kv::KvFormatTraits* tr = bie::kv::kv_traits(f.type);
+  if (tr == nullptr || !bie::planner::check_kv_format(f, d).ok()) {
+    return state.SkipWithError("format unavailable for this shape");
+  }
+  const bie::kv::KvRowGeom geom = bie::kv::kv_row_geom(f, d);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(kTile) * d);
+  for (float& v : x) v = nd(rng);
+  std::vector<uint8_t> tile(bie::kv::kv_tile_bytes(f, d, kTile));
+  for (auto _ : state) {
+    tr->store(geom, x.data(), tile.data(), 0, kTile);
+    benchmark::DoNotOptimize(tile.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * kTile);
+  state.SetLabel(bie::planner::kv_format_name(f));
+}
+
 void BM_KvRotate(benchmark::State& state) {
   const int d = static_cast<int>(state.range(0));
   const bool avx2 = state.range(1) != 0;
@@ -124,6 +156,7 @@ void kv_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_KvDot)->Apply(kv_args);
 BENCHMARK(BM_KvAxpy)->Apply(kv_args);
+BENCHMARK(BM_KvStoreTile)->ArgsProduct({{0, 1, 2, 3}, {64, 128}});
 BENCHMARK(BM_KvRotate)->ArgsProduct({{64, 128}, {0, 1}});
 
 }  // namespace
