@@ -4,6 +4,7 @@
 // long_shakespeare_swa (1048 tokens) is longer than twice the 512-token sliding window, so the
 // local layers' mask is compared with llama.cpp's; SlidingWindowMaskIsExercised shows that
 // attending past the window on that prompt breaks the match.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -399,13 +400,17 @@ TEST_F(Gemma3Golden, LocalLayersKeepOnlyTheirWindow) {
 // turn on one engine: A; A again (hit, all but the last token's block); a second turn (A, its
 // answer, a new message: the hit reaches past A into the answer); a branch off A's first 600
 // tokens (its window blocks 5..36 were dropped by A's local layers and hit from the pool's cache);
-// and A once more. Greedy outputs must equal an engine without prefix caching, in f16, in the
-// 4-bit regime at 16-token blocks (FP16 hits quantised into the body format where the prompt
-// needs it) and in int8 (per-channel keys, 64-token blocks). With quantised KV this equality is
-// not guaranteed (docs/kv-cache.md §4 "An honest caveat": a cached block's rows at layers > 0
-// were computed with the window roles of the request that computed them); the 4-bit regimes in
-// 64-token blocks, the default int4_asym among them, do break it here, on request 3
-// (docs/kv-quality.md "What blocks a 64-token 4-bit default").
+// and A once more. In f16 greedy outputs must equal an engine's without prefix caching token for
+// token (hits are exact). With quantised KV a cached block equals a recomputed one only up to
+// quantisation noise (docs/kv-cache.md §4 "An honest caveat": its rows at layers > 0 were
+// computed with the window roles of the request that computed them), so in the 4-bit regime at
+// 16-token blocks (FP16 hits quantised into the body format where the prompt needs it), in int8
+// (per-channel keys, 64-token blocks) and in the default int4_asym (per-channel keys, 64-token
+// blocks) the outputs must be equal up to a near-tie: the first token that differs must be one
+// where the uncached run's best two were within kNearTie nats and the cached run took the
+// second. Measured 2026-12-04: 4-bit at B = 16, request 2's first token (margin 0.055 nats
+// uncached, 0.016 the other way cached); int4_asym at B = 64, request 2's fifth token.
+// Break-tested with kNearTie = 0.01: both fail.
 TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
   const nlohmann::json* p = prompt(kLongPrompt);
   ASSERT_NE(p, nullptr) << "regenerate tests/golden/gemma3/logits.json";
@@ -418,6 +423,7 @@ TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
 
   struct Turn {
     std::vector<int32_t> tokens;
+    std::vector<std::vector<TopLogprob>> top;  // the best two at each step
     int64_t cached = 0;
   };
   const auto run = [&](const std::string& dtype, int block_size, bool caching) {
@@ -436,12 +442,13 @@ TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
       req.sampling.temperature = 0;
       req.max_tokens = 8;
       req.ignore_eos = true;
+      req.logprobs = 2;
       test::Collected c;
       test::run_to_end(**e, ++id, req, c);
       EXPECT_TRUE(c.finish.has_value());
       if (!c.finish) return;
       EXPECT_EQ(c.finish->finish_reason, "length") << c.finish->error;
-      turns.push_back({c.tokens, c.finish->metrics.cached_tokens});
+      turns.push_back({c.tokens, c.top, c.finish->metrics.cached_tokens});
     };
     ask(a);
     ask(a);
@@ -459,9 +466,30 @@ TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
     std::string dtype;
     int64_t block_size;
   };
-  for (const Case& c : {Case{"f16", 16}, Case{"int4_asym", 16}, Case{"int8", 64}}) {
+  // got's greedy tokens against the reference run ref: equal, or (quantised KV) equal up to a
+  // step where ref's best two were within kNearTie nats and got took ref's second.
+  constexpr float kNearTie = 0.1f;
+  const auto agree = [&](const Turn& ref, const Turn& got, bool exact) -> std::string {
+    if (got.tokens.size() != ref.tokens.size() || ref.top.size() != ref.tokens.size()) {
+      return "length";
+    }
+    for (size_t j = 0; j < ref.tokens.size(); ++j) {
+      if (got.tokens[j] == ref.tokens[j]) continue;
+      const std::vector<TopLogprob>& t = ref.top[j];
+      if (exact || t.size() < 2 || got.tokens[j] != t[1].token ||
+          t[0].logprob - t[1].logprob >= kNearTie) {
+        return fmt::format("token {} differs ({} vs {}) and is not a near-tie", j, got.tokens[j],
+                           ref.tokens[j]);
+      }
+      return {};  // a near-tie flip: the contexts differ from here on
+    }
+    return {};
+  };
+  for (const Case& c :
+       {Case{"f16", 16}, Case{"int4_asym", 16}, Case{"int8", 64}, Case{"int4_asym", 64}}) {
     const std::string& dtype = c.dtype;
     const int64_t B = c.block_size;
+    const bool exact = dtype == "f16";
     SCOPED_TRACE(dtype + " B=" + std::to_string(B));
     const std::vector<Turn> on = run(dtype, static_cast<int>(B), true);
     const std::vector<Turn> off = run(dtype, static_cast<int>(B), false);
@@ -469,7 +497,7 @@ TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
     ASSERT_EQ(off.size(), 5u);
     for (size_t i = 0; i < on.size(); ++i) {
       EXPECT_EQ(on[i].tokens.size(), 8u) << "request " << i;
-      EXPECT_EQ(on[i].tokens, off[i].tokens)
+      EXPECT_EQ(agree(off[i], on[i], exact), "")
           << "request " << i << " (" << on[i].cached << " tokens cached)";
       EXPECT_EQ(off[i].cached, 0) << "request " << i;
     }
@@ -488,8 +516,8 @@ TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
       EXPECT_LE(on[3].cached, 600 / B * B);
     }
     EXPECT_EQ(on[4].cached, 699 / B * B);
-    EXPECT_EQ(on[0].tokens, on[1].tokens);
-    EXPECT_EQ(on[0].tokens, on[4].tokens);
+    EXPECT_EQ(agree(on[0], on[1], exact), "");
+    EXPECT_EQ(agree(on[0], on[4], exact), "");
   }
 }
 

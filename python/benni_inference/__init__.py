@@ -104,7 +104,7 @@ class EngineConfig:
         kv_group_size: int4_asym values per (scale, zero) group: 32, 64 or 128.
         kv_sink_tokens: first tokens of every sequence kept in FP16 (attention sinks).
         kv_window_tokens: most recent tokens kept in FP16.
-        paged_block_size: tokens per KV block (0: 64 for kv_cache_dtype "int8", else 16).
+        paged_block_size: tokens per KV block (0: 64 for "int8" and "int4_asym", else 16).
         enable_prefix_caching: share identical prompt prefixes between requests.
         chunked_prefill_size: prompt tokens per forward pass (bounds activation memory).
         max_num_seqs: sequences run at once (they share the KV pools, admitted by free blocks;

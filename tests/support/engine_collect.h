@@ -16,6 +16,7 @@ struct Collected {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<int32_t> tokens;
+  std::vector<std::vector<TopLogprob>> top;  // per token, when the request asked for top logprobs
   std::string text;
   std::optional<FinishEvent> finish;
   void wait() {
@@ -30,6 +31,7 @@ inline RequestCallbacks collect(Collected& c) {
   cb.on_token = [&c](const TokenEvent& e) {
     std::lock_guard lk(c.mu);
     c.tokens.push_back(e.token);
+    c.top.push_back(e.top);
     c.text += e.text;
     return true;
   };
