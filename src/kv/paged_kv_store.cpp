@@ -121,8 +121,8 @@ Status PagedKvStore::alloc_device_pools() {
                               l.rotate)) {
       return Error{fmt::format(
           "KV regime {} does not run on the {} backend yet (a device holds the per-token formats "
-          "only, keys unrotated: --kv-cache-dtype f16, fp8_e4m3, k=int8:v=int8, or "
-          "int4_asym_g64 --no-kv-rotate; or --device cpu)",
+          "only, keys unrotated: --kv-cache-dtype f16, fp8_e4m3, or int4_asym_g64 "
+          "--no-kv-rotate, or --kv-cache-dtype-k int8 --kv-cache-dtype-v int8; or --device cpu)",
           planner::kv_layout_label(l), be.name())};
     }
   }
