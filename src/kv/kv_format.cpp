@@ -231,9 +231,11 @@ float int4_sq_error(const Int4Params& p, const float* x, int count, int64_t stri
 //
 // W channels c0 .. c0 + W - 1 side by side (the inner loops run along a token's row over W
 // lanes, which the compiler vectorises), in float on values shifted by the channel minimum.
-// Writes the fitted (scale, zero) of each, or scale 0 where no candidate fits.
+// Writes each channel's minimum and range (max - min) and the fitted (scale, zero), or scale 0
+// where no candidate fits.
 template <int W>
-void fit_channels(const float* x, int T, int d, int c0, float* fit_s, float* fit_z) {
+void fit_channels(const float* x, int T, int d, int c0, float* ch_min, float* ch_range,
+                  float* fit_s, float* fit_z) {
   float mn[W], range[W], inv[W], sx[W] = {}, sxx[W] = {}, sq[W], sqq[W], sqx[W];
   float best[W], bs[W] = {}, bz[W] = {};
   for (int k = 0; k < W; ++k) {
@@ -290,6 +292,8 @@ void fit_channels(const float* x, int T, int d, int c0, float* fit_s, float* fit
     }
   }
   for (int k = 0; k < W; ++k) {
+    ch_min[c0 + k] = mn[k];
+    ch_range[c0 + k] = range[k];
     fit_s[c0 + k] = bs[k];
     fit_z[c0 + k] = bz[k];
   }
@@ -298,14 +302,17 @@ void fit_channels(const float* x, int T, int d, int c0, float* fit_s, float* fit
 // The stored (scale, zero) of each of the d channels of a tile of T tokens (row t at x + t * d).
 void fit_channel_grids(const float* x, int T, int d, Int4Params* out) {
   thread_local std::vector<float> fit;
-  fit.resize(static_cast<size_t>(2) * d);
-  float* fit_s = fit.data();
+  fit.resize(static_cast<size_t>(4) * d);
+  float* ch_min = fit.data();
+  float* ch_range = ch_min + d;
+  float* fit_s = ch_range + d;
   float* fit_z = fit_s + d;
   int c = 0;
-  for (; c + 16 <= d; c += 16) fit_channels<16>(x, T, d, c, fit_s, fit_z);
-  for (; c < d; ++c) fit_channels<1>(x, T, d, c, fit_s, fit_z);
+  for (; c + 16 <= d; c += 16) fit_channels<16>(x, T, d, c, ch_min, ch_range, fit_s, fit_z);
+  for (; c < d; ++c) fit_channels<1>(x, T, d, c, ch_min, ch_range, fit_s, fit_z);
   for (c = 0; c < d; ++c) {
-    out[c] = int4_params(x + c, T, d);
+    out[c] = int4_params_of(ch_range[c] / 15.0f, ch_min[c]);  // the min/max grid, int4_params'
+
     if (!(fit_s[c] > 0.0f)) continue;
     const Int4Params p = int4_params_of(fit_s[c], fit_z[c]);
     if (!(p.s > 0.0f) || !std::isfinite(p.s) || !std::isfinite(p.z)) continue;
