@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "bie/kv/block_pool.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
+#include "bie/planner/kv_layer_map.h"
 #include "bie/planner/planner.h"
 #include "support/engine_collect.h"
 #include "support/paths.h"
@@ -110,10 +112,29 @@ struct Case {
   // mid-block there needs one FP16 block of slack that a one-sequence plan does not hold, and
   // fill_kv_synthetic's append is refused.
   int64_t offset = 8;
+  // A --kv-layer-map instead of the dtype's uniform formats: layer il takes
+  // kMapFormats[il % 3], so layers of one shape fall into three groups of different bytes.
+  bool layer_map = false;
 };
+
+constexpr planner::KvLayerNames kMapFormats[3] = {
+    {"int4_channel", "int4_asym_g64"}, {"int8_channel", "int8"}, {"int4_channel", "int4_asym_g32"}};
 
 std::string path_of(const Case& c) {
   return std::string(c.model) == "gemma3" ? test::gemma3_path() : test::smollm2_path();
+}
+
+// The map's entries for a model of n_layer layers, and the file bie plan reads them from.
+std::vector<planner::KvLayerNames> map_entries(int64_t n_layer) {
+  std::vector<planner::KvLayerNames> m;
+  for (int64_t il = 0; il < n_layer; ++il) m.push_back(kMapFormats[il % 3]);
+  return m;
+}
+
+std::string write_map_file(const std::string& name, const std::vector<planner::KvLayerNames>& m) {
+  const std::string path = ::testing::TempDir() + "/" + name + ".kvmap.json";
+  std::ofstream(path) << planner::kv_layer_map_json(m, "");
+  return path;
 }
 
 class KvMemoryTruth : public ::testing::TestWithParam<Case> {};
@@ -125,11 +146,20 @@ TEST_P(KvMemoryTruth, StorageReservesAndCommitsWhatBiePlanSays) {
   constexpr int64_t kChunk = 512;
 
   // bie plan, header only, in its own process.
+  auto geo = planner::geometry_from_gguf_path(path);
+  ASSERT_TRUE(geo.ok()) << geo.error();
+  planner::KvLayoutFlags flags;
+  flags.dtype = c.dtype;
+  std::string map_flag;
+  if (c.layer_map) {
+    flags.layer_map = map_entries(geo->n_layer);
+    map_flag = " --kv-layer-map " + write_map_file(c.model, flags.layer_map);
+  }
   const std::string cmd =
       test::bie_bin() + " plan --model " + path +
       " --device cpu --vram 16 --workspace 0 --max-num-seqs 1 --max-model-len " +
       std::to_string(c.max_model_len) + " --chunked-prefill-size " + std::to_string(kChunk) +
-      " --kv-cache-dtype " + c.dtype + " --no-compare --json";
+      " --kv-cache-dtype " + c.dtype + map_flag + " --no-compare --json";
   const test::CmdResult r = test::run_cmd(cmd);
   ASSERT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;
   const nlohmann::json plan = nlohmann::json::parse(r.out);
@@ -140,10 +170,6 @@ TEST_P(KvMemoryTruth, StorageReservesAndCommitsWhatBiePlanSays) {
   // The storage the engine would build for one sequence of max_model_len tokens.
   auto model = load_model(path);
   ASSERT_TRUE(model.ok()) << model.error();
-  auto geo = planner::geometry_from_gguf_path(path);
-  ASSERT_TRUE(geo.ok()) << geo.error();
-  planner::KvLayoutFlags flags;
-  flags.dtype = c.dtype;
   auto layout = kv_layout_for_model(*geo, flags);
   ASSERT_TRUE(layout.ok()) << layout.error();
   EXPECT_EQ(planner::kv_format_name(layout->k), opt["k"].get<std::string>());
@@ -156,6 +182,19 @@ TEST_P(KvMemoryTruth, StorageReservesAndCommitsWhatBiePlanSays) {
   auto kv = PagedKvCache::create(cfg);
   ASSERT_TRUE(kv.ok()) << kv.error();
   const kv::KvCoordinator& st = (*kv)->store().coordinator();
+  int n_local = 0;  // sliding-window groups
+  for (int g = 0; g < st.n_groups(); ++g) n_local += st.group_window(g) > 0 ? 1 : 0;
+  if (c.layer_map) {
+    // Three formats over one shape (SmolLM2). Gemma 3: three over its local layers, and its
+    // global ones (5, 11, 17) all take kMapFormats[2].
+    EXPECT_EQ(st.n_groups(), std::string(c.model) == "gemma3" ? 4 : 3);
+    for (int il = 0; il < geo->n_layer; ++il) {
+      const planner::KvLayerFormats b = st.group_body(st.layer_group(il));
+      EXPECT_EQ(planner::kv_format_name(b.k), std::string(kMapFormats[il % 3].k) + "_t64")
+          << "layer " << il;
+      EXPECT_EQ(planner::kv_format_name(b.v), kMapFormats[il % 3].v) << "layer " << il;
+    }
+  }
 
   const Measured before = measure((*kv)->store());
   EXPECT_EQ(before.reserved, plan_kv) << "address space reserved vs bie plan's kv_bytes";
@@ -185,10 +224,10 @@ TEST_P(KvMemoryTruth, StorageReservesAndCommitsWhatBiePlanSays) {
   EXPECT_EQ(after.unused_global, 0);
   const int window_blocks =
       (layout->window_tokens + layout->block_size - 1) / layout->block_size + 1;
-  EXPECT_EQ(after.unused_local_fp16, st.n_groups() > 1 && layout->mixed() ? window_blocks : 0);
-  EXPECT_LE(after.unused_local_body, st.n_groups() > 1 ? 1 : 0);
+  EXPECT_EQ(after.unused_local_fp16, layout->mixed() ? n_local * window_blocks : 0);
+  EXPECT_LE(after.unused_local_body, n_local);
   EXPECT_LE(after.committed, plan_kv + slack);
-  if (st.n_groups() == 1) {
+  if (n_local == 0) {
     EXPECT_GE(after.committed, plan_kv);
   }
   EXPECT_EQ(after.unlocated, 0);
@@ -211,9 +250,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"smollm2", "int4_asym_g64", 4096},
                       Case{"smollm2", "int4_channel", 4096, 0}, Case{"gemma3", "f16", 2048},
                       Case{"gemma3", "int4_asym", 2048, 0}, Case{"gemma3", "int4_asym_g64", 2048},
-                      Case{"gemma3", "int8", 2048, 0}),
+                      Case{"gemma3", "int8", 2048, 0}, Case{"smollm2", "f16", 4096, 0, true},
+                      Case{"gemma3", "f16", 2048, 0, true}),
     [](const ::testing::TestParamInfo<Case>& i) {
-      return std::string(i.param.model) + "_" + i.param.dtype;
+      return std::string(i.param.model) + "_" + i.param.dtype + (i.param.layer_map ? "_map" : "");
     });
 
 // The engine's path: pools under the shared MemoryBudget (blocks page-aligned), a prompt run by

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -380,6 +381,70 @@ TEST(PagedKvCache, AttentionMatchesReferenceOverStoredValues) {
       EXPECT_TRUE(kv->check_integrity().ok());
     }
   }
+}
+
+}  // namespace
+}  // namespace bie
+
+namespace bie {
+namespace {
+
+// A KV layer map stores each layer as a uniform cache of that layer's formats would: the same
+// K/V and queries through a mapped cache and through one uniform cache per format give
+// bit-identical attention at every layer and step (prefill straight into the body, decode steps
+// whose window exits are quantised into the layer's own body format).
+TEST(PagedKvCache, LayerMapStoresEachLayerAsAUniformCacheOfItsFormats) {
+  const KvGeometry g{3, 2, 64, {}};
+  const int n_head = 4;
+  const char* formats[3][2] = {{"int4_channel_t16", "int4_asym_g64"},
+                               {"int8_channel_t16", "int8"},
+                               {"fp8_e4m3", "int4_asym_g32"}};
+  planner::KvLayout mapped = layout("f16", "f16", 4, 32);
+  std::vector<std::unique_ptr<PagedKvCache>> uniform;
+  for (const auto& f : formats) {
+    mapped.per_layer.push_back({fmt(f[0]), fmt(f[1])});
+    uniform.push_back(make_paged(g, layout(f[0], f[1], 4, 32), 256));
+    ASSERT_NE(uniform.back(), nullptr);
+  }
+  auto m = make_paged(g, mapped, 256);
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(m->store().coordinator().n_groups(), 3);
+
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const auto rnd = [&](int64_t n) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& e : x) e = nd(rng);
+    return x;
+  };
+  CpuBackend pool{2};
+  const int64_t kvd = g.kv_dim(), qd = int64_t{n_head} * g.head_dim;
+  int64_t compared = 0;
+  for (int64_t n : {96, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {
+    const int64_t pos0 = m->n_tokens();
+    ASSERT_TRUE(m->append(n).ok());
+    for (auto& u : uniform) ASSERT_TRUE(u->append(n).ok());
+    for (int il = 0; il < g.n_layer; ++il) {
+      const std::vector<float> k = rnd(n * kvd), v = rnd(n * kvd), q = rnd(n * qd);
+      std::vector<float> out_m(static_cast<size_t>(n * qd)), out_u(out_m.size());
+      m->store(il, pos0, n, k.data(), v.data());
+      attention::attend(*m, il, pos0, n, q.data(), n_head, 0.125f, out_m.data(), pool);
+      PagedKvCache& u = *uniform[static_cast<size_t>(il)];
+      for (auto& other : uniform) other->store(il, pos0, n, k.data(), v.data());
+      attention::attend(u, il, pos0, n, q.data(), n_head, 0.125f, out_u.data(), pool);
+      ASSERT_EQ(0, std::memcmp(out_m.data(), out_u.data(), out_m.size() * sizeof(float)))
+          << "layer " << il << " at " << pos0;
+      ++compared;
+    }
+    m->finish_pass();
+    for (auto& u : uniform) u->finish_pass();
+  }
+  EXPECT_EQ(compared, 21 * 3);
+  // The body pools hold each layer's format: every group quantised its window exits.
+  for (int gi = 0; gi < 3; ++gi) {
+    EXPECT_GT(m->store().coordinator().manager(gi).pool(kv::PoolKind::kBody).num_active(), 0) << gi;
+  }
+  ASSERT_TRUE(m->check_integrity().ok()) << m->check_integrity().error();
 }
 
 }  // namespace

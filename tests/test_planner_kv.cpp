@@ -208,7 +208,7 @@ TEST(KvPaged, BlockCountMatchesBruteForce) {
 TEST(KvPaged, PoolPlanIsThePeakOverAllLengths) {
   ModelGeometry g = dense(3, 2, 64);
   g.layers[1].window = 40;  // one local layer: two groups
-  ASSERT_EQ(kv_layer_groups(g).size(), 2u);
+  ASSERT_EQ(kv_layer_groups(g, KvLayout{}).size(), 2u);
   for (int B : {4, 16}) {
     for (int64_t L : {1, 5, 16, 17, 100, 257}) {
       KvLayout l;

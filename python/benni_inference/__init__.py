@@ -104,7 +104,7 @@ class EngineConfig:
         kv_group_size: int4_asym values per (scale, zero) group: 32, 64 or 128.
         kv_sink_tokens: first tokens of every sequence kept in FP16 (attention sinks).
         kv_window_tokens: most recent tokens kept in FP16.
-        paged_block_size: tokens per KV block (0: 64 for "int8" and "int4_asym", else 16).
+        paged_block_size: tokens per KV block (0: 64 for "int8", "int4_asym" and layer maps, else 16).
         enable_prefix_caching: share identical prompt prefixes between requests.
         chunked_prefill_size: prompt tokens per forward pass (bounds activation memory).
         max_num_seqs: sequences run at once (they share the KV pools, admitted by free blocks;
@@ -126,6 +126,8 @@ class EngineConfig:
         kv_policy: KV format by request length (prompt + max_tokens), e.g.
             ``"int4_asym:0-16384,int8:16384-"``; lengths no range covers use kv_cache_dtype.
         kv_rotate: Hadamard-rotate K and Q; None = on for per-token int4_asym_gN keys.
+        kv_layer_map: path of a per-layer KV format map (``bie quality --calibrate`` writes one);
+            each layer's body formats replace kv_cache_dtype's. None = no map.
         max_queue: requests waiting for admission before submission is refused.
         check_integrity: verify the scheduler's and KV block manager's invariants after every
             step (slow; for tests and debugging).
@@ -160,6 +162,7 @@ class EngineConfig:
     kv_regimes: Optional[List[str]] = None
     kv_policy: Optional[str] = None
     kv_rotate: Optional[bool] = None
+    kv_layer_map: Optional[str] = None
     max_queue: int = 256
     check_integrity: bool = False
     device: str = "auto"
@@ -218,6 +221,10 @@ class EngineConfig:
             )
         if self.kv_rotate is not None and not isinstance(self.kv_rotate, bool):
             raise ValueError(f"kv_rotate must be True, False or None, got {self.kv_rotate!r}")
+        if isinstance(self.kv_layer_map, os.PathLike):
+            self.kv_layer_map = os.fspath(self.kv_layer_map)
+        if self.kv_layer_map is not None and not (isinstance(self.kv_layer_map, str) and self.kv_layer_map):
+            raise ValueError(f"kv_layer_map must be a file path or None, got {self.kv_layer_map!r}")
         _check_int("max_queue", self.max_queue, 1)
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device must be 'auto', 'cpu', 'vulkan' or 'vulkan:N', got {self.device!r}")

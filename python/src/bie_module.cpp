@@ -23,6 +23,7 @@
 #include "bie/engine/engine.h"
 #include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
+#include "bie/planner/kv_layer_map.h"
 #include "bie/planner/kv_layout_flags.h"
 #include "bie/tokenizer/chat_template.h"
 #include "bie/tokenizer/tokenizer.h"
@@ -72,6 +73,11 @@ EngineConfig engine_config_from(const py::dict& d) {
   f.sink_tokens = get_or<int>(d, "kv_sink_tokens", f.sink_tokens);
   f.window_tokens = get_or<int>(d, "kv_window_tokens", f.window_tokens);
   if (d.contains("kv_rotate") && !d["kv_rotate"].is_none()) f.rotate = d["kv_rotate"].cast<bool>();
+  if (const std::string map = get_or<std::string>(d, "kv_layer_map", ""); !map.empty()) {
+    auto layers = planner::read_kv_layer_map(map);
+    if (!layers) throw py::value_error(layers.error());
+    f.layer_map = *layers;
+  }
   c.kv.max_model_len = get_or<int64_t>(d, "max_model_len", 0);
   c.kv.max_num_seqs = get_or<int64_t>(d, "max_num_seqs", c.kv.max_num_seqs);
   c.kv.chunked_prefill_size = get_or<int64_t>(d, "chunked_prefill_size", c.kv.chunked_prefill_size);

@@ -14,6 +14,7 @@
 #include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
 #include "bie/planner/device_profile.h"
+#include "bie/planner/kv_layer_map.h"
 #include "bie/planner/kv_layout_flags.h"
 #include "bie/planner/plan_report.h"
 #include "bie/planner/planner.h"
@@ -34,6 +35,7 @@ struct PlanFlags {
   int64_t max_model_len = 0, max_num_seqs = 1;
   std::string kv_dtype = "f16", kv_dtype_k, kv_dtype_v;
   int kv_group_size = 64, kv_sink_tokens = 8, kv_window_tokens = 128, block_size = 0;
+  std::string kv_layer_map;
   int64_t chunked_prefill_size = 512;
   int draft_tokens = 0;
   std::string draft_model, draft_preset, draft_weights;
@@ -192,6 +194,11 @@ int run_plan(const PlanFlags& f) {
   lf.block_size = f.block_size;
   lf.sink_tokens = f.kv_sink_tokens;
   lf.window_tokens = f.kv_window_tokens;
+  if (!f.kv_layer_map.empty()) {
+    auto map = planner::read_kv_layer_map(f.kv_layer_map);
+    if (!map) return fail(map.error());
+    lf.layer_map = *map;
+  }
   auto layout = planner::resolve_kv_layout(lf);
   if (!layout) return fail(layout.error());
   req.layout = *layout;
@@ -267,6 +274,8 @@ void add_plan_command(CLI::App& root, int* rc) {
       ->capture_default_str();
   cmd->add_option("--kv-sink-tokens", f->kv_sink_tokens, "first tokens kept in FP16")
       ->capture_default_str();
+  cmd->add_option("--kv-layer-map", f->kv_layer_map,
+                  "per-layer body formats (a file `bie quality --calibrate` writes)");
   cmd->add_option("--kv-window-tokens", f->kv_window_tokens, "last tokens kept in FP16")
       ->capture_default_str();
   cmd->add_option("--paged-block-size", f->block_size,

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "bie/planner/kv_layer_map.h"
+
 namespace bie::cli {
 
 void add_kv_engine_flags(CLI::App* cmd, KvCliFlags& f, const std::string& dtype_help) {
@@ -25,6 +27,9 @@ void add_kv_engine_flags(CLI::App* cmd, KvCliFlags& f, const std::string& dtype_
       "Hadamard-rotate K and Q (default: on for per-token int4_asym_gN keys)");
   cmd->add_flag_callback(
       "--no-kv-rotate", [&kv] { kv.rotate = false; }, "no rotation");
+  cmd->add_option("--kv-layer-map", f.kv_layer_map,
+                  "per-layer body formats (a file `bie quality --calibrate` writes); replaces "
+                  "--kv-cache-dtype's formats layer by layer");
   cmd->add_option("-c,--ctx-size,--max-model-len", f.opts.max_model_len,
                   fmt::format("tokens per sequence (0: min(model's trained context, {}))",
                               kDefaultMaxModelLen))
@@ -64,6 +69,11 @@ Result<std::string> model_device(const KvCliFlags& f) {
 
 Result<KvEngineOptions> to_engine_options(const KvCliFlags& f) {
   KvEngineOptions o = f.opts;
+  if (!f.kv_layer_map.empty()) {
+    auto map = planner::read_kv_layer_map(f.kv_layer_map);
+    if (!map) return Error{map.error()};
+    o.kv.layer_map = *map;
+  }
   if (!f.kv_cache_memory.empty()) {
     auto b = parse_byte_size(f.kv_cache_memory);
     if (!b) return Error{"--kv-cache-memory: " + b.error()};

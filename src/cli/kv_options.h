@@ -16,10 +16,11 @@ struct KvCliFlags {
   std::string kv_cache_memory;  // byte-size strings, parsed by to_engine_options
   std::string device_memory;
   std::string device = "auto";  // --device auto|cpu|vulkan[:N]
+  std::string kv_layer_map;     // --kv-layer-map FILE, read by to_engine_options
 };
 
 // Registers --kv-cache-dtype[-k|-v], --kv-group-size, --paged-block-size, --kv-sink-tokens,
-// --kv-window(-tokens), --kv-rotate/--no-kv-rotate, -c/--ctx-size/--max-model-len,
+// --kv-window(-tokens), --kv-rotate/--no-kv-rotate, --kv-layer-map, -c/--ctx-size/--max-model-len,
 // --max-num-seqs, -b/--batch-size/--chunked-prefill-size, --kv-cache-memory,
 // --gpu-memory-utilization, --device-memory. `dtype_help` describes --kv-cache-dtype (bench
 // accepts a comma list there).
@@ -33,7 +34,7 @@ void add_kv_engine_flags(CLI::App* cmd, KvCliFlags& f, const std::string& dtype_
 // otherwise; a named device that is missing is an error line naming what exists.
 [[nodiscard]] Result<std::string> model_device(const KvCliFlags& f);
 
-// The options with byte sizes parsed; errors name the flag.
+// The options with byte sizes parsed and the layer map read; errors name the flag.
 [[nodiscard]] Result<KvEngineOptions> to_engine_options(const KvCliFlags& f);
 
 }  // namespace bie::cli

@@ -245,7 +245,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     // A per-channel body block is written as one tile by one pass (Scheduler::chunk_for): a
     // step budget below the block size could never run a prompt chunk that reaches past it.
     const planner::KvLayout& l = r.store->layout();
-    if ((planner::is_per_channel(l.k) || planner::is_per_channel(l.v)) && batched < l.block_size) {
+    if (l.has_per_channel() && batched < l.block_size) {
       return Error{fmt::format(
           "KV regime {} writes {}-token tiles in one pass: --max-num-batched-tokens {} must be at "
           "least the block size {}",

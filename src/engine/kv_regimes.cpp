@@ -172,19 +172,22 @@ void KvRegimes::fill_metrics(EngineMetrics& m) const {
   int64_t queried = 0, hits = 0;
   for (const KvRegime& rg : regimes_) {
     const kv::BlockManager& mgr = rg.store->coordinator().manager();
-    const planner::KvLayout& l = rg.store->layout();
-    const std::array<std::string, kv::kPoolKinds> names = {
-        "f16", planner::kv_format_name(l.k) +
-                   (l.k == l.v ? std::string() : "/" + planner::kv_format_name(l.v))};
     // Blocks of every layer group count as used; totals are in the lead group's blocks.
     for (int gi = 0; gi < rg.store->coordinator().n_groups(); ++gi) {
       const kv::BlockManager& gm = rg.store->coordinator().manager(gi);
+      const planner::KvLayerFormats body = rg.store->coordinator().group_body(gi);
+      const std::array<std::string, kv::kPoolKinds> names = {
+          "f16", planner::kv_format_name(body.k) +
+                     (body.k == body.v ? std::string() : "/" + planner::kv_format_name(body.v))};
       for (int p = 0; p < kv::kPoolKinds; ++p) {
         const kv::BlockPool& pool = gm.pool(kv::PoolKind(p));
         if (pool.n_blocks() == 0) continue;
         EngineMetrics::Pool& e = by_format[names[static_cast<size_t>(p)]];
         e.format = names[static_cast<size_t>(p)];
-        if (&gm == &mgr) e.blocks_total = static_cast<int64_t>(budget_->limit() / pool.stride());
+        // (a format only a layer map's other group stores: that group's blocks)
+        if (&gm == &mgr || e.blocks_total == 0) {
+          e.blocks_total = static_cast<int64_t>(budget_->limit() / pool.stride());
+        }
         e.blocks_used += pool.num_active();
         e.blocks_cached += pool.num_cached();
       }

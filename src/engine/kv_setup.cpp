@@ -100,7 +100,7 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
   r.draft_bytes = o.draft_bytes;
   r.workspace_bytes = o.workspace_bytes.value_or(
       planner::activation_bytes(g, o.chunked_prefill_size, o.max_num_seqs));
-  r.bytes_per_token = planner::kv_bytes_per_token(g, r.layout.k, r.layout.v);
+  r.bytes_per_token = planner::kv_bytes_per_token(g, r.layout);
   // Pools include the local layer groups' prefill-pass headroom (planner::kv_pool_plan).
   const int64_t chunk = o.chunked_prefill_size;
   r.seq_bytes = planner::kv_pool_plan(g, r.layout, r.max_model_len, 1, chunk).total_bytes();

@@ -61,8 +61,7 @@ Status Scheduler::finish(kv::SeqId id) {
 namespace {
 
 bool per_channel_layout(const PagedKvStore& store) {
-  const planner::KvLayout& l = store.layout();
-  return planner::is_per_channel(l.k) || planner::is_per_channel(l.v);
+  return store.layout().has_per_channel();
 }
 
 }  // namespace

@@ -36,19 +36,20 @@ Result<std::unique_ptr<KvCoordinator>> KvCoordinator::create(const KvCoordinator
   // Layer il -> (group, index within the group's block), in layer order.
   c->slots_.resize(static_cast<size_t>(cfg.geometry.n_layer));
   std::vector<int> filled(n_groups, 0);
+  const std::vector<planner::KvLayerGroup> groups = planner::kv_layer_groups(g, cfg.layout);
+  assert(groups.size() == n_groups);
   for (int il = 0; il < cfg.geometry.n_layer; ++il) {
-    const planner::LayerKv& l = g.layers[static_cast<size_t>(il)];
-    const auto it = std::find_if(plan.groups.begin(), plan.groups.end(),
-                                 [&](const planner::KvGroupPool& p) { return p.group.shape == l; });
-    assert(it != plan.groups.end());
-    const auto gi = static_cast<size_t>(it - plan.groups.begin());
+    const size_t gi = planner::kv_layer_group_of(groups, g, cfg.layout, static_cast<size_t>(il));
     c->slots_[static_cast<size_t>(il)] = {static_cast<int>(gi), filled[gi]++};
   }
   const bool one_group_sizes = n_groups == 1 && cfg.groups.empty();
   for (size_t gi = 0; gi < n_groups; ++gi) {
     const planner::KvGroupPool& p = plan.groups[gi];
     BlockManagerConfig mc;
-    mc.layout = cfg.layout;
+    mc.layout = cfg.layout;  // with the group's body formats: a manager sees one per pool
+    mc.layout.k = p.group.body.k;
+    mc.layout.v = p.group.body.v;
+    mc.layout.per_layer.clear();
     mc.local_window = p.group.shape.window;
     mc.model_id = cfg.model_id;
     mc.enable_prefix_caching = cfg.enable_prefix_caching;
@@ -69,7 +70,7 @@ Result<std::unique_ptr<KvCoordinator>> KvCoordinator::create(const KvCoordinator
     auto m = BlockManager::create(mc);
     if (!m) return Error{m.error()};
     c->groups_.push_back({std::make_unique<BlockManager>(std::move(m).value()),
-                          p.group.shape.window, static_cast<int>(p.group.n_layers)});
+                          p.group.shape.window, static_cast<int>(p.group.n_layers), p.group.body});
   }
   const auto lead = std::find_if(c->groups_.begin(), c->groups_.end(),
                                  [](const Group& gr) { return gr.window == 0; });
@@ -147,7 +148,7 @@ bool KvCoordinator::can_migrate_now(int64_t written_rows) const {
   // Whole blocks, and blocks not written yet (store then writes them in the body format), can
   // move at any time; a partly written one only if the body formats store rows independently.
   if (written_rows <= 0 || written_rows >= cfg_.layout.block_size) return true;
-  return !planner::is_per_channel(cfg_.layout.k) && !planner::is_per_channel(cfg_.layout.v);
+  return !cfg_.layout.has_per_channel();
 }
 
 std::optional<KvCoordinator::AppendPlan> KvCoordinator::plan_append(int g, SeqId s, int64_t written,

@@ -43,7 +43,14 @@ Status check_config(const PagedKvStoreConfig& cfg) {
     return Error{
         fmt::format("--kv-rotate needs a power-of-two head_dim, got {}; use --no-kv-rotate", d)};
   }
-  for (const planner::KvFormat f : {l.k, l.v}) {
+  std::vector<planner::KvFormat> formats;
+  for (int il = 0; il < cfg.geometry.n_layer; ++il) {
+    const planner::KvLayerFormats b = l.body(static_cast<size_t>(il));
+    for (const planner::KvFormat f : {b.k, b.v}) {
+      if (std::find(formats.begin(), formats.end(), f) == formats.end()) formats.push_back(f);
+    }
+  }
+  for (const planner::KvFormat f : formats) {
     if (!kv::kv_format_supported(f)) {
       return Error{
           fmt::format("paged KV cache: no kernels for KV format {}", planner::kv_format_name(f))};
@@ -93,10 +100,11 @@ Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreCon
   if (!coord) return Error{coord.error()};
   std::unique_ptr<PagedKvStore> c(new PagedKvStore(cfg));
   c->coord_ = std::move(coord).value();
+  c->set_formats();
   const kv::KvCoordinator& co = *c->coord_;
   for (int g = 0; g < co.n_groups(); ++g) {
     for (int p = 0; p < kv::kPoolKinds; ++p) {
-      const PoolFormat& f = c->fmt_[p];
+      const PoolFormat& f = c->format(g, kv::PoolKind(p));
       const uint64_t want = static_cast<uint64_t>(co.group_layers(g)) * f.layer_bytes;
       const kv::BlockPool& pool = co.manager(g).pool(kv::PoolKind(p));
       if (pool.n_blocks() > 0 && pool.block_bytes() != want) {
@@ -115,10 +123,13 @@ Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreCon
 Status PagedKvStore::alloc_device_pools() {
   Backend& be = *cfg_.device;
   const planner::KvLayout& l = cfg_.layout;
-  for (const PoolFormat& f : fmt_) {
-    if (!be.supports_paged_kv() ||
-        !be.supports_kv_types(static_cast<uint8_t>(f.k.type), static_cast<uint8_t>(f.v.type),
-                              l.rotate)) {
+  for (const auto& group : fmt_) {
+    for (const PoolFormat& f : group) {
+      if (be.supports_paged_kv() &&
+          be.supports_kv_types(static_cast<uint8_t>(f.k.type), static_cast<uint8_t>(f.v.type),
+                               l.rotate)) {
+        continue;
+      }
       return Error{fmt::format(
           "KV regime {} does not run on the {} backend yet (a device holds the per-token formats "
           "only, keys unrotated: --kv-cache-dtype f16, fp8_e4m3, or int4_asym_g64 "
@@ -130,7 +141,7 @@ Status PagedKvStore::alloc_device_pools() {
   for (size_t g = 0; g < device_pools_.size(); ++g) {
     for (int p = 0; p < kv::kPoolKinds; ++p) {
       const kv::BlockPool& pool = coord_->manager(static_cast<int>(g)).pool(kv::PoolKind(p));
-      const PoolFormat& f = fmt_[static_cast<size_t>(p)];
+      const PoolFormat& f = format(static_cast<int>(g), kv::PoolKind(p));
       KvPoolDesc& d = device_pools_[g][static_cast<size_t>(p)];
       d.k_type = static_cast<uint8_t>(f.k.type);
       d.v_type = static_cast<uint8_t>(f.v.type);
@@ -185,21 +196,29 @@ Result<Tensor> PagedKvStore::staging(int slot, int64_t rows, int64_t cols) {
 PagedKvStore::~PagedKvStore() = default;
 
 PagedKvStore::PagedKvStore(const PagedKvStoreConfig& cfg) : cfg_(cfg) {
+  rows_.resize(static_cast<size_t>(cfg_.layout.block_size) *
+               static_cast<size_t>(cfg_.geometry.head_dim));
+}
+
+void PagedKvStore::set_formats() {
   const int d = cfg_.geometry.head_dim;
   const int B = cfg_.layout.block_size;
-  const std::array<planner::KvFormat, kv::kPoolKinds> ks = {planner::kKvF16, cfg_.layout.k};
-  const std::array<planner::KvFormat, kv::kPoolKinds> vs = {planner::kKvF16, cfg_.layout.v};
-  for (int p = 0; p < kv::kPoolKinds; ++p) {
-    PoolFormat& f = fmt_[p];
-    f.k = ks[p];
-    f.v = vs[p];
-    f.tk = kv::kv_traits(f.k.type);
-    f.tv = kv::kv_traits(f.v.type);
-    f.k_tile = kv::kv_tile_bytes(f.k, d, B);
-    f.v_tile = kv::kv_tile_bytes(f.v, d, B);
-    f.layer_bytes = static_cast<size_t>(cfg_.geometry.n_head_kv) * (f.k_tile + f.v_tile);
+  fmt_.resize(static_cast<size_t>(coord_->n_groups()));
+  for (int g = 0; g < coord_->n_groups(); ++g) {
+    const planner::KvLayerFormats body = coord_->group_body(g);
+    const std::array<planner::KvFormat, kv::kPoolKinds> ks = {planner::kKvF16, body.k};
+    const std::array<planner::KvFormat, kv::kPoolKinds> vs = {planner::kKvF16, body.v};
+    for (int p = 0; p < kv::kPoolKinds; ++p) {
+      PoolFormat& f = fmt_[static_cast<size_t>(g)][static_cast<size_t>(p)];
+      f.k = ks[p];
+      f.v = vs[p];
+      f.tk = kv::kv_traits(f.k.type);
+      f.tv = kv::kv_traits(f.v.type);
+      f.k_tile = kv::kv_tile_bytes(f.k, d, B);
+      f.v_tile = kv::kv_tile_bytes(f.v, d, B);
+      f.layer_bytes = static_cast<size_t>(cfg_.geometry.n_head_kv) * (f.k_tile + f.v_tile);
+    }
   }
-  rows_.resize(static_cast<size_t>(B) * static_cast<size_t>(d));
 }
 
 uint8_t* PagedKvStore::block_data(int g, const kv::BlockTableEntry& e) {
@@ -347,7 +366,7 @@ void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const flo
     const int cnt = static_cast<int>(std::min<int64_t>(B - t0, pos0 + n - p));
     const kv::BlockTableEntry& e = t[static_cast<size_t>(lb)];
     assert(e.block.index != kv::kNullBlock);
-    const PoolFormat& f = format(e.pool);
+    const PoolFormat& f = format(group, e.pool);
     uint8_t* layer =
         block_data(group, e) + static_cast<size_t>(coord_->layer_index(il)) * f.layer_bytes;
     // In a mixed layout a body block is quantised from FP16-rounded rows, as if it had passed
@@ -396,7 +415,7 @@ kv::HostKvBlocks PagedKvStore::host_blocks(kv::SeqId s, int il, int64_t n_ctx) {
       bv = kv::KvBlockView{};
       continue;
     }
-    const PoolFormat& f = format(e.pool);
+    const PoolFormat& f = format(group, e.pool);
     const uint8_t* layer =
         block_data(group, e) + static_cast<size_t>(coord_->layer_index(il)) * f.layer_bytes;
     bv.k = layer;
@@ -443,8 +462,8 @@ Status PagedKvStore::quantise_block(int g, kv::BlockRef src_block, kv::BlockRef 
                                         coord_->group_layers(g), cfg_.geometry.n_head_kv,
                                         cfg_.geometry.head_dim, cfg_.layout.block_size);
   }
-  const PoolFormat& src_f = format(kv::PoolKind::kFp16);
-  const PoolFormat& dst_f = format(kv::PoolKind::kBody);
+  const PoolFormat& src_f = format(g, kv::PoolKind::kFp16);
+  const PoolFormat& dst_f = format(g, kv::PoolKind::kBody);
   const uint8_t* src = coord_->manager(g).pool(kv::PoolKind::kFp16).data(src_block.index);
   uint8_t* dst = coord_->manager(g).pool(kv::PoolKind::kBody).data(dst_block.index);
   const int d = cfg_.geometry.head_dim;

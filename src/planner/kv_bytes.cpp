@@ -40,17 +40,62 @@ Status check_kv_layout(const ModelGeometry& g, const KvLayout& layout) {
   if (layout.window_tokens < 0 || layout.window_tokens > (1 << 20)) {
     return Error{fmt::format("window tokens must be in 0..1048576, got {}", layout.window_tokens)};
   }
-  for (KvFormat f : {layout.k, layout.v}) {
-    if (is_per_channel(f) && layout.block_size % f.group != 0) {
-      return Error{fmt::format("{}: its token group must divide the block size {}",
-                               kv_format_name(f), layout.block_size)};
+  if (!layout.per_layer.empty() && layout.per_layer.size() != g.layers.size()) {
+    return Error{fmt::format("the KV layer map has {} layers, the model {}",
+                             layout.per_layer.size(), g.layers.size())};
+  }
+  for (size_t il = 0; il < g.layers.size(); ++il) {
+    const LayerKv& l = g.layers[il];
+    const KvLayerFormats b = layout.body(il);
+    const std::string where =
+        layout.per_layer.empty() ? std::string{} : fmt::format(" (layer {} of the map)", il);
+    if (!layout.per_layer.empty() && !uses_fp16_sink_window(b.k) && !uses_fp16_sink_window(b.v)) {
+      return Error{fmt::format(
+          "KV layer map, layer {}: k={} v={} quantises neither K nor V; a mapped layer keeps at "
+          "least one of them in a quantised format (the FP16 sinks and window are kept anyway)",
+          il, kv_format_name(b.k), kv_format_name(b.v))};
+    }
+    for (KvFormat f : {b.k, b.v}) {
+      if (is_per_channel(f) && layout.block_size % f.group != 0) {
+        return Error{fmt::format("{}{}: its token group must divide the block size {}",
+                                 kv_format_name(f), where, layout.block_size)};
+      }
+    }
+    if (auto s = check_kv_format(b.k, l.head_dim_k); !s) {
+      return Error{"K cache" + where + ": " + s.error()};
+    }
+    if (auto s = check_kv_format(b.v, l.head_dim_v); !s) {
+      return Error{"V cache" + where + ": " + s.error()};
     }
   }
-  for (const LayerKv& l : g.layers) {
-    if (auto s = check_kv_format(layout.k, l.head_dim_k); !s) return Error{"K cache: " + s.error()};
-    if (auto s = check_kv_format(layout.v, l.head_dim_v); !s) return Error{"V cache: " + s.error()};
-  }
   return {};
+}
+
+bool KvLayout::has_per_channel() const {
+  if (per_layer.empty()) return is_per_channel(k) || is_per_channel(v);
+  return std::any_of(per_layer.begin(), per_layer.end(), [](const KvLayerFormats& b) {
+    return is_per_channel(b.k) || is_per_channel(b.v);
+  });
+}
+
+uint64_t kv_bytes_per_token(const ModelGeometry& g, const KvLayout& layout) {
+  uint64_t sum = 0;
+  for (size_t il = 0; il < g.layers.size(); ++il) {
+    const KvLayerFormats b = layout.body(il);
+    sum += head_token_bytes(g.layers[il], b.k, b.v);
+  }
+  return sum;
+}
+
+double kv_body_bits_per_value(const ModelGeometry& g, const KvLayout& layout) {
+  uint64_t values = 0;
+  for (const LayerKv& l : g.layers) {
+    values +=
+        static_cast<uint64_t>(l.n_head_kv) * static_cast<uint64_t>(l.head_dim_k + l.head_dim_v);
+  }
+  return values == 0 ? 0.0
+                     : 8.0 * static_cast<double>(kv_bytes_per_token(g, layout)) /
+                           static_cast<double>(values);
 }
 
 uint64_t kv_bytes_per_token(const ModelGeometry& g, KvFormat k, KvFormat v) {
@@ -74,14 +119,17 @@ uint64_t kv_bytes_unpaged(const ModelGeometry& g, KvFormat k, KvFormat v, int64_
   return sum;
 }
 
-std::vector<KvLayerGroup> kv_layer_groups(const ModelGeometry& g) {
+std::vector<KvLayerGroup> kv_layer_groups(const ModelGeometry& g, const KvLayout& layout) {
   std::vector<KvLayerGroup> groups;
-  for (const LayerKv& l : g.layers) {
+  for (size_t il = 0; il < g.layers.size(); ++il) {
+    const LayerKv& l = g.layers[il];
     if (l.n_head_kv == 0) continue;  // a layer without attention stores nothing
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const KvLayerGroup& grp) { return grp.shape == l; });
+    const KvLayerFormats b = layout.body(il);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const KvLayerGroup& grp) {
+      return grp.shape == l && grp.body == b;
+    });
     if (it == groups.end()) {
-      groups.push_back({l, 1});
+      groups.push_back({l, 1, b});
     } else {
       ++it->n_layers;
     }
@@ -89,9 +137,24 @@ std::vector<KvLayerGroup> kv_layer_groups(const ModelGeometry& g) {
   return groups;
 }
 
+size_t kv_layer_group_of(const std::vector<KvLayerGroup>& groups, const ModelGeometry& g,
+                         const KvLayout& layout, size_t il) {
+  const LayerKv& l = g.layers[il];
+  const KvLayerFormats b = layout.body(il);
+  const auto it = std::find_if(groups.begin(), groups.end(), [&](const KvLayerGroup& grp) {
+    return grp.shape == l && grp.body == b;
+  });
+  assert(it != groups.end());
+  return static_cast<size_t>(it - groups.begin());
+}
+
 uint64_t kv_group_block_bytes(const KvLayerGroup& grp, KvFormat k, KvFormat v, int block_size) {
   return static_cast<uint64_t>(block_size) * static_cast<uint64_t>(grp.n_layers) *
          head_token_bytes(grp.shape, k, v);
+}
+
+uint64_t kv_group_body_block_bytes(const KvLayerGroup& grp, int block_size) {
+  return kv_group_block_bytes(grp, grp.body.k, grp.body.v, block_size);
 }
 
 uint64_t block_bytes(const ModelGeometry& g, KvFormat k, KvFormat v, int block_size) {
@@ -118,12 +181,11 @@ KvBlockCount kv_block_count(const KvLayout& layout, int64_t n, int64_t window) {
 
 uint64_t kv_sequence_bytes(const ModelGeometry& g, const KvLayout& layout, int64_t n_tokens) {
   uint64_t sum = 0;
-  for (const KvLayerGroup& grp : kv_layer_groups(g)) {
+  for (const KvLayerGroup& grp : kv_layer_groups(g, layout)) {
     const KvBlockCount c = kv_block_count(layout, n_tokens, grp.shape.window);
     sum += static_cast<uint64_t>(c.fp16) *
            kv_group_block_bytes(grp, kKvF16, kKvF16, layout.block_size);
-    sum += static_cast<uint64_t>(c.body) *
-           kv_group_block_bytes(grp, layout.k, layout.v, layout.block_size);
+    sum += static_cast<uint64_t>(c.body) * kv_group_body_block_bytes(grp, layout.block_size);
   }
   return sum;
 }
@@ -136,9 +198,9 @@ uint64_t kv_fp16_overhead_bytes(const ModelGeometry& g, const KvLayout& layout) 
                     g.max_window() + 4 * B;
   return peak_over_lengths(n, layout.block_size, [&](int64_t m) {
     uint64_t extra = 0;
-    for (const KvLayerGroup& grp : kv_layer_groups(g)) {
+    for (const KvLayerGroup& grp : kv_layer_groups(g, layout)) {
       const uint64_t f16 = kv_group_block_bytes(grp, kKvF16, kKvF16, layout.block_size);
-      const uint64_t body = kv_group_block_bytes(grp, layout.k, layout.v, layout.block_size);
+      const uint64_t body = kv_group_body_block_bytes(grp, layout.block_size);
       const KvBlockCount c = kv_block_count(layout, m, grp.shape.window);
       extra += static_cast<uint64_t>(c.fp16) * (f16 > body ? f16 - body : 0);
     }
@@ -176,13 +238,11 @@ uint64_t KvPoolPlan::total_bytes() const {
 KvPoolPlan kv_pool_plan(const ModelGeometry& g, const KvLayout& layout, int64_t max_model_len,
                         int64_t max_num_seqs, int64_t chunk_tokens) {
   KvPoolPlan plan;
-  const KvFormat body_k = layout.k;
-  const KvFormat body_v = layout.v;
-  for (const KvLayerGroup& grp : kv_layer_groups(g)) {
+  for (const KvLayerGroup& grp : kv_layer_groups(g, layout)) {
     KvGroupPool p;
     p.group = grp;
     p.fp16_block_bytes = kv_group_block_bytes(grp, kKvF16, kKvF16, layout.block_size);
-    p.body_block_bytes = kv_group_block_bytes(grp, body_k, body_v, layout.block_size);
+    p.body_block_bytes = kv_group_body_block_bytes(grp, layout.block_size);
     const auto count = [&](int64_t m) { return kv_block_count(layout, m, grp.shape.window); };
     const int64_t fp16 = peak_over_lengths(max_model_len, layout.block_size,
                                            [&](int64_t m) { return count(m).fp16; });

@@ -41,6 +41,10 @@ std::string layout_text(const Plan& p, const KvOption& o) {
     s += fmt::format(", first {} + last {} tokens in FP16", o.layout.sink_tokens,
                      o.layout.window_tokens);
   }
+  if (!o.layout.per_layer.empty()) {
+    s += fmt::format(", body formats per layer (avg {:.3f} bits/value)",
+                     kv_body_bits_per_value(p.model, o.layout));
+  }
   return s;
 }
 
@@ -236,7 +240,7 @@ std::string render_plan_json(const Plan& p) {
   using nlohmann::json;
   const ModelGeometry& g = p.model;
   json layers = json::array();
-  for (const KvLayerGroup& grp : kv_layer_groups(g)) {
+  for (const KvLayerGroup& grp : kv_layer_groups(g, KvLayout{})) {  // the model's shapes
     layers.push_back({{"n_layers", grp.n_layers},
                       {"n_head_kv", grp.shape.n_head_kv},
                       {"head_dim_k", grp.shape.head_dim_k},
@@ -286,6 +290,14 @@ std::string render_plan_json(const Plan& p) {
                 {"max_seqs", o.max_seqs},
                 {"speed", speed}};
     if (!o.fits) opt["spill_tok_s"] = o.spill_tok_s;
+    opt["body_bits_per_value"] = kv_body_bits_per_value(g, o.layout);
+    if (!o.layout.per_layer.empty()) {
+      json per_layer = json::array();
+      for (const KvLayerFormats& b : o.layout.per_layer) {
+        per_layer.push_back({{"k", kv_format_name(b.k)}, {"v", kv_format_name(b.v)}});
+      }
+      opt["layer_map"] = per_layer;
+    }
     options.push_back(opt);
   }
   json out = {{"model", model},

@@ -17,6 +17,7 @@ uint64_t gib_to_bytes(double gib) {
 }
 
 std::string option_label(const KvLayout& l) {
+  if (!l.per_layer.empty()) return "KV layer map";
   if (l.k == l.v) return kv_format_name(l.k);
   return fmt::format("K {} / V {}", kv_format_name(l.k), kv_format_name(l.v));
 }
@@ -214,6 +215,7 @@ Result<Plan> make_plan(const PlanRequest& req) {
       KvLayout l = req.layout;
       l.k = k;
       l.v = v;
+      l.per_layer.clear();
       return l;
     };
     const KvFormat g64{KvType::kInt4Asym, 64};
@@ -225,8 +227,9 @@ Result<Plan> make_plan(const PlanRequest& req) {
           with({KvType::kInt4Channel, req.layout.block_size}, g64),
           with({KvType::kQ8_0, 0}, {KvType::kQ8_0, 0}),
           with({KvType::kQ4_0, 0}, {KvType::kQ4_0, 0})}) {
-      const bool dup = std::any_of(layouts.begin(), layouts.end(),
-                                   [&](const KvLayout& x) { return x.k == l.k && x.v == l.v; });
+      const bool dup = std::any_of(layouts.begin(), layouts.end(), [&](const KvLayout& x) {
+        return x.k == l.k && x.v == l.v && x.per_layer.empty();
+      });
       if (!dup && check_kv_layout(g, l).ok()) layouts.push_back(l);
     }
   }
@@ -236,7 +239,7 @@ Result<Plan> make_plan(const PlanRequest& req) {
     KvOption o;
     o.label = option_label(layout);
     o.layout = layout;
-    o.bytes_per_token = kv_bytes_per_token(g, layout.k, layout.v);
+    o.bytes_per_token = kv_bytes_per_token(g, layout);
     o.fp16_overhead_bytes = kv_fp16_overhead_bytes(g, layout);
     const int64_t chunk = req.chunked_prefill_size;
     o.kv_bytes = kv_pool_plan(g, layout, L, S, chunk).total_bytes();

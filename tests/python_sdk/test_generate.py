@@ -166,6 +166,29 @@ def test_quantised_kv_regime_is_reported():
         assert out.text
 
 
+def test_kv_layer_map_is_served_and_reported(tmp_path):
+    import json
+
+    from conftest import small_config
+
+    # SmolLM2 has 30 layers: int8 on the first two, the 4-bit recipe on the rest.
+    layers = [{"k": "int8_channel", "v": "int8"}] * 2 + [{"k": "int4_channel", "v": "int4_asym_g64"}] * 28
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps({"format": "bie-kv-layer-map", "version": 1, "layers": layers}))
+    with bi.BieEngine(small_config(kv_layer_map=path, max_num_seqs=2)) as e:
+        out = e.generate("The capital of France is", bi.SamplingParams(**GREEDY))[0]
+        assert out.metrics.kv_regime == (
+            "layer-map k=int8_channel_t64 x2,int4_channel_t64 x28 v=int8 x2,int4_asym_g64 x28"
+        )
+        assert out.text
+    with pytest.raises(ValueError, match="the KV layer map has 1 layers, the model 30"):
+        path.write_text(json.dumps({"format": "bie-kv-layer-map", "version": 1, "layers": layers[:1]}))
+        bi.BieEngine(small_config(kv_layer_map=str(path)))
+    with pytest.raises(ValueError, match="cannot open"):
+        small_config(kv_layer_map=str(tmp_path / "missing.json"))
+        bi.BieEngine(small_config(kv_layer_map=str(tmp_path / "missing.json")))
+
+
 def test_logprobs_are_returned_when_asked(engine):
     out = engine.generate(
         "The capital of France is", bi.SamplingParams(temperature=0.0, max_tokens=6, logprobs=3)

@@ -88,6 +88,10 @@ class KvCoordinator {
   // place within its group's block.
   [[nodiscard]] int64_t group_window(int g) const { return groups_[static_cast<size_t>(g)].window; }
   [[nodiscard]] int group_layers(int g) const { return groups_[static_cast<size_t>(g)].n_layers; }
+  // Group g's body formats (every group's own with a KV layer map).
+  [[nodiscard]] planner::KvLayerFormats group_body(int g) const {
+    return groups_[static_cast<size_t>(g)].body;
+  }
   [[nodiscard]] int layer_group(int il) const { return slots_[static_cast<size_t>(il)].group; }
   [[nodiscard]] int layer_index(int il) const { return slots_[static_cast<size_t>(il)].index; }
   [[nodiscard]] bool has_local_groups() const;
@@ -142,6 +146,7 @@ class KvCoordinator {
     std::unique_ptr<BlockManager> mgr;
     int64_t window = 0;  // sliding window of its layers (0: global)
     int n_layers = 0;
+    planner::KvLayerFormats body;  // its layers' body formats
   };
   struct LayerSlot {
     int group = 0;

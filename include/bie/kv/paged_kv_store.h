@@ -126,7 +126,10 @@ class PagedKvStore {
     size_t layer_bytes = 0;         // n_head_kv * (k_tile + v_tile)
   };
   explicit PagedKvStore(const PagedKvStoreConfig& cfg);
-  [[nodiscard]] const PoolFormat& format(kv::PoolKind p) const { return fmt_[static_cast<int>(p)]; }
+  void set_formats();  // fmt_ from the coordinator's groups
+  [[nodiscard]] const PoolFormat& format(int g, kv::PoolKind p) const {
+    return fmt_[static_cast<size_t>(g)][static_cast<size_t>(p)];
+  }
   [[nodiscard]] uint8_t* block_data(int g, const kv::BlockTableEntry& e);
   [[nodiscard]] Status copy_block(int g, const kv::KvCopy& c);
   [[nodiscard]] Status quantise_block(int g, kv::BlockRef src, kv::BlockRef dst, int rows);
@@ -139,7 +142,7 @@ class PagedKvStore {
 
   PagedKvStoreConfig cfg_;
   std::unique_ptr<kv::KvCoordinator> coord_;
-  std::array<PoolFormat, kv::kPoolKinds> fmt_;
+  std::vector<std::array<PoolFormat, kv::kPoolKinds>> fmt_;  // [group][pool kind]
   std::vector<float> rows_;             // [block_size, head_dim] staging for store
   std::vector<kv::KvBlockView> views_;  // per logical block, rebuilt per host_blocks
   // Device store: per group, the pools' descriptions in kv::PoolKind order (their memory in

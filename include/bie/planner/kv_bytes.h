@@ -13,12 +13,23 @@
 
 namespace bie::planner {
 
+// The body formats of one layer's K and V.
+struct KvLayerFormats {
+  KvFormat k = kKvF16;
+  KvFormat v = kKvF16;
+  friend bool operator==(const KvLayerFormats&, const KvLayerFormats&) = default;
+};
+
 // How a sequence's KV is stored: the body formats for K and V, paged blocks of `block_size`
 // tokens, and (for BIE's quantised formats) the first `sink_tokens` and last `window_tokens`
 // tokens kept in FP16.
 struct KvLayout {
   KvFormat k = kKvF16;
   KvFormat v = kKvF16;
+  // --kv-layer-map: the body formats of each layer ([n_layer]); empty: every layer stores k and v.
+  // With a map, k and v name the regime it refines (labels) and store nothing themselves. Every
+  // entry keeps K or V quantised (check_kv_layout), so a mapped layout is always mixed.
+  std::vector<KvLayerFormats> per_layer;
   int block_size = 16;
   int sink_tokens = 8;
   int window_tokens = 128;
@@ -26,11 +37,22 @@ struct KvLayout {
   // head before K is stored and before scores (kv/kv_format_rotate.h). Costs no bytes.
   bool rotate = false;
 
-  // Whether sink/window blocks are FP16 while the rest is in k/v (see uses_fp16_sink_window).
-  [[nodiscard]] bool mixed() const { return uses_fp16_sink_window(k) || uses_fp16_sink_window(v); }
+  // Layer il's body formats.
+  [[nodiscard]] KvLayerFormats body(size_t il) const {
+    return per_layer.empty() ? KvLayerFormats{k, v} : per_layer[il];
+  }
+  // Whether sink/window blocks are FP16 while the rest is in the body formats (see
+  // uses_fp16_sink_window).
+  [[nodiscard]] bool mixed() const {
+    if (!per_layer.empty()) return true;
+    return uses_fp16_sink_window(k) || uses_fp16_sink_window(v);
+  }
+  // Whether some layer stores per-channel keys (tiles written whole, block-sized chunks).
+  [[nodiscard]] bool has_per_channel() const;
 };
 
-// Checks every layer's head widths against the formats and the layout's sizes.
+// Checks every layer's head widths against its formats, the layout's sizes and a layer map's
+// length and entries.
 [[nodiscard]] Status check_kv_layout(const ModelGeometry& g, const KvLayout& layout);
 
 // ---- flat formulas (../shared/BRIEF.md §1, §4) ---------------------------------------------
@@ -41,6 +63,13 @@ struct KvLayout {
 // as kv_bytes_per_token(g, kKvF16, kKvF16) * n_ctx * n_seq (see contiguous_kv_bytes).
 // note: call only if check_kv_format holds for every layer's head widths.
 [[nodiscard]] uint64_t kv_bytes_per_token(const ModelGeometry& g, KvFormat k, KvFormat v);
+// The same in a layout's body formats (each layer its own with a layer map).
+[[nodiscard]] uint64_t kv_bytes_per_token(const ModelGeometry& g, const KvLayout& layout);
+
+// Bits per stored value of the body, averaged over every K and V value of a token (scales and
+// zeros included): 8 * kv_bytes_per_token(g, layout) / values per token. int4_asym's 4.5 + 4.5
+// gives 4.5; a layer map's average is what --calibrate budgets.
+[[nodiscard]] double kv_body_bits_per_value(const ModelGeometry& g, const KvLayout& layout);
 
 // Bytes of a contiguous (unpaged, unwindowed) cache of n_ctx tokens for each of n_seq sequences:
 // kv_bytes_per_token(g, k, v) * n_ctx * n_seq. What the foundation's simple KV cache allocates.
@@ -54,18 +83,26 @@ struct KvLayout {
 
 // ---- paged accounting ----------------------------------------------------------------------
 
-// Layers with the same KV shape and window share a block pool; a block of a group holds
-// `block_size` tokens of one sequence for every layer of the group. A model without sliding
-// windows has exactly one group (all layers), as DESIGN.md's "block = B tokens, all layers".
+// Layers with the same KV shape, window and body formats share a block pool; a block of a group
+// holds `block_size` tokens of one sequence for every layer of the group. A model without sliding
+// windows or a layer map has exactly one group (all layers), as DESIGN.md's "block = B tokens,
+// all layers". Groups are listed in the order of their first layer.
 struct KvLayerGroup {
   LayerKv shape;  // n_head_kv, head widths, window (0 = global)
   int64_t n_layers = 0;
+  KvLayerFormats body;  // the body formats of its layers
 };
-[[nodiscard]] std::vector<KvLayerGroup> kv_layer_groups(const ModelGeometry& g);
+[[nodiscard]] std::vector<KvLayerGroup> kv_layer_groups(const ModelGeometry& g,
+                                                        const KvLayout& layout);
+// The group of layer il (its index in kv_layer_groups(g, layout)); il must store KV.
+[[nodiscard]] size_t kv_layer_group_of(const std::vector<KvLayerGroup>& groups,
+                                       const ModelGeometry& g, const KvLayout& layout, size_t il);
 
 // Bytes of one block of one group: block_size * n_layers * n_head_kv * (bytes(k) + bytes(v)).
 [[nodiscard]] uint64_t kv_group_block_bytes(const KvLayerGroup& grp, KvFormat k, KvFormat v,
                                             int block_size);
+// The same in the group's body formats.
+[[nodiscard]] uint64_t kv_group_body_block_bytes(const KvLayerGroup& grp, int block_size);
 
 // Bytes of one block across all layers (the common case of a model without sliding windows).
 // block_bytes(g, f16, f16, 16) for Llama-3-8B = 16 * 131072 = 2 MiB.

@@ -6,11 +6,18 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "bie/common/result.h"
 #include "bie/planner/kv_bytes.h"
 
 namespace bie::planner {
+
+// One layer's K and V format names in a --kv-layer-map file (parse_kv_format spellings).
+struct KvLayerNames {
+  std::string k;
+  std::string v;
+};
 
 struct KvLayoutFlags {
   std::string dtype = "f16";  // both K and V, unless dtype_k / dtype_v say otherwise
@@ -23,6 +30,9 @@ struct KvLayoutFlags {
   int sink_tokens = 8;
   int window_tokens = 128;
   std::optional<bool> rotate;  // --kv-rotate / --no-kv-rotate; unset: on for int4_asym_gN keys
+  // --kv-layer-map FILE's entries (read_kv_layer_map), one per layer; empty: no map. They replace
+  // the dtype flags' body formats layer by layer (KvLayout::per_layer).
+  std::vector<KvLayerNames> layer_map;
 };
 
 // The block (and key tile) of the recipes with per-channel keys: a 64-token tile costs a key
@@ -42,12 +52,15 @@ inline constexpr int kDefaultChannelBlock = 64;
 //    --kv-cache-dtype-k int8 for per-token int8 keys.
 //  * The rotation defaults to on whenever K is int4_asym_gN; --kv-rotate / --no-kv-rotate override.
 //  * --kv-cache-dtype-k / -v are taken literally and override --kv-cache-dtype.
+//  * --kv-layer-map: each layer's body formats from the map; blocks of kDefaultChannelBlock
+//    unless --paged-block-size is given; rotation on when some layer's K is int4_asym_gN.
 //  * Other names: parse_kv_format.
 // Errors name the flag and the accepted spellings.
 [[nodiscard]] Result<KvLayout> resolve_kv_layout(const KvLayoutFlags& f);
 
 // A short label for a layout, e.g. "f16", "int8", "k=int4_channel_t16 v=int4_asym_g64",
-// with " +rotate" appended when rotation is on.
+// with " +rotate" appended when rotation is on. A mapped layout counts its layers' formats:
+// "layer-map k=int4_channel_t64 x26,int8_channel_t64 x2 v=int4_asym_g64 x28".
 [[nodiscard]] std::string kv_layout_label(const KvLayout& l);
 
 }  // namespace bie::planner
