@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "bie/planner/kv_bytes.h"
@@ -81,6 +82,52 @@ TEST(CliEngine, RunPrintsOneReportAndPeakRss) {
   EXPECT_NE(r.err.find("kv: k=int4_channel_t64 v=int4_asym_g64, block 64"), std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("peak RSS"), std::string::npos) << r.err;
+}
+
+// --kv-layer-map: `bie quality --calibrate` writes a map within its bit budget that measures
+// better than the uniform recipe on its windows, `map=FILE` re-measures it to the same KLD,
+// `bie run` serves with it, and a map for another model is one clear line.
+TEST(CliEngine, CalibratedLayerMapRunsAndAWrongMapIsOneLine) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  const std::string text = test::source_dir() + "/../shared/data/tinyshakespeare.txt";
+  BIE_REQUIRE_FILE(text);
+  const std::string map = ::testing::TempDir() + "/bie_cli_smollm2.kvmap.json";
+  const std::string small =
+      " -m default -f " + text +
+      " -c 128 --chunks 1 -b 128 -t 2 --paged-block-size 16 --kv-window 16 --kv-sink-tokens 4";
+  // Block 16: keys cost 6 bits, so the cheapest map is 5.25 bits per value; budget 6.
+  const auto cal =
+      run_cmd(test::bie_bin() + " quality" + small + " --calibrate " + map + " --calibrate-bits 6");
+  ASSERT_EQ(cal.exit_code, 0) << cal.err;
+  std::ifstream in(map);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["layers"].size(), 30u);  // SmolLM2's layers
+  EXPECT_LE(j["bits_per_value"].get<double>(), 6.0);
+  EXPECT_GT(j["bits_per_value"].get<double>(), 5.25);  // the budget was spent
+  EXPECT_LT(j["map_kld"].get<double>(), j["uniform_int4_asym_kld"].get<double>()) << cal.out;
+
+  const auto again = run_cmd(test::bie_bin() + " quality" + small + " --prompts 0 --needle-ctx 0 " +
+                             "--regimes map=" + map + " --json");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  const nlohmann::json q = nlohmann::json::parse(again.out);
+  ASSERT_EQ(q["regimes"].size(), 2u);  // f16, the map
+  EXPECT_EQ(q["regimes"][1]["layer_map"].size(), 30u);
+  EXPECT_DOUBLE_EQ(q["regimes"][1]["perplexity"][0]["mean_kld"].get<double>(),
+                   j["map_kld"].get<double>());
+
+  const auto run = run_cmd(test::bie_bin() +
+                           " run -m default -p 'The capital of France is' -n 4 --temp 0 -t 2 "
+                           "--max-model-len 256 --paged-block-size 16 --kv-layer-map " +
+                           map);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.err.find("kv: layer-map k=int4_channel_t16 x"), std::string::npos) << run.err;
+
+  const std::string two = ::testing::TempDir() + "/bie_cli_two_layers.kvmap.json";
+  std::ofstream(two) << R"({"format": "bie-kv-layer-map", "version": 1, "layers": [
+      {"k": "int4_channel", "v": "int4_asym_g64"}, {"k": "int8_channel", "v": "int8"}]})";
+  expect_bad_input("run -m default -p hi --kv-layer-map " + two,
+                   "the KV layer map has 2 layers, the model 30");
+  expect_bad_input("run -m default -p hi --kv-layer-map /nonexistent.json", "cannot open");
 }
 
 TEST(CliEngine, BenchAtDepthsEmitsJson) {

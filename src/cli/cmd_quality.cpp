@@ -13,6 +13,7 @@
 #include "bie/backend/backend.h"
 #include "bie/backend/device.h"
 #include "bie/backend/thread_pool.h"
+#include "bie/engine/kv_calibrate.h"
 #include "bie/engine/model_path.h"
 #include "bie/engine/quality.h"
 #include "bie/model/model.h"
@@ -41,6 +42,8 @@ struct QualityArgs {
   std::string device = "cpu";
   bool json = false;
   planner::KvLayoutFlags kv;
+  std::string calibrate;        // --calibrate FILE: write a per-layer map there
+  double calibrate_bits = 4.5;  // its average bits/value budget
 };
 
 int fail(int code, const std::string& msg) {
@@ -71,6 +74,13 @@ nlohmann::json to_json(const QualityReport& rep, const QualityArgs& a, int threa
     jr["sink_tokens"] = l.mixed() ? l.sink_tokens : 0;
     jr["window_tokens"] = l.mixed() ? l.window_tokens : 0;
     jr["body_bytes_per_token"] = q.body_bytes_per_token;
+    if (!l.per_layer.empty()) {
+      jr["layer_map"] = nlohmann::json::array();
+      for (const planner::KvLayerFormats& lf : l.per_layer) {
+        jr["layer_map"].push_back(
+            {{"k", planner::kv_format_name(lf.k)}, {"v", planner::kv_format_name(lf.v)}});
+      }
+    }
     jr["perplexity"] = nlohmann::json::array();
     for (size_t i = 0; i < q.ppl.size(); ++i) {
       const PplStats& p = q.ppl[i];
@@ -150,6 +160,43 @@ std::string to_text(const QualityReport& rep, const QualityArgs& a) {
   return s;
 }
 
+int run_calibration(const QualityArgs& a, Model& model, const tokenizer::Tokenizer& tok,
+                    const std::string& text, Backend& be, const QualityProgress& say) {
+  KvCalibrateConfig cc;
+  cc.base = a.kv;
+  cc.max_bits_per_value = a.calibrate_bits;
+  cc.ctx_sizes = a.ctx_sizes;
+  cc.windows = a.windows;
+  cc.batch = a.batch;
+  auto c = calibrate_kv_layer_map(model, tok, text, cc, be, say);
+  if (!c) return fail(kExitBadInput, c.error());
+  const std::string json = kv_calibration_json(*c, a.model, a.text_file, cc);
+  std::ofstream out(a.calibrate, std::ios::binary);
+  if (!out || !(out << json)) {
+    return fail(kExitFailure, fmt::format("cannot write the layer map to '{}'", a.calibrate));
+  }
+  std::string s = fmt::format(
+      "per-layer sensitivity (mean-KLD drop from the base K {} / V {} when one layer moves)\n"
+      "{:>5} {:>12} {:>16} {:>12}  chosen\n",
+      "int4_channel", c->value_base, "layer", "K int8", "V " + c->value_mid, "V int8");
+  for (size_t il = 0; il < c->layers.size(); ++il) {
+    const KvLayerSensitivity& l = c->layers[il];
+    s += fmt::format("{:>5} {:>12.6f} {:>16.6f} {:>12.6f}  k={} v={}\n", il, l.k8_gain, l.v64_gain,
+                     l.v8_gain, c->map[il].k, c->map[il].v);
+  }
+  s += fmt::format(
+      "\nbase (every layer K int4_channel / V {}): {:.3f} bits/value, KLD {:.5f}\n"
+      "layer map: {:.3f} bits/value (budget {:.3f}), KLD predicted {:.5f}, measured {:.5f}, "
+      "ΔPPL {:+.3f} %\n"
+      "uniform int4_asym: {:.3f} bits/value, KLD {:.5f}, ΔPPL {:+.3f} %\n"
+      "wrote {} (use it with --kv-layer-map)\n",
+      c->value_base, c->base_bits, c->base_kld, c->map_bits, a.calibrate_bits, c->predicted_kld,
+      c->map_kld, c->map_dppl_pct, c->uniform_bits, c->uniform_kld, c->uniform_dppl_pct,
+      a.calibrate);
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  return kExitOk;
+}
+
 int run(const QualityArgs& a) {
   std::ifstream f(a.text_file, std::ios::binary);
   if (!f) return fail(kExitBadInput, fmt::format("cannot read text file '{}'", a.text_file));
@@ -190,9 +237,11 @@ int run(const QualityArgs& a) {
   auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
   if (!tok) return fail(kExitFailure, tok.error());
 
-  auto rep = measure_kv_quality(**model, *tok, text, cfg, be, [](const std::string& line) {
+  const QualityProgress say = [](const std::string& line) {
     std::fprintf(stderr, "bie quality: %s\n", line.c_str());
-  });
+  };
+  if (!a.calibrate.empty()) return run_calibration(a, **model, *tok, text, be, say);
+  auto rep = measure_kv_quality(**model, *tok, text, cfg, be, say);
   if (!rep) return fail(kExitBadInput, rep.error());
   const std::string out =
       a.json ? to_json(*rep, a, be.host_threads().size()).dump(2) + "\n" : to_text(*rep, a);
@@ -210,7 +259,8 @@ void add_quality_command(CLI::App& root, int* rc) {
       ->capture_default_str();
   cmd->add_option("-f,--file", a->text_file, "Text to measure on")->required();
   cmd->add_option("--regimes", a->regimes,
-                  "KV regimes: --kv-cache-dtype names, 'k=NAME:v=NAME', optional +rotate/-rotate")
+                  "KV regimes: --kv-cache-dtype names, 'k=NAME:v=NAME', optional +rotate/-rotate, "
+                  "or 'map=FILE' (a --kv-layer-map file)")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("-c,--ctx-size", a->ctx_sizes, "Perplexity window sizes, e.g. 2048,8192")
@@ -243,8 +293,10 @@ void add_quality_command(CLI::App& root, int* rc) {
   cmd->add_option("--seed", a->seed, "Picks the passphrase")->capture_default_str();
   cmd->add_option("--kv-group-size", a->kv.group_size, "int4_asym values per group")
       ->capture_default_str();
-  cmd->add_option("--paged-block-size", a->kv.block_size,
-                  "Tokens per KV block (0: 64 for int8, else 16)")
+  cmd->add_option(
+         "--paged-block-size", a->kv.block_size,
+         "Tokens per KV block and per-channel key tile (0: 64 for int4_asym, int8, the _channel "
+         "formats and layer maps, else 16)")
       ->capture_default_str();
   cmd->add_option("--kv-sink-tokens", a->kv.sink_tokens, "First tokens kept in FP16")
       ->capture_default_str();
@@ -256,6 +308,13 @@ void add_quality_command(CLI::App& root, int* rc) {
                   "only so far)")
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print JSON instead of tables");
+  cmd->add_option("--calibrate", a->calibrate,
+                  "Measure each layer's K and V sensitivity on the text and write a per-layer "
+                  "format map (--kv-layer-map FILE) to this file, within --calibrate-bits");
+  cmd->add_option("--calibrate-bits", a->calibrate_bits,
+                  "The map's average bits per K/V value, scales included (int4_asym: 4.5)")
+      ->capture_default_str()
+      ->check(CLI::Range(4.0, 16.0));
   cmd->callback([a, rc] { *rc = run(*a); });
 }
 

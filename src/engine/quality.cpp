@@ -12,6 +12,7 @@
 #include "bie/engine/kv_setup.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/planner/kv_bytes.h"
+#include "bie/planner/kv_layer_map.h"
 #include "bie/planner/model_geometry.h"
 #include "bie/sampling/sampler.h"
 
@@ -38,7 +39,11 @@ Result<QualityRegime> parse_quality_regime(const std::string& spec,
     body.resize(body.size() - 7);
   }
   if (body.empty()) return Error{fmt::format("regime '{}': no KV type named", spec)};
-  if (body.find('=') == std::string::npos) {
+  if (body.rfind("map=", 0) == 0) {  // a --kv-layer-map file
+    auto map = planner::read_kv_layer_map(body.substr(4));
+    if (!map) return Error{fmt::format("regime '{}': {}", spec, map.error())};
+    f.layer_map = *map;
+  } else if (body.find('=') == std::string::npos) {
     f.dtype = body;
   } else {
     // "k=NAME:v=NAME": the side left out stays f16.
@@ -395,8 +400,7 @@ Result<QualityReport> measure_kv_quality(Model& model, const tokenizer::Tokenize
     if (Status s = planner::check_kv_layout(*geom, r.regime.layout); !s) {
       return Error{fmt::format("regime '{}': {}", r.regime.spec, s.error())};
     }
-    r.body_bytes_per_token =
-        planner::kv_bytes_per_token(*geom, r.regime.layout.k, r.regime.layout.v);
+    r.body_bytes_per_token = planner::kv_bytes_per_token(*geom, r.regime.layout);
     for (int32_t n : cfg.ctx_sizes) {
       r.bytes_per_token.push_back(
           static_cast<double>(planner::kv_sequence_bytes(*geom, r.regime.layout, n)) / n);

@@ -29,7 +29,8 @@ struct QualityRegime {
 // One --regimes entry: a --kv-cache-dtype name ("f16", "int8", "fp8", "int4_asym",
 // "int4_channel", "int4_asym_g32", ...), or K and V given apart as "k=NAME:v=NAME" (either may be
 // left out; the other comes from "f16"), optionally followed by "+rotate" or "-rotate" (else the
-// resolve_kv_layout default: on for int4_asym keys). `base` supplies the group size, block size,
+// resolve_kv_layout default: on for int4_asym keys), or "map=FILE" (a --kv-layer-map file; the
+// other dtype flags do not apply). `base` supplies the group size, block size,
 // sinks and window. Errors name the entry.
 [[nodiscard]] Result<QualityRegime> parse_quality_regime(const std::string& spec,
                                                          const planner::KvLayoutFlags& base);
