@@ -214,10 +214,7 @@ TEST(Engine, PrefixCacheHitGivesSameOutputAndSkipsWork) {
 // and reproduces the output exactly; a longer prompt that needs some of those FP16 blocks in the
 // body format quantises the cached FP16 copy (docs/serving.md "Prefix caching and quantised KV")
 // and still matches a cold run.
-TEST(Engine, PrefixCacheWithQuantisedBody) {
-  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
-  EngineConfig cfg = base_config();
-  cfg.kv.kv.dtype = "int8";
+void prefix_cache_with_quantised_body(EngineConfig cfg, const std::string& label) {
   auto e = Engine::create(cfg);
   ASSERT_TRUE(e.ok()) << e.error();
   Engine& eng = **e;
@@ -227,7 +224,7 @@ TEST(Engine, PrefixCacheWithQuantisedBody) {
   ASSERT_GT(a.prompt.size(), 300u);  // well past the 128-token window
   // int8 = per-channel int8 keys over 64-token blocks (kDefaultInt8Block), per-token int8 values.
   const int64_t B = eng.kv_report().layout.block_size;
-  EXPECT_EQ(eng.kv_report().layout_label, "k=int8_channel_t64 v=int8");
+  EXPECT_EQ(eng.kv_report().layout_label, label);
   Collected first, again, longer;
   ASSERT_FALSE(eng.submit(1, a, collect(first)));
   first.wait();
@@ -255,6 +252,24 @@ TEST(Engine, PrefixCacheWithQuantisedBody) {
   cold_longer.wait();
   EXPECT_EQ(cold_longer.finish->metrics.cached_tokens, 0);
   EXPECT_EQ(longer.tokens, cold_longer.tokens);
+}
+
+TEST(Engine, PrefixCacheWithQuantisedBody) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  EngineConfig cfg = base_config();
+  cfg.kv.kv.dtype = "int8";
+  prefix_cache_with_quantised_body(cfg, "k=int8_channel_t64 v=int8");
+}
+
+// The same with a KV layer map: SmolLM2's 30 layers in two groups of different value formats, so
+// every hit must be served by both groups' pools.
+TEST(Engine, PrefixCacheWithALayerMap) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  EngineConfig cfg = base_config();
+  for (int il = 0; il < 30; ++il) {
+    cfg.kv.kv.layer_map.push_back({"int8_channel", il % 2 == 0 ? "int8" : "fp8_e4m3"});
+  }
+  prefix_cache_with_quantised_body(cfg, "layer-map k=int8_channel_t64 x30 v=int8 x15,fp8_e4m3 x15");
 }
 
 // Every 4-bit regime under continuous batching with prefill chunks that do not fall on block
