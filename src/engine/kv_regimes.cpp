@@ -60,6 +60,7 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
       f.dtype_k.clear();
       f.dtype_v.clear();
     }
+    if (why != std::string("default")) f.layer_map.clear();  // a layer map refines the default only
     auto layout = kv_layout_for_model(g, f);
     if (!layout) return Error{fmt::format("{} regime '{}': {}", why, name, layout.error())};
     const std::string label = planner::kv_layout_label(*layout);

@@ -181,6 +181,9 @@ def test_kv_layer_map_is_served_and_reported(tmp_path):
             "layer-map k=int8_channel_t64 x2,int4_channel_t64 x28 v=int8 x2,int4_asym_g64 x28"
         )
         assert out.text
+        e.set_force_f16(True)  # the kill switch is plain f16, not the map
+        forced = e.generate("The capital of France is", bi.SamplingParams(**GREEDY))[0]
+        assert forced.metrics.kv_regime == "f16"
     with pytest.raises(ValueError, match="the KV layer map has 1 layers, the model 30"):
         path.write_text(json.dumps({"format": "bie-kv-layer-map", "version": 1, "layers": layers[:1]}))
         bi.BieEngine(small_config(kv_layer_map=str(path)))
