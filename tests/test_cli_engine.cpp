@@ -121,6 +121,15 @@ TEST(CliEngine, CalibratedLayerMapRunsAndAWrongMapIsOneLine) {
                            map);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_NE(run.err.find("kv: layer-map k=int4_channel_t16 x"), std::string::npos) << run.err;
+  // bench: the --kv-cache-dtype list as named, then the map as one more row.
+  const auto bench = run_cmd(test::bie_bin() +
+                             " bench -m default -p 16 -n 4 -r 1 -t 2 --paged-block-size 16 "
+                             "--kv-cache-dtype f16,int4_asym --kv-layer-map " +
+                             map);
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  EXPECT_EQ(count_lines(bench.out), 10) << bench.out;  // 4 header lines, 3 regimes x (tg, pp)
+  EXPECT_NE(bench.out.find("\nlayer-map "), std::string::npos) << bench.out;
+  EXPECT_NE(bench.out.find("\nint4_asym "), std::string::npos) << bench.out;
 
   const std::string two = ::testing::TempDir() + "/bie_cli_two_layers.kvmap.json";
   std::ofstream(two) << R"({"format": "bie-kv-layer-map", "version": 1, "layers": [

@@ -135,9 +135,14 @@ int bench(const BenchArgs& a) {
   }
 
   std::vector<Regime> regimes;
-  for (const std::string& name : names) {
+  // The --kv-cache-dtype list as named, then (with --kv-layer-map) the map as one more regime,
+  // so a map is measured side by side with the uniform formats.
+  std::vector<std::string> runs = names;
+  if (!base->kv.layer_map.empty()) runs.push_back("layer-map");
+  for (const std::string& name : runs) {
     KvEngineOptions o = *base;
-    o.kv.dtype = name;
+    o.kv.dtype = name == "layer-map" ? "f16" : name;  // a map's own formats replace the dtype
+    if (name != "layer-map") o.kv.layer_map.clear();
     auto s = setup_kv_cache(m, o, &be);
     if (!s) return fail(kExitBadInput, fmt::format("regime {}: {}", name, s.error()));
     regimes.push_back({name, std::move(s).value()});
