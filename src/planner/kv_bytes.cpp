@@ -119,19 +119,32 @@ uint64_t kv_bytes_unpaged(const ModelGeometry& g, KvFormat k, KvFormat v, int64_
   return sum;
 }
 
+namespace {
+
+// The index in `groups` of the group layer il belongs to (same shape, window and body formats),
+// or groups.size().
+size_t find_layer_group(const std::vector<KvLayerGroup>& groups, const ModelGeometry& g,
+                        const KvLayout& layout, size_t il) {
+  const LayerKv& l = g.layers[il];
+  const KvLayerFormats b = layout.body(il);
+  const auto it = std::find_if(groups.begin(), groups.end(), [&](const KvLayerGroup& grp) {
+    return grp.shape == l && grp.body == b;
+  });
+  return static_cast<size_t>(it - groups.begin());
+}
+
+}  // namespace
+
 std::vector<KvLayerGroup> kv_layer_groups(const ModelGeometry& g, const KvLayout& layout) {
   std::vector<KvLayerGroup> groups;
   for (size_t il = 0; il < g.layers.size(); ++il) {
     const LayerKv& l = g.layers[il];
     if (l.n_head_kv == 0) continue;  // a layer without attention stores nothing
-    const KvLayerFormats b = layout.body(il);
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const KvLayerGroup& grp) {
-      return grp.shape == l && grp.body == b;
-    });
-    if (it == groups.end()) {
-      groups.push_back({l, 1, b});
+    const size_t gi = find_layer_group(groups, g, layout, il);
+    if (gi == groups.size()) {
+      groups.push_back({l, 1, layout.body(il)});
     } else {
-      ++it->n_layers;
+      ++groups[gi].n_layers;
     }
   }
   return groups;
@@ -139,13 +152,9 @@ std::vector<KvLayerGroup> kv_layer_groups(const ModelGeometry& g, const KvLayout
 
 size_t kv_layer_group_of(const std::vector<KvLayerGroup>& groups, const ModelGeometry& g,
                          const KvLayout& layout, size_t il) {
-  const LayerKv& l = g.layers[il];
-  const KvLayerFormats b = layout.body(il);
-  const auto it = std::find_if(groups.begin(), groups.end(), [&](const KvLayerGroup& grp) {
-    return grp.shape == l && grp.body == b;
-  });
-  assert(it != groups.end());
-  return static_cast<size_t>(it - groups.begin());
+  const size_t gi = find_layer_group(groups, g, layout, il);
+  assert(gi < groups.size());
+  return gi;
 }
 
 uint64_t kv_group_block_bytes(const KvLayerGroup& grp, KvFormat k, KvFormat v, int block_size) {
