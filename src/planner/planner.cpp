@@ -17,7 +17,7 @@ uint64_t gib_to_bytes(double gib) {
 }
 
 std::string option_label(const KvLayout& l) {
-  if (!l.per_layer.empty()) return "KV layer map";
+  if (!l.per_layer.empty()) return "layer map";
   if (l.k == l.v) return kv_format_name(l.k);
   return fmt::format("K {} / V {}", kv_format_name(l.k), kv_format_name(l.v));
 }
