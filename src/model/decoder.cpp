@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "bie/attention/attention_entropy.h"
 #include "bie/attention/attention_runner.h"
 #include "bie/backend/backend.h"
 #include "bie/planner/model_geometry.h"
@@ -47,6 +48,12 @@ class DecoderModel final : public Model {
   Status bind(Backend& be) override;
 
  private:
+  // The attention entropy of the token at `pos` of kv's sequence (query row q) at layer il, into
+  // out[il * n_head, + n_head) (BatchSequence::attn_entropy).
+  [[nodiscard]] Status last_token_entropy(KvCache& kv, int il, int64_t pos, const Tensor& q,
+                                          float scale, int64_t window,
+                                          std::span<attention::HeadEntropy> out,
+                                          Backend& be) const;
   // Weights are tensors of the backend buffer that holds the file's data section (offsets from
   // its start); norm weights and biases are F32 [1, n].
   struct Layer {
@@ -271,6 +278,28 @@ Status DecoderModel::bind(Backend& be) {
   return {};
 }
 
+Status DecoderModel::last_token_entropy(KvCache& kv, int il, int64_t pos, const Tensor& q,
+                                        float scale, int64_t window,
+                                          std::span<attention::HeadEntropy> out,
+                                        Backend& be) const {
+  const size_t n_head = static_cast<size_t>(hp_.n_head);
+  if (out.size() != static_cast<size_t>(hp_.n_layer) * n_head) {
+    return Error{fmt::format("attention entropy: {} values asked for, the model has {} layers x {} "
+                             "heads",
+                             out.size(), hp_.n_layer, n_head)};
+  }
+  const kv::HostKvBlocks blocks = kv.host_blocks(il, pos + 1);
+  if (blocks.empty()) {
+    return Error{"attention entropy is measured over KV blocks in host memory; this cache keeps "
+                 "none (run with --device cpu)"};
+  }
+  float *qp = nullptr, *unused = nullptr;
+  if (Status st = host_rows(be, q, q, "queries", &qp, &unused); !st) return st;
+  attention::attention_entropy(blocks, kv.geometry(), pos, qp, hp_.n_head, scale, window,
+                               out.data() + static_cast<size_t>(il) * n_head);
+  return {};
+}
+
 Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequence> seqs,
                                                      Backend& be) {
   const ModelHParams& hp = hp_;
@@ -337,6 +366,13 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
                                        attn.slice_rows(r0, ns), be, window);
           !st) {
         return Error{st.error()};
+      }
+      if (!seqs[sq].attn_entropy.empty()) {
+        if (Status st = last_token_entropy(kv, il, p0 + ns - 1, q.slice_rows(r0 + ns - 1, 1),
+                                           kernel_scale, window, seqs[sq].attn_entropy, be);
+            !st) {
+          return Error{st.error()};
+        }
       }
     }
     plan_.mm(be, l.wo, attn, proj);

@@ -9,8 +9,11 @@ namespace bie {
 
 Result<std::span<float>> Model::forward(std::span<const int32_t> tokens, KvCache& kv,
                                         Backend& backend, ForwardOptions opts) {
-  const BatchSequence one{
-      tokens, &kv, opts.logits_all ? BatchSequence::Logits::kAll : BatchSequence::Logits::kLast};
+  BatchSequence one;
+  one.tokens = tokens;
+  one.kv = &kv;
+  one.logits = opts.logits_all ? BatchSequence::Logits::kAll : BatchSequence::Logits::kLast;
+  one.attn_entropy = opts.attn_entropy;
   auto out = forward_batch(std::span<const BatchSequence>(&one, 1), backend);
   if (out) kv.finish_pass();
   return out;

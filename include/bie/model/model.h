@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bie/attention/attention_entropy.h"
 #include "bie/backend/backend.h"
 #include "bie/backend/matmul_path.h"
 #include "bie/common/result.h"
@@ -58,6 +59,10 @@ struct ForwardOptions {
   // The kernels the tokens' matmuls use (see MatmulPath): generation names kPrefill for prompt
   // tokens and kDecode for generated ones, so results do not depend on how tokens are batched.
   MatmulPath path = MatmulPath::kAuto;
+  // Non-empty ([n_layer * n_head]): the pass measures the attention entropy of the last token at
+  // every layer (attention::attention_entropy), query head h of layer il at [il * n_head + h]
+  // (caches with host blocks only; another cache fails the pass).
+  std::span<attention::HeadEntropy> attn_entropy;
 };
 
 // One sequence's part of a batched forward pass: `tokens` run at positions
@@ -71,6 +76,9 @@ struct BatchSequence {
   // (kDecode); -1 with `path` below for all of them.
   int64_t decode_from = -1;
   MatmulPath path = MatmulPath::kAuto;  // used when decode_from < 0
+  // Non-empty ([n_layer * n_head]): measure the last token's attention entropy at every layer,
+  // as ForwardOptions::attn_entropy.
+  std::span<attention::HeadEntropy> attn_entropy;
 };
 
 class Model {
