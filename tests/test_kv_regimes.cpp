@@ -266,6 +266,142 @@ TEST(KvRegimes, F16RegimeMatchesAnF16EngineAndRefusesWhatDoesNotFit) {
   for (const auto& p : (*mixed)->metrics().pools) EXPECT_EQ(p.blocks_used, 0) << p.format;
 }
 
+// --kv-fallback-entropy: a request in the default regime is measured at its prompt's last token;
+// below the threshold it is computed again in the fallback regime before its first token, so it
+// gives exactly what the fallback regime gives, says so in its metrics and its first token event,
+// and leaves no block behind. A request that names its regime, or whose prompt has nothing
+// quantised yet (all inside the FP16 sink and window), is never moved.
+std::string long_prompt() {
+  std::string t = "<|im_start|>user\nRead the ledger, then answer.\n";
+  for (int i = 0; i < 48; ++i) {
+    t += "Entry " + std::to_string(i) + ": crate " + std::to_string(7 * i + 3) +
+         " went to the harbour at dawn.\n";
+  }
+  t += "The secret code is 4417.\nWhat is the secret code?<|im_end|>\n<|im_start|>assistant\n";
+  return t;
+}
+
+struct FirstRegime {
+  test::Collected c;
+  std::string first;  // the first token event's kv_regime
+};
+
+FinishEvent run_watching(Engine& e, EngineRequest r, FirstRegime& w) {
+  static RequestId id = 1000;
+  RequestCallbacks cb = test::collect(w.c);
+  auto inner = cb.on_token;
+  cb.on_token = [&w, inner](const TokenEvent& ev) {
+    if (w.c.tokens.empty()) w.first = ev.kv_regime;
+    return inner(ev);
+  };
+  EXPECT_FALSE(e.submit(id++, std::move(r), cb).has_value());
+  w.c.wait();
+  return *w.c.finish;
+}
+
+TEST(KvFallback, SpikyRequestsAreRecomputedInTheFallbackRegime) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  EngineConfig c = regime_config("int4_asym");
+  c.kv_fallback_entropy = 1.0;  // every prompt with weight on its quantised body falls back
+  auto e = Engine::create(c);
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  const std::string label4 = eng.kv_policy().regimes[0].label;
+  const std::string label8 = "k=int8_channel_t64 v=int8";
+  const std::string text = long_prompt();
+  ASSERT_GT(greedy(eng, text, 1).prompt.size(), 400u) << "the prompt must reach the body";
+
+  EngineRequest named8 = greedy(eng, text, 12);
+  named8.kv_cache_dtype = "int8";
+  const Done want = run(eng, named8);
+  EXPECT_LT(want.fin.metrics.attn_entropy, 0) << "a request that names its regime is not measured";
+  FirstRegime w;
+  const FinishEvent fin = run_watching(eng, greedy(eng, text, 12), w);
+  EXPECT_EQ(fin.finish_reason, want.fin.finish_reason);
+  EXPECT_TRUE(fin.metrics.kv_fallback);
+  EXPECT_EQ(fin.metrics.kv_regime, label8);
+  EXPECT_EQ(w.first, label8);
+  EXPECT_GE(fin.metrics.attn_entropy, 0.0);
+  EXPECT_LT(fin.metrics.attn_entropy, 1.0);
+  EXPECT_EQ(w.c.tokens, want.tokens) << "the fallback gives what its regime gives";
+  EXPECT_EQ(fin.metrics.preemptions, 0);
+  EngineMetrics m = eng.metrics();
+  EXPECT_EQ(m.kv_entropy_probes, 1);
+  EXPECT_EQ(m.kv_fallbacks, 1);
+
+  // Nothing quantised yet: the figure is 1, not below the threshold.
+  const Done short_one = run(eng, greedy(eng, "The capital of France is", 4));
+  EXPECT_FALSE(short_one.fin.metrics.kv_fallback);
+  EXPECT_EQ(short_one.fin.metrics.attn_entropy, 1.0);
+  EXPECT_EQ(short_one.fin.metrics.kv_regime, label4);
+  // Two choices fork after the fallback's prompt: both ran in it.
+  EngineRequest two = greedy(eng, text, 6);
+  two.n = 2;
+  two.sampling.temperature = 0.7f;
+  two.sampling.seed = 5;
+  test::Collected c0;
+  ASSERT_FALSE(eng.submit(2000, two, test::collect(c0)).has_value());
+  eng.wait_idle();
+  ASSERT_TRUE(c0.finish.has_value());
+  EXPECT_TRUE(c0.finish->metrics.kv_fallback);
+  EXPECT_EQ(c0.finish->metrics.kv_regime, label8);
+  m = eng.metrics();
+  EXPECT_EQ(m.kv_entropy_probes, 3);
+  EXPECT_EQ(m.kv_fallbacks, 2);
+  EXPECT_EQ(test::used_blocks(eng), 0);
+}
+
+// A request that falls back leaves its step's other sequences alone: their logits rows still
+// reach them (the pass's rows are compacted). A long prompt keeps the engine busy while the two
+// arrive, so they are admitted together and sample in the same step.
+TEST(KvFallback, OtherSequencesOfTheStepKeepTheirOwnRows) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  EngineConfig c = regime_config("int4_asym");
+  c.kv_fallback_entropy = 1.0;
+  c.enable_prefix_caching = false;
+  c.kv.chunked_prefill_size = 1024;
+  c.max_num_batched_tokens = 2048;
+  auto e = Engine::create(c);
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  EngineRequest b = greedy(
+      eng, "<|im_start|>user\nName three rivers in Europe.<|im_end|>\n<|im_start|>assistant\n", 8);
+  b.kv_cache_dtype = "int4_asym";
+  const Done alone = run(eng, b);
+  EngineRequest busy = greedy(eng, long_prompt() + long_prompt(), 4);
+  busy.kv_cache_dtype = "int4_asym";
+  test::Collected cb, ca, cc;
+  ASSERT_FALSE(eng.submit(3000, busy, test::collect(cc)).has_value());
+  ASSERT_FALSE(eng.submit(3001, greedy(eng, long_prompt(), 8), test::collect(ca)).has_value());
+  ASSERT_FALSE(eng.submit(3002, b, test::collect(cb)).has_value());
+  eng.wait_idle();
+  ASSERT_TRUE(ca.finish && cb.finish && cc.finish);
+  EXPECT_TRUE(ca.finish->metrics.kv_fallback);
+  EXPECT_FALSE(cb.finish->metrics.kv_fallback);
+  EXPECT_EQ(cb.tokens, alone.tokens);
+  EXPECT_EQ(test::used_blocks(eng), 0);
+}
+
+// A threshold no prompt is under measures and moves nothing: the default's own output.
+TEST(KvFallback, AboveTheThresholdTheDefaultServes) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  EngineConfig c = regime_config("int4_asym");
+  c.kv_fallback_entropy = 1e-6;
+  auto e = Engine::create(c);
+  ASSERT_TRUE(e.ok()) << e.error();
+  const std::string text = long_prompt();
+  EngineRequest named4 = greedy(**e, text, 12);
+  named4.kv_cache_dtype = "int4_asym";
+  const Done want = run(**e, named4);
+  const Done got = run(**e, greedy(**e, text, 12));
+  EXPECT_FALSE(got.fin.metrics.kv_fallback);
+  EXPECT_GT(got.fin.metrics.attn_entropy, 0.0);
+  EXPECT_EQ(got.fin.metrics.kv_regime, (*e)->kv_policy().regimes[0].label);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ((*e)->metrics().kv_entropy_probes, 1);
+  EXPECT_EQ((*e)->metrics().kv_fallbacks, 0);
+}
+
 TEST(KvRegimes, BadRegimeConfigIsRefused) {
   BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   EngineConfig c = regime_config("int4_asym");
@@ -279,6 +415,17 @@ TEST(KvRegimes, BadRegimeConfigIsRefused) {
   auto p = Engine::create(c);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.error().find("--kv-policy"), std::string::npos) << p.error();
+  c.kv_policy.clear();
+  c.kv_fallback_entropy = 1.5;
+  auto f = Engine::create(c);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.error().find("--kv-fallback-entropy must be in (0, 1]"), std::string::npos)
+      << f.error();
+  c.kv_fallback_entropy = 0.5;
+  c.kv_fallback_regime = "int5";
+  auto g = Engine::create(c);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.error().find("--kv-fallback-entropy regime 'int5'"), std::string::npos) << g.error();
 }
 
 }  // namespace

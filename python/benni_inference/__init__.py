@@ -125,6 +125,11 @@ class EngineConfig:
             f16 is always one (the kill switch, :meth:`BieEngine.set_force_f16`).
         kv_policy: KV format by request length (prompt + max_tokens), e.g.
             ``"int4_asym:0-16384,int8:16384-"``; lengths no range covers use kv_cache_dtype.
+        kv_fallback_entropy: in (0, 1]: a request in the default regime whose attention at the
+            prompt's last token is spiky (entropy proxy below this) is recomputed in
+            kv_fallback_regime before its first token (``bie-serve --kv-fallback-entropy``);
+            0 = off. CPU only.
+        kv_fallback_regime: the KV format spiky requests fall back to.
         kv_rotate: Hadamard-rotate K and Q; None = on for per-token int4_asym_gN keys.
         kv_layer_map: path of a per-layer KV format map (``bie quality --calibrate`` writes one);
             each layer's body formats replace kv_cache_dtype's. None = no map.
@@ -161,6 +166,8 @@ class EngineConfig:
     speculative_model: Optional[str] = None
     kv_regimes: Optional[List[str]] = None
     kv_policy: Optional[str] = None
+    kv_fallback_entropy: float = 0.0
+    kv_fallback_regime: str = "int8"
     kv_rotate: Optional[bool] = None
     kv_layer_map: Optional[str] = None
     max_queue: int = 256
@@ -215,6 +222,13 @@ class EngineConfig:
             raise ValueError(f"kv_regimes must be a list of format names, got {self.kv_regimes!r}")
         if self.kv_policy is not None and not isinstance(self.kv_policy, str):
             raise ValueError(f"kv_policy must be a string such as 'int4_asym:0-16384,int8:16384-', got {self.kv_policy!r}")
+        e = self.kv_fallback_entropy
+        if not _is_number(e) or not 0.0 <= e <= 1.0:
+            raise ValueError(f"kv_fallback_entropy must be in [0, 1] (0: off), got {e!r}")
+        if not isinstance(self.kv_fallback_regime, str) or not self.kv_fallback_regime:
+            raise ValueError(
+                f"kv_fallback_regime must be a KV format name such as 'int8', got {self.kv_fallback_regime!r}"
+            )
         if self.speculative_model is not None and not isinstance(self.speculative_model, str):
             raise ValueError(
                 f"speculative_model must be a path or None, got {self.speculative_model!r}"
@@ -344,6 +358,9 @@ class RequestMetrics:
         prompt_tokens, generated_tokens, preemptions, queue_seconds, total_seconds: as named.
         acceptance_rate: share of draft tokens accepted when speculating; None otherwise.
         draft_tokens, accepted_tokens: speculative proposals verified, and of those accepted.
+        attn_entropy: the attention-entropy proxy at the prompt's last token when the engine
+            measured it (``kv_fallback_entropy``); None otherwise.
+        kv_fallback: the request's attention was spiky and it ran in the fallback regime.
     """
 
     ttft: float = 0.0
@@ -358,6 +375,8 @@ class RequestMetrics:
     acceptance_rate: Optional[float] = None
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    attn_entropy: Optional[float] = None
+    kv_fallback: bool = False
 
 
 @dataclass

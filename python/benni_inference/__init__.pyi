@@ -32,6 +32,8 @@ class EngineConfig:
     speculative_model: Optional[str] = None
     kv_regimes: Optional[List[str]] = None
     kv_policy: Optional[str] = None
+    kv_fallback_entropy: float = 0.0
+    kv_fallback_regime: str = "int8"
     kv_rotate: Optional[bool] = None
     max_queue: int = 256
     check_integrity: bool = False
@@ -69,6 +71,8 @@ class RequestMetrics:
     queue_seconds: float = 0.0
     total_seconds: float = 0.0
     acceptance_rate: Optional[float] = None
+    attn_entropy: Optional[float] = None
+    kv_fallback: bool = False
     draft_tokens: int = 0
     accepted_tokens: int = 0
 

@@ -97,6 +97,8 @@ EngineConfig engine_config_from(const py::dict& d) {
   c.speculative_model = get_or<std::string>(d, "speculative_model", "");
   c.kv_regimes = get_or<std::vector<std::string>>(d, "kv_regimes", {});
   c.kv_policy = get_or<std::string>(d, "kv_policy", "");
+  c.kv_fallback_entropy = get_or<double>(d, "kv_fallback_entropy", 0.0);
+  c.kv_fallback_regime = get_or<std::string>(d, "kv_fallback_regime", c.kv_fallback_regime);
   // auto/cpu/vulkan[:N] as the CLI's --device: a device that is not here is a ValueError.
   auto device = backend_for_device(get_or<std::string>(d, "device", "auto"));
   if (!device) throw py::value_error(device.error());
@@ -211,6 +213,8 @@ py::dict to_dict(const Output& o, bool with_logprobs) {
   metrics["draft_tokens"] = m.draft_tokens;
   metrics["accepted_tokens"] = m.accepted_tokens;
   metrics["acceptance_rate"] = m.draft_tokens > 0 ? py::cast(m.acceptance_rate()) : py::none();
+  metrics["attn_entropy"] = m.attn_entropy >= 0 ? py::cast(m.attn_entropy) : py::none();
+  metrics["kv_fallback"] = m.kv_fallback;
   py::dict d;
   d["text"] = o.text;
   d["token_ids"] = o.tokens;
@@ -457,6 +461,8 @@ class EngineHandle {
     d["steps"] = m.steps;
     d["batched_tokens"] = m.batched_tokens;
     d["batched_seqs"] = m.batched_seqs;
+    d["kv_entropy_probes"] = m.kv_entropy_probes;
+    d["kv_fallbacks"] = m.kv_fallbacks;
     return d;
   }
 

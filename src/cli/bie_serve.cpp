@@ -42,6 +42,8 @@ struct ServeArgs {
   std::string spec_model;
   std::string kv_policy;
   std::vector<std::string> kv_regimes;
+  double kv_fallback_entropy = 0;
+  std::string kv_fallback_regime = "int8";
   bool spec_always = false;
   double drain_seconds = 30;
   std::string chat_template_file;
@@ -136,6 +138,14 @@ int main(int argc, char** argv) {
                  "further KV formats requests may ask for with \"kv_cache_dtype\" (f16 is always "
                  "one: the kill switch POST /admin/kv-policy sends new requests to it)")
       ->delimiter(',');
+  app.add_option("--kv-fallback-entropy", a.kv_fallback_entropy,
+                 "serve requests whose attention is spiky in --kv-fallback-regime: the attention "
+                 "entropy at the prompt's last token (0 = one key, 1 = uniform; the spikiest "
+                 "layer's mean over heads) is measured for requests in the default regime, and "
+                 "one below this is recomputed in the fallback before its first token (0: off; "
+                 "CPU only)");
+  app.add_option("--kv-fallback-regime", a.kv_fallback_regime,
+                 "the KV format spiky requests fall back to (--kv-fallback-entropy)");
   app.add_option("--chat-template", a.chat_template_file,
                  "Jinja chat template file to use instead of the GGUF's tokenizer.chat_template "
                  "(rendered as transformers does: messages, tools, add_generation_prompt, "
@@ -185,6 +195,8 @@ int main(int argc, char** argv) {
   ec.speculative_model = a.spec_model;
   ec.kv_policy = a.kv_policy;
   ec.kv_regimes = a.kv_regimes;
+  ec.kv_fallback_entropy = a.kv_fallback_entropy;
+  ec.kv_fallback_regime = a.kv_fallback_regime;
   ec.speculative_always = a.spec_always;
   if (!a.chat_template_file.empty()) {
     auto text = read_text(a.chat_template_file);

@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "bie/attention/attention_entropy.h"
 #include "bie/backend/backend.h"
 #include "bie/engine/draft_model.h"
 #include "bie/engine/drafter.h"
@@ -73,6 +74,12 @@ class EngineImpl final : public Engine, private OutputProcessor::Hooks {
  private:
   void loop();
   void step();
+  // --kv-fallback-entropy: the entropy buffer of a sequence whose pass completes its prompt and
+  // that should be measured (empty: none).
+  std::span<attention::HeadEntropy> entropy_probe(const ScheduledSeq& sc);
+  // After the pass: every measured request below the threshold moves to the fallback regime, to
+  // be computed again there; its chunk leaves `out` and its logits row the pass's rows.
+  void fall_back_spiky(SchedulerOutput& out, std::span<float> logits);
   void finish(Request& r, const std::string& reason, const std::string& error = {}) {
     out_->finish(r, reason, error);
   }
@@ -228,6 +235,19 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   rc.base = o.kv;
   rc.extra = cfg.kv_regimes;
   rc.policy = cfg.kv_policy;
+  if (cfg.kv_fallback_entropy != 0) {
+    if (!(cfg.kv_fallback_entropy > 0 && cfg.kv_fallback_entropy <= 1)) {
+      return Error{fmt::format("--kv-fallback-entropy must be in (0, 1], got {}",
+                               cfg.kv_fallback_entropy)};
+    }
+    if (plan_opts.device) {
+      return Error{fmt::format(
+          "--kv-fallback-entropy measures attention over KV blocks in host memory; it does not "
+          "run on {} yet (drop it, or run with --device cpu)",
+          backend_->name())};
+    }
+    rc.fallback = cfg.kv_fallback_regime;
+  }
   rc.enable_prefix_caching = cfg.enable_prefix_caching;
   rc.events = cfg.kv_events;
   auto regimes =
@@ -533,7 +553,9 @@ void EngineImpl::step() {
       r.first_scheduled = now;
     }
   }
-  auto ran = runner_->run(out, m_);
+  EntropyProbe probe;
+  if (regimes_->fallback()) probe = [this](const ScheduledSeq& sc) { return entropy_probe(sc); };
+  auto ran = runner_->run(out, m_, probe);
   if (!ran) {
     for (const ScheduledSeq& sc : out.scheduled) {
       finish(*reqs_.at(sc.seq->id), "error", ran.error());
@@ -549,7 +571,59 @@ void EngineImpl::step() {
       return;
     }
   }
+  if (regimes_->fallback()) fall_back_spiky(out, ran->logits);
   out_->process(out.scheduled, ran->logits);
+}
+
+std::span<attention::HeadEntropy> EngineImpl::entropy_probe(const ScheduledSeq& sc) {
+  const Sequence& s = *sc.seq;
+  Request& r = *reqs_.at(s.id);
+  // Requests in the default regime that did not name one, measured once, whose prompt the
+  // fallback regime can hold.
+  const bool wanted = r.regime == 0 && r.req.kv_cache_dtype.empty() && r.attn_entropy < 0 &&
+                      s.n_prompt < (*regimes_)[*regimes_->fallback()].tokens_fit;
+  if (!wanted || !sc.sample || sc.n_draft > 0 || s.computed + sc.n_tokens != s.n_prompt) return {};
+  const ModelHParams& hp = model_->hparams();
+  r.entropy.assign(static_cast<size_t>(hp.n_layer) * static_cast<size_t>(hp.n_head), {});
+  r.probe_now = true;
+  return r.entropy;
+}
+
+void EngineImpl::fall_back_spiky(SchedulerOutput& out, std::span<float> logits) {
+  const size_t fb = *regimes_->fallback();
+  const auto n_vocab = static_cast<size_t>(info_.n_vocab);
+  std::vector<ScheduledSeq> kept;
+  size_t row = 0, kept_row = 0;
+  for (const ScheduledSeq& sc : out.scheduled) {
+    const size_t rows = sc.sample ? static_cast<size_t>(1 + sc.n_draft) : 0;
+    const size_t at = row;
+    row += rows;
+    Request& r = *reqs_.at(sc.seq->id);
+    if (r.probe_now) {
+      r.probe_now = false;
+      r.attn_entropy = attention::entropy_proxy(r.entropy);
+      ++m_.kv_entropy_probes;
+      if (r.attn_entropy < cfg_.kv_fallback_entropy) {
+        Status st = sched_->commit(sc, sc.n_tokens);
+        if (st) st = sched_->restart_in(sc.seq->id, (*regimes_)[fb].store.get());
+        if (!st) {
+          finish(r, "error", "KV fallback: " + st.error());
+          continue;
+        }
+        r.regime = fb;
+        r.kv_fallback = true;
+        r.max_tokens = std::min(r.max_tokens, (*regimes_)[fb].tokens_fit - sc.seq->n_prompt);
+        ++m_.kv_fallbacks;
+        continue;
+      }
+    }
+    if (rows > 0 && kept_row != at) {
+      std::copy_n(logits.data() + at * n_vocab, rows * n_vocab, logits.data() + kept_row * n_vocab);
+    }
+    kept_row += rows;
+    kept.push_back(sc);
+  }
+  out.scheduled = std::move(kept);
 }
 
 bool EngineImpl::retire(RequestId rid, int32_t choices) {

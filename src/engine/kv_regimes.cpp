@@ -45,6 +45,7 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
   wanted.emplace_back("f16", "kill switch");
   for (const std::string& n : cfg.extra) wanted.emplace_back(n, "--kv-regimes");
   for (const KvLengthRule& r : rs->policy_) wanted.emplace_back(r.regime, "--kv-policy");
+  if (!cfg.fallback.empty()) wanted.emplace_back(cfg.fallback, "--kv-fallback-entropy");
   // The report's pools (local layer groups with their pass headroom), within the KV budget:
   // --kv-cache-memory is never exceeded.
   uint64_t limit = std::min(page_bytes(report.groups), report.kv_budget_bytes);
@@ -67,7 +68,9 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
     const auto same = std::find_if(regimes.begin(), regimes.end(),
                                    [&](const KvRegime& r) { return r.label == label; });
     if (same != regimes.end()) {
-      if (name == "f16") rs->f16_ = static_cast<size_t>(same - regimes.begin());
+      const auto i = static_cast<size_t>(same - regimes.begin());
+      if (name == "f16") rs->f16_ = i;
+      if (why == "--kv-fallback-entropy" && i != 0) rs->fallback_ = i;
       continue;
     }
     if (!regimes.empty() && backend.supports_paged_kv()) {
@@ -112,6 +115,7 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
         hi = mid - 1;
     }
     if (name == "f16") rs->f16_ = regimes.size();
+    if (why == "--kv-fallback-entropy") rs->fallback_ = regimes.size();
     regimes.push_back({name.empty() ? label : name, label, std::move(store).value(), lo});
     line += fmt::format("{}{} ({}, {} tokens)", line.empty() ? "" : "; ", label, why, lo);
   }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ struct KvRegimesConfig {
   planner::KvLayoutFlags base;     // the default regime's flags
   std::vector<std::string> extra;  // --kv-regimes
   std::string policy;              // --kv-policy text, may be empty
+  std::string fallback;            // --kv-fallback-entropy's regime, may be empty
   bool enable_prefix_caching = true;
   kv::KvEventSink* events = nullptr;
 };
@@ -63,6 +65,9 @@ class KvRegimes {
   void set_force_f16(bool on) { force_f16_ = on; }
   [[nodiscard]] bool force_f16() const { return force_f16_; }
   [[nodiscard]] KvPolicyInfo info() const;
+  // The regime spiky requests fall back to (KvRegimesConfig::fallback); none when not asked for
+  // or when it is the default's own layout.
+  [[nodiscard]] std::optional<size_t> fallback() const { return fallback_; }
 
   // The KV part of EngineMetrics: budget, pools by storage format, prefix-cache counters, block
   // size and usage.
@@ -76,6 +81,7 @@ class KvRegimes {
   std::unique_ptr<kv::MemoryBudget> budget_;
   std::vector<KvRegime> regimes_;  // regimes_[0] is the default
   size_t f16_ = 0;                 // the kill switch's regime
+  std::optional<size_t> fallback_;
   std::vector<KvLengthRule> policy_;
   std::atomic<bool> force_f16_{false};
 };

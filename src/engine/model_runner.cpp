@@ -17,7 +17,8 @@ Status ModelRunner::prepare_kv(const SchedulerOutput& out) {
   return {};
 }
 
-Result<RunOutput> ModelRunner::run(SchedulerOutput& out, EngineMetrics& m) {
+Result<RunOutput> ModelRunner::run(SchedulerOutput& out, EngineMetrics& m,
+                                   const EntropyProbe& probe) {
   assert(!out.scheduled.empty());
   // Decode chunks first: their rows form one run of matrix-vector kernels.
   const auto first_prefill =
@@ -49,6 +50,7 @@ Result<RunOutput> ModelRunner::run(SchedulerOutput& out, EngineMetrics& m) {
                : sc.sample    ? BatchSequence::Logits::kLast
                               : BatchSequence::Logits::kNone;
     b.decode_from = std::max<int64_t>(0, s.n_prompt - s.computed);
+    if (probe) b.attn_entropy = probe(sc);
     batch.push_back(b);
     if (s.in_prompt()) {
       m.computed_prompt_tokens += std::min(sc.n_tokens, s.n_prompt - s.computed);

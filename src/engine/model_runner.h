@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "bie/backend/backend.h"
@@ -23,6 +24,10 @@ struct RunOutput {
   double forward_ms = 0;     // the forward pass's wall time
 };
 
+// Where a scheduled sequence's attention entropy is measured this pass
+// (BatchSequence::attn_entropy, [n_layer * n_head]); empty: not measured.
+using EntropyProbe = std::function<std::span<attention::HeadEntropy>(const ScheduledSeq&)>;
+
 class ModelRunner {
  public:
   ModelRunner(Model& model, Backend& backend, int64_t max_model_len)
@@ -33,9 +38,11 @@ class ModelRunner {
   // and also when nothing was scheduled.
   [[nodiscard]] static Status prepare_kv(const SchedulerOutput& out);
   // Puts decode chunks first in out.scheduled (their rows form one run of matrix-vector
-  // kernels), then builds the batch and runs it; counts the step in m.
+  // kernels), then builds the batch and runs it; counts the step in m. `probe` (if set) names
+  // the sequences whose last token's attention entropy the pass measures.
   // note: call only with a non-empty out.scheduled, after prepare_kv(out).
-  [[nodiscard]] Result<RunOutput> run(SchedulerOutput& out, EngineMetrics& m);
+  [[nodiscard]] Result<RunOutput> run(SchedulerOutput& out, EngineMetrics& m,
+                                      const EntropyProbe& probe = {});
 
  private:
   Model& model_;

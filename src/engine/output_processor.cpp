@@ -98,6 +98,8 @@ bool OutputProcessor::fork_choices(Request& r, const float* row) {
     c->cb = r.cb;
     c->max_tokens = r.max_tokens;
     c->regime = r.regime;
+    c->attn_entropy = r.attn_entropy;
+    c->kv_fallback = r.kv_fallback;
     c->submitted = r.submitted;
     c->first_scheduled = r.first_scheduled;
     c->scheduled_once = r.scheduled_once;
@@ -146,6 +148,7 @@ bool OutputProcessor::emit(Request& r, Sequence& s, int32_t tok, float* raw) {
   if (!r.got_token) {
     r.got_token = true;
     r.first_token = Clock::now();
+    ev.kv_regime = d_.hooks->regime_label(r.regime);
   }
   if (d_.tok->is_eog(tok) && !r.req.ignore_eos) {
     finish(r, "stop");
@@ -192,6 +195,8 @@ void OutputProcessor::finish(Request& r, const std::string& reason, const std::s
   m.kv_regime = d_.hooks->regime_label(r.regime);
   m.draft_tokens = r.draft_tokens;
   m.accepted_tokens = r.accepted_tokens;
+  m.attn_entropy = r.attn_entropy;
+  m.kv_fallback = r.kv_fallback;
   if (d_.sched->find(r.sid) != nullptr) (void)d_.sched->finish(r.sid);
   if (d_.drafter != nullptr) d_.drafter->release(r.sid);
   // Choices that never forked (choice 0 ended before its prompt was computed) end with it.

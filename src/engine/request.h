@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
+#include "bie/attention/attention_entropy.h"
 #include "bie/engine/engine.h"
 #include "bie/engine/stop_strings.h"
 #include "bie/kv/sequence_kv.h"
@@ -46,6 +48,13 @@ struct Request {
   std::unique_ptr<tokenizer::StreamDecoder> decoder;
   std::unique_ptr<StopStrings> stops;
   std::unique_ptr<RequestGrammar> grammar;  // structured output; null: unconstrained
+  // --kv-fallback-entropy: the last prompt token's attention entropy per layer and head, filled
+  // by the pass that completes the prompt (probe_now until the engine has read it), then
+  // summarised into attn_entropy; kv_fallback once moved to the fallback regime.
+  std::vector<attention::HeadEntropy> entropy;
+  bool probe_now = false;
+  double attn_entropy = -1;
+  bool kv_fallback = false;
 };
 
 // The engine's requests by sequence id (each choice of n > 1 is its own entry).

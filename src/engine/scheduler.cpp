@@ -143,6 +143,24 @@ void Scheduler::preempt(kv::SeqId id, SchedulerOutput& out) {
   out.preempted.push_back(id);
 }
 
+Status Scheduler::restart_in(kv::SeqId id, PagedKvStore* store) {
+  const auto it = seqs_.find(id);
+  if (it == seqs_.end() || it->second->status != SeqStatus::kRunning ||
+      it->second->n_generated() != 0 || store == nullptr) {
+    return Error{fmt::format("sequence {} cannot move to another KV regime: it is not a running "
+                             "sequence that has generated nothing",
+                             id)};
+  }
+  Sequence& s = *it->second;
+  if (Status st = s.store->coordinator().free(id); !st) return st;
+  s.store = store;
+  s.computed = 0;
+  s.status = SeqStatus::kWaiting;
+  std::erase(running_, id);
+  waiting_.push_front(id);
+  return {};
+}
+
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int64_t budget = cfg_.max_num_batched_tokens;

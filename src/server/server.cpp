@@ -340,6 +340,9 @@ void Server::Impl::stream_response(HttpExchange& ex, Engine& eng, Flight& fl, Re
       std::string text;
       while (e < batch.size() && batch[e].index == idx) text += batch[e++].text;
       Choice& c = choices[static_cast<size_t>(idx)];
+      // The first token names the regime the choice runs in (a spiky-attention fallback moves a
+      // request after submission, before its first token).
+      if (!batch[b].kv_regime.empty()) c.ctx.kv_regime = batch[b].kv_regime;
       if (c.calls) text = c.calls->feed(text);
       if (rev) {
         out += rev->text(text);

@@ -133,6 +133,13 @@ std::string ServerMetrics::render(const EngineMetrics* m, const std::string& mod
                                              : 0.0);
     counter("bie_preemptions_total", "sequences preempted (blocks freed, recomputed later)",
             m->preemptions);
+    counter("bie_kv_entropy_probes_total",
+            "requests whose attention entropy was measured at the prompt's last token "
+            "(--kv-fallback-entropy)",
+            m->kv_entropy_probes);
+    counter("bie_kv_fallbacks_total",
+            "requests recomputed in the fallback KV regime because their attention was spiky",
+            m->kv_fallbacks);
     counter("bie_spec_steps_total", "sequence-steps that verified speculative drafts",
             m->spec_steps);
     counter("bie_spec_draft_tokens_total", "speculative draft tokens verified", m->draft_tokens);

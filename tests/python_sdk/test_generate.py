@@ -192,6 +192,27 @@ def test_kv_layer_map_is_served_and_reported(tmp_path):
         bi.BieEngine(small_config(kv_layer_map=str(tmp_path / "missing.json")))
 
 
+def test_spiky_attention_falls_back_and_is_reported():
+    from conftest import small_config
+
+    ledger = "".join(f"Entry {i}: crate {7 * i + 3} went to the harbour at dawn.\n" for i in range(48))
+    prompt = ledger + "The secret code is 4417.\nQuestion: What is the secret code?\nAnswer:"
+    with bi.BieEngine(small_config(kv_cache_dtype="int4_asym", kv_cache_memory="64MiB",
+                                   kv_fallback_entropy=1.0)) as e:
+        out = e.generate(prompt, bi.SamplingParams(**GREEDY))[0]
+        assert out.metrics.kv_fallback is True
+        assert out.metrics.kv_regime == "k=int8_channel_t64 v=int8"
+        assert 0.0 <= out.metrics.attn_entropy < 1.0
+        named = e.generate(prompt, bi.SamplingParams(kv_cache_dtype="int8", **GREEDY))[0]
+        assert named.metrics.attn_entropy is None and not named.metrics.kv_fallback
+        assert named.token_ids == out.token_ids
+        m = e.metrics()
+        assert (m["kv_entropy_probes"], m["kv_fallbacks"]) == (1, 1)
+    for bad in (-0.1, 1.5, "x"):
+        with pytest.raises(ValueError, match="kv_fallback_entropy"):
+            small_config(kv_fallback_entropy=bad)
+
+
 def test_logprobs_are_returned_when_asked(engine):
     out = engine.generate(
         "The capital of France is", bi.SamplingParams(temperature=0.0, max_tokens=6, logprobs=3)

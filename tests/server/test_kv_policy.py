@@ -61,3 +61,47 @@ def test_regimes_policy_override_and_kill_switch(server, client):
     assert server.used_blocks() == 0
     logs = server.logs()
     assert "kv=f16" in logs and "kv=k=int8_channel_t64 v=int8" in logs and "force_f16 on" in logs
+
+
+LEDGER = "".join(f"Entry {i}: crate {7 * i + 3} went to the harbour at dawn.\n" for i in range(48))
+PROMPT = LEDGER + "The secret code is 4417.\nQuestion: What is the secret code?\nAnswer:"
+
+
+@pytest.fixture(scope="module")
+def fallback_server():
+    # Threshold 1: every prompt that reaches its quantised body is spiky enough to fall back.
+    s = ServerProcess("--max-model-len", "1024", "--max-num-seqs", "4", "--kv-cache-memory",
+                      "64MiB", "--kv-cache-dtype", "int4_asym", "--kv-fallback-entropy", "1")
+    yield s
+    s.stop()
+
+
+def test_spiky_requests_fall_back_and_say_so(fallback_server):
+    s = fallback_server
+    c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    int8 = "k=int8_channel_t64 v=int8"
+    r = c.completions.create(model="default", prompt=PROMPT, max_tokens=4, temperature=0)
+    assert r.model_extra["bie"]["kv"] == int8
+    chunks = list(c.completions.create(model="default", prompt=PROMPT, max_tokens=4,
+                                       temperature=0, stream=True))
+    assert chunks and all(ch.model_extra["bie"]["kv"] == int8 for ch in chunks), \
+        [ch.model_extra["bie"] for ch in chunks]
+    # A short prompt sits in the FP16 sink and window: nothing to protect, the default serves.
+    short = c.completions.create(model="default", prompt="The capital of France is",
+                                 max_tokens=4, temperature=0)
+    assert short.model_extra["bie"]["kv"] == "k=int4_channel_t64 v=int4_asym_g64"
+    s.wait_idle()
+    m = s.metrics()
+    assert m["bie_kv_entropy_probes_total"] == 3
+    assert m["bie_kv_fallbacks_total"] == 2
+    assert s.used_blocks() == 0
+    assert f"kv={int8}" in s.logs()
+
+
+def test_fallback_flag_errors_are_one_line():
+    for args, want in ((["--kv-fallback-entropy", "2"], "--kv-fallback-entropy must be in (0, 1]"),
+                       (["--kv-fallback-entropy", "0.5", "--kv-fallback-regime", "int5"],
+                        "--kv-fallback-entropy regime 'int5'")):
+        with pytest.raises(RuntimeError) as e:
+            ServerProcess("--max-model-len", "1024", "--kv-cache-dtype", "int4_asym", *args)
+        assert want in str(e.value), str(e.value)

@@ -68,6 +68,12 @@ struct EngineConfig {
   // regime has its own paged store; all of them draw on one memory budget (kv::MemoryBudget).
   std::vector<std::string> kv_regimes;
   std::string kv_policy;
+  // --kv-fallback-entropy (docs/kv-quality.md, "Spiky attention"): in (0, 1], a request in the
+  // default regime has its attention entropy measured at the prompt's last token (the pass that
+  // completes its prompt; attention::attention_entropy, summarised by kv_entropy_proxy); below
+  // this it is recomputed in kv_fallback_regime before its first token. 0: off. CPU only.
+  double kv_fallback_entropy = 0;
+  std::string kv_fallback_regime = "int8";
   // KV events (kv/kv_event_sink.h): every regime's prefix cache reports the full blocks it stores
   // and evicts here, under the medium "<regime name>/<fp16|body>" (a model with sliding-window
   // layers: "<regime>/g<group>/<pool>"). Called on the engine thread; must outlive the engine.
@@ -99,6 +105,9 @@ struct TokenEvent {
   std::string text;  // the text that became final with this token (UTF-8 complete; may be empty)
   float logprob = 0.0f;         // log-softmax of the raw logits (when logprobs requested)
   std::vector<TopLogprob> top;  // top_logprobs alternatives, best first
+  // On a choice's first token: the label of the KV regime it runs in (a spiky-attention fallback
+  // has moved it by then); empty on later tokens.
+  std::string kv_regime;
 };
 
 struct RequestMetrics {
@@ -112,6 +121,11 @@ struct RequestMetrics {
   std::string kv_regime;        // planner::kv_layout_label of the cache it ran in
   int64_t draft_tokens = 0;     // speculative proposals verified
   int64_t accepted_tokens = 0;  // of which accepted
+  // The attention-entropy proxy measured at the prompt's last token (--kv-fallback-entropy), -1
+  // when not measured; kv_fallback: it was below the threshold and the request was recomputed in
+  // the fallback regime (kv_regime names it).
+  double attn_entropy = -1;
+  bool kv_fallback = false;
   [[nodiscard]] double acceptance_rate() const {
     return draft_tokens > 0 ? static_cast<double>(accepted_tokens) / draft_tokens : 0.0;
   }
@@ -187,6 +201,8 @@ struct EngineMetrics {
   int64_t draft_tokens = 0;     // draft tokens verified
   int64_t accepted_tokens = 0;  // accepted (mean accepted per spec step = / spec_steps)
   double drafter_seconds = 0;   // time spent proposing
+  int64_t kv_entropy_probes = 0;  // requests whose attention entropy was measured
+  int64_t kv_fallbacks = 0;       // of which recomputed in the fallback regime (spiky)
   bool force_f16 = false;       // the KV kill switch is on
   // KV budget held by running sequences (active blocks' pages, every pool) / the budget: 0..1.
   double kv_usage = 0;

@@ -82,6 +82,11 @@ class Scheduler {
   // note: call only with a new id, after parent's prompt is computed (commit) and before a
   // token is appended to it.
   [[nodiscard]] Status fork(kv::SeqId parent, kv::SeqId child);
+  // Moves a running sequence whose prompt is computed (committed) and that has generated nothing
+  // to `store`, another KV regime's: its blocks are freed (its full prompt blocks stay in the old
+  // store's prefix cache) and it waits at the front of the queue to be computed again there. Not
+  // a preemption (not counted as one).
+  [[nodiscard]] Status restart_in(kv::SeqId id, PagedKvStore* store);
   // Appends a sampled token to a running sequence (its blocks are taken at the next schedule()).
   void append_token(kv::SeqId id, int32_t token);
 
