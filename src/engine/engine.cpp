@@ -579,7 +579,8 @@ std::span<attention::HeadEntropy> EngineImpl::entropy_probe(const ScheduledSeq& 
   const Sequence& s = *sc.seq;
   Request& r = *reqs_.at(s.id);
   // Requests in the default regime that did not name one, measured once, whose prompt the
-  // fallback regime can hold.
+  // fallback regime can hold (a move caps what it may generate at what the fallback holds, as
+  // submit() does for every regime).
   const bool wanted = r.regime == 0 && r.req.kv_cache_dtype.empty() && r.attn_entropy < 0 &&
                       s.n_prompt < (*regimes_)[*regimes_->fallback()].tokens_fit;
   if (!wanted || !sc.sample || sc.n_draft > 0 || s.computed + sc.n_tokens != s.n_prompt) return {};
