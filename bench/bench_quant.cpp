@@ -3,9 +3,12 @@
 //   build/bie_kernel_bench --benchmark_filter=Matmul --benchmark_repetitions=3
 //   build/bie_kernel_bench --benchmark_filter=MatmulDecode   (1-4 tokens; warm and cold weights)
 //   build/bie_kernel_bench --benchmark_filter=MatmulIsa      (Qwen2.5-1.5B shapes, per ISA)
+//   build/bie_kernel_bench --benchmark_filter=ReadBandwidth --benchmark_repetitions=7 (decode
+//   bound)
 // VecDot reports weight bytes/s; Matmul reports weight bytes/s (the decode bound) and GFLOP/s
 // (2 * n_in * n_out * n_tokens per call).
 #include <benchmark/benchmark.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <map>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "bie/backend/matmul.h"
+#include "bie/backend/thread_pool.h"
 #include "bie/common/cpu_features.h"
 #include "bie/quant/traits.h"
 
@@ -226,3 +230,83 @@ void MatmulIsaArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_MatmulIsa)->Apply(MatmulIsaArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
+
+// Read bandwidth, the decode bound: N threads sum a 1 GiB buffer (far larger than any cache)
+// with the widest loads of the ISA (arg 1: 2 AVX-512, 1 AVX2, 0 scalar 64-bit words; load width
+// matters: one core of an AVX-512 Xeon streams ~15 GB/s with 64-byte loads, ~11 with 16-byte
+// ones). Bytes/s is what decode of a model whose weights stream from DRAM can reach: tok/s bound
+// = bandwidth / weight bytes read per token. Take the best of several repetitions
+// (--benchmark_repetitions=7): a shared machine only ever lowers it.
+//   build/bie_kernel_bench --benchmark_filter=ReadBandwidth --benchmark_repetitions=7
+__attribute__((target("avx512f"))) uint64_t sum_avx512(const uint64_t* w, size_t n) {
+  __m512i s0 = _mm512_set1_epi64(0), s1 = s0, s2 = s0, s3 = s0;
+  for (size_t i = 0; i < n; i += 32) {
+    s0 = _mm512_add_epi64(s0, _mm512_loadu_si512(w + i));
+    s1 = _mm512_add_epi64(s1, _mm512_loadu_si512(w + i + 8));
+    s2 = _mm512_add_epi64(s2, _mm512_loadu_si512(w + i + 16));
+    s3 = _mm512_add_epi64(s3, _mm512_loadu_si512(w + i + 24));
+  }
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+  uint64_t s = 0;
+  for (const uint64_t v : lanes) s += v;
+  return s;
+}
+
+__attribute__((target("avx2"))) uint64_t sum_avx2(const uint64_t* w, size_t n) {
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+  for (size_t i = 0; i < n; i += 16) {
+    const auto* v = reinterpret_cast<const __m256i*>(w + i);
+    s0 = _mm256_add_epi64(s0, _mm256_loadu_si256(v));
+    s1 = _mm256_add_epi64(s1, _mm256_loadu_si256(v + 1));
+    s2 = _mm256_add_epi64(s2, _mm256_loadu_si256(v + 2));
+    s3 = _mm256_add_epi64(s3, _mm256_loadu_si256(v + 3));
+  }
+  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+uint64_t sum_scalar(const uint64_t* w, size_t n) {
+  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (size_t i = 0; i < n; i += 4) {
+    s0 += w[i];
+    s1 += w[i + 1];
+    s2 += w[i + 2];
+    s3 += w[i + 3];
+  }
+  return s0 + s1 + s2 + s3;
+}
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  const auto isa = static_cast<bie::Isa>(state.range(1));
+  if (bie::best_isa() < isa) {
+    state.SkipWithError("ISA not available");
+    return;
+  }
+  const auto sum = isa == bie::Isa::kAvx512 ? sum_avx512
+                   : isa == bie::Isa::kAvx2 ? sum_avx2
+                                            : sum_scalar;
+  const size_t bytes = size_t{1} << 30;
+  const size_t words = bytes / sizeof(uint64_t);
+  std::vector<uint64_t> buf(words);
+  for (size_t i = 0; i < words; ++i) buf[i] = i;  // touch every page before timing
+  bie::ThreadPool& p = pool(static_cast<int>(state.range(0)));
+  std::vector<uint64_t> sums(static_cast<size_t>(p.size()) * 8);
+  constexpr int64_t kChunkWords = int64_t{1} << 17;  // 1 MiB per chunk
+  const int64_t n_chunks = static_cast<int64_t>(words) / kChunkWords;
+  for (auto _ : state) {
+    p.parallel_for(n_chunks, [&](int64_t c0, int64_t c1, int t) {
+      sums[static_cast<size_t>(t) * 8] +=
+          sum(buf.data() + c0 * kChunkWords, static_cast<size_t>((c1 - c0) * kChunkWords));
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
+  state.SetLabel(std::string(bie::isa_name(isa)) + " loads");
+}
+BENCHMARK(BM_ReadBandwidth)
+    ->ArgsProduct({{2, 1}, {2, 1, 0}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
