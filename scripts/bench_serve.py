@@ -5,13 +5,17 @@ Each client loops over its prompts, sending /v1/chat/completions with stream=tru
 (chat completions, temperature 0, max_tokens, stopping at EOS like any client), and records the time
 to first token and the gaps between tokens. Reports output tokens/s over the whole run (all
 clients), requests/s, and TTFT / inter-token latency p50 and p99. Works against bie-serve and
-llama.cpp's server (python -m llama_cpp.server) alike, so both can be run side by side on the
-same model file, threads and prompts:
+llama.cpp's C++ llama-server alike, so both can be run side by side on the same model file,
+threads and prompts:
 
   scripts/bench_serve.py --server bie --threads 2              # starts build/bie-serve
-  /opt/bieref/bin/python scripts/bench_serve.py --server llamacpp --threads 2
+  scripts/bench_serve.py --server llama-server --threads 2     # build/ref-native/bin/llama-server
   scripts/bench_serve.py --url http://127.0.0.1:8080           # a server already running
-Only the Python standard library is used (llama_cpp.server needs llama-cpp-python[server]).
+llama-server is the serving peer (scripts/setup_reference.sh native builds it): 16 parallel slots
+over a 32,768-token context with continuous batching (-np 16 -c 32768), i.e. 2,048 tokens per
+slot, the same per-sequence length bie-serve is started with. `--server llamacpp` (Python's
+llama_cpp.server, one request at a time) is kept for old comparisons only; it is no peer.
+Only the Python standard library is used.
 """
 import argparse
 import http.client
@@ -92,6 +96,10 @@ def start_server(args):
     if args.server == "bie":
         cmd = [args.bin, "-m", args.gguf, "--port", str(port), "--threads", str(args.threads),
                "--max-num-seqs", "16", "--max-model-len", "2048"] + args.bie_args.split()
+    elif args.server == "llama-server":
+        cmd = [args.llama_server, "-m", args.gguf, "--port", str(port), "-t", str(args.threads),
+               "-tb", str(args.threads), "-np", "16", "-c", "32768", "--cont-batching"]
+        return launch(cmd, port, "/health"), f"http://127.0.0.1:{port}"
     else:
         # llama.cpp's Python server runs one request at a time; without this flag a new request
         # aborts the running one instead of queueing.
@@ -171,8 +179,11 @@ def run_level(args, conc):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="measure a server already running at this URL")
-    ap.add_argument("--server", choices=["bie", "llamacpp"], default="bie",
-                    help="which server to start when --url is not given")
+    ap.add_argument("--server", choices=["bie", "llama-server", "llamacpp"], default="bie",
+                    help="which server to start when --url is not given (llamacpp: Python's "
+                         "one-request-at-a-time llama_cpp.server, not a serving peer)")
+    ap.add_argument("--llama-server", default="build/ref-native/bin/llama-server",
+                    help="llama.cpp's C++ server binary for --server llama-server")
     ap.add_argument("--gguf", default=os.path.expanduser(
         "~/.cache/bie/models/SmolLM2-135M-Instruct.Q4_1.gguf"), help="model file to serve")
     ap.add_argument("--bin", default="build/bie-serve")

@@ -21,8 +21,9 @@
 #
 # AMX: a native build on a CPU that advertises AMX compiles the AMX kernels. Some hypervisors
 # advertise AMX but do not enable its register state, and the build then dies with SIGILL
-# (tilezero). The native build is smoke-tested after building (llama-bench on a tiny model when
-# $BIE_REF_SMOKE_MODEL names one); BIE_REF_NATIVE_NO_AMX=1 forces AMX off from the start.
+# (tilezero), or grant it and fault on ldtilecfg. The native build is smoke-tested after building
+# (llama-bench on $BIE_REF_SMOKE_MODEL, default the fetched SmolLM2) and rebuilt with AMX off
+# when it dies with AMX on; BIE_REF_NATIVE_NO_AMX=1 forces AMX off from the start.
 set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION="0.3.36"   # vendors ggml-org/llama.cpp@0c1e57098 (per its CHANGELOG)
@@ -69,6 +70,15 @@ setup_native() {
   local work="$ROOT/build/ref-native"
   local bin="${BIE_REF_NATIVE_BIN:-$work/bin}"
   local src="$work/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+  # A native build runs only on CPUs with the ISA it was compiled for (a build from an AVX-512
+  # BF16 machine dies with SIGILL on one without): it is keyed by this CPU's flags and rebuilt
+  # when the machine changed, since importing the module does not execute those instructions.
+  local cpu_key stamp="$work/cpu-flags.sha256"
+  cpu_key=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -d' ' -f1)
+  if [ -e "$venv" ] && [ "$(cat "$stamp" 2>/dev/null)" != "$cpu_key" ]; then
+    echo "setup_reference: [native] the build in $venv is for another CPU's flags; rebuilding"
+    rm -rf "$venv" "$work/build" "$work/cpp" "$bin"
+  fi
   make_venv "$venv"
   if have_llama_cpp "$venv" && [ -x "$bin/llama-server" ] && [ -x "$bin/llama-bench" ]; then
     echo "setup_reference: native llama-cpp-python $LLAMA_CPP_PYTHON_VERSION already in $venv, binaries in $bin"
@@ -113,13 +123,28 @@ setup_native() {
   done
   "$venv/bin/python" -c "import llama_cpp; print('setup_reference: [native] ok, llama-cpp-python', llama_cpp.__version__)"
   "$bin/llama-bench" --help > /dev/null
-  if [ -n "${BIE_REF_SMOKE_MODEL:-}" ]; then
-    if ! "$bin/llama-bench" -m "$BIE_REF_SMOKE_MODEL" -t 2 -p 16 -n 4 -r 1 > /dev/null; then
-      echo "setup_reference: [native] llama-bench failed on $BIE_REF_SMOKE_MODEL; if it died with" \
-        "SIGILL rerun with BIE_REF_NATIVE_NO_AMX=1 (after rm -rf $venv $bdir)" >&2
+  # Smoke test: llama-bench on a small model (the default model when fetched). A hypervisor can
+  # advertise AMX and grant its permission yet fault on ldtilecfg in ggml's AMX matmul (seen on
+  # this project's Xeon VMs: SIGSEGV/SIGILL at the first prompt); then the build is redone with
+  # AMX off, which is the speed peer such a machine can run.
+  local smoke="${BIE_REF_SMOKE_MODEL:-${BIE_HOME:-$HOME/.cache/bie}/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+  if [ -f "$smoke" ]; then
+    if ! "$bin/llama-bench" -m "$smoke" -t 2 -p 16 -n 4 -r 1 > "$work/smoke.log" 2>&1; then
+      if [ "${BIE_REF_NATIVE_NO_AMX:-0}" != 1 ] && grep -qw amx_tile /proc/cpuinfo; then
+        echo "setup_reference: [native] llama-bench died on $smoke with AMX on (this VM faults in" \
+          "ggml's AMX kernels); rebuilding with AMX off (BIE_REF_NATIVE_NO_AMX=1)" >&2
+        rm -rf "$venv" "$work/build" "$bdir" "$bin"
+        BIE_REF_NATIVE_NO_AMX=1 setup_native
+        return
+      fi
+      echo "setup_reference: [native] llama-bench failed on $smoke (see $work/smoke.log)" >&2
       exit 1
     fi
+    echo "setup_reference: [native] smoke test passed (llama-bench on $smoke)"
+  else
+    echo "setup_reference: [native] no smoke test: $smoke not found (make models)"
   fi
+  echo "$cpu_key" > "$stamp"
   echo "setup_reference: [native] llama-server, llama-bench in $bin"
 }
 
