@@ -191,7 +191,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
     ratios[r.task->kind].push_back(b > 0 ? median(r.spec_tps) / b : 0.0);
   }
   const std::string drafter =
-      o.drafter == "ngram" ? "n-gram" : "draft model " + (*drafting)->model_info().id;
+      o.drafter == "ngram" ? "n-gram" : "draft model " + o.drafter;
   if (o.json) {
     nlohmann::json j;
     j["model"] = (*plain)->model_info().path;
