@@ -9,6 +9,7 @@
 // (2 * n_in * n_out * n_tokens per call).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <map>
@@ -70,6 +71,15 @@ void VecDotArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_VecDot)->Apply(VecDotArgs);
 
+// Bytes of weight copies a "cold" benchmark cycles through so that they stream from DRAM: four
+// times the last-level cache the OS reports (VMs report anything from 32 MiB to 480 MiB), at
+// least 256 MiB, at most 4 GiB.
+size_t cold_bytes() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  const size_t llc = l3 > 0 ? static_cast<size_t>(l3) : size_t{64} << 20;
+  return std::clamp(4 * llc, size_t{256} << 20, size_t{4} << 30);
+}
+
 bie::ThreadPool& pool(int n) {
   static std::map<int, std::unique_ptr<bie::ThreadPool>> pools;
   auto& p = pools[n];
@@ -114,7 +124,7 @@ BENCHMARK(BM_Matmul)->Apply(MatmulArgs)->UseRealTime()->Unit(benchmark::kMicrose
 
 // Decode (the matvec path): the model's shapes for 1, 2 and 4 tokens (speculative decoding
 // verifies a few tokens at once), 1 and 2 threads. Arg 5 (cold) cycles through enough copies of
-// the matrix (64 MiB) that the weights come from L3/DRAM, as they do for a whole model; warm
+// the matrix (cold_bytes()) that the weights come from DRAM, as they do for a whole model; warm
 // runs keep one L2-resident copy and show the kernels' compute speed.
 void BM_MatmulDecode(benchmark::State& state) {
   const auto type = static_cast<GgmlType>(state.range(0));
@@ -122,7 +132,7 @@ void BM_MatmulDecode(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(4));
   const bool cold = state.range(5) != 0;
   const auto w = quantize(type, random_floats(static_cast<size_t>(n_in * n_out), 3), n_in);
-  const size_t copies = cold ? std::max<size_t>(1, (size_t{64} << 20) / w.size()) : 1;
+  const size_t copies = cold ? std::max<size_t>(1, cold_bytes() / w.size()) : 1;
   std::vector<std::vector<uint8_t>> ws(copies, w);
   const auto x = random_floats(static_cast<size_t>(n_in * n_tokens), 4);
   std::vector<float> y(static_cast<size_t>(n_out * n_tokens));
@@ -179,7 +189,7 @@ void BM_MatmulIsa(benchmark::State& state) {
     return;
   }
   const auto w = quantize(type, random_floats(static_cast<size_t>(n_in * n_out), 3), n_in);
-  const size_t copies = prefill ? 1 : std::max<size_t>(1, (size_t{96} << 20) / w.size());
+  const size_t copies = prefill ? 1 : std::max<size_t>(1, cold_bytes() / w.size());
   std::vector<std::vector<uint8_t>> ws(copies, w);
   const auto x = random_floats(static_cast<size_t>(n_in * n_tokens), 4);
   std::vector<float> y(static_cast<size_t>(n_out * n_tokens));
