@@ -75,9 +75,11 @@ setup_native() {
   # when the machine changed, since importing the module does not execute those instructions.
   local cpu_key stamp="$work/cpu-flags.sha256"
   cpu_key=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -d' ' -f1)
+  local bdir="$work/cpp"
+  local built=("$venv" "$work/build" "$bdir" "$bin")  # what a rebuild removes
   if [ -e "$venv" ] && [ "$(cat "$stamp" 2>/dev/null)" != "$cpu_key" ]; then
     echo "setup_reference: [native] the build in $venv is for another CPU's flags; rebuilding"
-    rm -rf "$venv" "$work/build" "$work/cpp" "$bin"
+    rm -rf "${built[@]}"
   fi
   make_venv "$venv"
   if have_llama_cpp "$venv" && [ -x "$bin/llama-server" ] && [ -x "$bin/llama-bench" ]; then
@@ -107,7 +109,6 @@ setup_native() {
     CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL="$par" \
       "$venv/bin/pip" install --no-cache-dir -C "build-dir=$work/build" "$src" numpy
   fi
-  local bdir="$work/cpp"
   echo "setup_reference: [native] llama-server, llama-bench from $src/vendor/llama.cpp ($bdir)"
   # shellcheck disable=SC2086  # $base is a list of flags
   cmake -S "$src/vendor/llama.cpp" -B "$bdir" -DCMAKE_BUILD_TYPE=Release $base \
@@ -133,7 +134,7 @@ setup_native() {
       if [ "${BIE_REF_NATIVE_NO_AMX:-0}" != 1 ] && grep -qw amx_tile /proc/cpuinfo; then
         echo "setup_reference: [native] llama-bench died on $smoke with AMX on (this VM faults in" \
           "ggml's AMX kernels); rebuilding with AMX off (BIE_REF_NATIVE_NO_AMX=1)" >&2
-        rm -rf "$venv" "$work/build" "$bdir" "$bin"
+        rm -rf "${built[@]}"
         BIE_REF_NATIVE_NO_AMX=1 setup_native
         return
       fi
