@@ -14,6 +14,7 @@ Result<std::span<float>> Model::forward(std::span<const int32_t> tokens, KvCache
   one.kv = &kv;
   one.logits = opts.logits_all ? BatchSequence::Logits::kAll : BatchSequence::Logits::kLast;
   one.attn_entropy = opts.attn_entropy;
+  one.path = opts.path;
   auto out = forward_batch(std::span<const BatchSequence>(&one, 1), backend);
   if (out) kv.finish_pass();
   return out;
