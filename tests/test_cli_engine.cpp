@@ -84,6 +84,36 @@ TEST(CliEngine, RunPrintsOneReportAndPeakRss) {
   EXPECT_NE(r.err.find("peak RSS"), std::string::npos) << r.err;
 }
 
+// `bie run` drives the Engine: its prompt chunks follow the scheduler's rule, and the text does not
+// depend on the chunk size even where blocks leave the FP16 window between chunks (per-channel
+// int4 keys; the former generate() path on a PagedKvCache gave different text at -b 64 and -b 512
+// for this prompt). -n -1 runs to the end of the context; -n 0 is refused.
+TEST(CliEngine, RunTextDoesNotDependOnTheChunkSize) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  const std::string text = test::source_dir() + "/../shared/data/tinyshakespeare.txt";
+  BIE_REQUIRE_FILE(text);
+  std::ifstream in(text, std::ios::binary);
+  std::string prompt(1500, '\0');
+  in.read(prompt.data(), static_cast<std::streamsize>(prompt.size()));
+  const std::string file = ::testing::TempDir() + "/bie_cli_chunks_prompt.txt";
+  std::ofstream(file, std::ios::binary) << prompt;
+  const std::string cmd = test::bie_bin() + " run -m default -f " + file +
+                          " -n 16 --temp 0 -t 2 --kv-cache-dtype int4_asym --no-display-prompt";
+  const auto whole = run_cmd(cmd + " -b 512");
+  const auto chunked = run_cmd(cmd + " -b 64");
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  ASSERT_EQ(chunked.exit_code, 0) << chunked.err;
+  EXPECT_NE(whole.err.find("prompt: 422 tokens"), std::string::npos) << whole.err;
+  EXPECT_EQ(whole.out, chunked.out);
+
+  const auto to_end = run_cmd(test::bie_bin() +
+                              " run -m default -p hi -n -1 --ignore-eos --temp 0 -t 2 -c 32");
+  ASSERT_EQ(to_end.exit_code, 0) << to_end.err;
+  EXPECT_NE(to_end.err.find("decode: 31 tokens"), std::string::npos) << to_end.err;
+  EXPECT_NE(to_end.err.find("finish: length"), std::string::npos) << to_end.err;
+  expect_bad_input("run -m default -p hi -n 0", "-n must be at least 1");
+}
+
 // --kv-layer-map: `bie quality --calibrate` writes a map within its bit budget that measures
 // better than the uniform recipe on its windows, `map=FILE` re-measures it to the same KLD,
 // `bie run` serves with it, and a map for another model is one clear line.

@@ -1,24 +1,22 @@
-// bie run: generate text from a prompt, streaming it to stdout, then a line of timings.
+// bie run: generate text from a prompt through the Engine (one request), streaming it to stdout,
+// then a line of timings.
 #include <fmt/format.h>
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
+#include <thread>
 
-#include "bie/backend/backend.h"
-#include "bie/backend/thread_pool.h"
-#include "bie/engine/generate.h"
+#include "bie/engine/engine.h"
 #include "bie/engine/kv_setup.h"
-#include "bie/engine/model_path.h"
-#include "bie/engine/synth_model.h"
-#include "bie/model/model.h"
 #include "bie/planner/plan_report.h"
-#include "bie/tokenizer/stream_decoder.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "cli/commands.h"
 #include "cli/kv_options.h"
@@ -42,6 +40,11 @@ struct RunArgs {
   SamplingParams sampling;
 };
 
+// Exit code for a failed Engine::create: the user's flags or budget (2), else the model (1).
+int create_exit_code(CreateError kind) {
+  return kind == CreateError::kModel ? kExitFailure : kExitBadInput;
+}
+
 int run(const RunArgs& a) {
   std::string prompt = a.prompt;
   if (!a.prompt_file.empty()) {
@@ -63,91 +66,99 @@ int run(const RunArgs& a) {
     std::fprintf(stderr, "bie run: %s\n", dev.error().c_str());
     return kExitBadInput;
   }
-  auto backend = create_backend(BackendConfig{*dev, std::max(0, a.threads)});
-  if (!backend) {
-    std::fprintf(stderr, "bie run: %s\n", backend.error().c_str());
-    return kExitFailure;
-  }
-  Backend& be = **backend;
   auto opts = to_engine_options(a.kv);
   if (!opts) {
     std::fprintf(stderr, "bie run: %s\n", opts.error().c_str());
     return kExitBadInput;
   }
-  LoadOptions lo;
-  lo.max_batch_tokens = static_cast<int32_t>(opts->chunked_prefill_size);
-  auto model = load_named_model(a.model, lo);
-  if (!model.ok()) {
-    std::fprintf(stderr, "bie run: %s\n", model.error().c_str());
-    return kExitFailure;
+  // The engine the server and the SDK drive, with one request: the scheduler's prefill chunks,
+  // the prefix cache and the KV regime rules are the same as theirs.
+  EngineConfig ec;
+  ec.model = a.model;
+  ec.kv = *opts;
+  ec.threads = std::max(0, a.threads);
+  ec.device = *dev;
+  ec.f16_kill_switch = false;
+  CreateError kind = CreateError::kInvalidConfig;
+  auto engine = Engine::create(ec, &kind);
+  if (!engine) {
+    std::fprintf(stderr, "bie run: %s\n", engine.error().c_str());
+    return create_exit_code(kind);
   }
-  Model& m = **model;
-  if (m.file().get_bool(kSyntheticKey).value_or(false)) {
+  Engine& eng = **engine;
+  if (eng.model_info().synthetic) {
     fmt::print(stderr,
                "bie run: {} is a SYNTHETIC model (random weights, `bie synth`): its text is "
                "noise; use it for memory and speed only\n",
-               m.file().path());
+               eng.model_info().path);
   }
-  auto kv = setup_kv_cache(m, *opts, &be);
-  if (!kv) {
-    std::fprintf(stderr, "bie run: %s\n", kv.error().c_str());
-    return kExitBadInput;
-  }
-  auto tok = tokenizer::Tokenizer::from_gguf(m.file());
-  if (!tok.ok()) {
-    std::fprintf(stderr, "bie run: %s\n", tok.error().c_str());
-    return kExitFailure;
-  }
-  const tokenizer::Tokenizer& tk = *tok;
-
+  const tokenizer::Tokenizer& tk = eng.tokenizer();
   tokenizer::EncodeOptions eo;
   eo.parse_special = !a.no_special;
   if (a.no_bos) eo.add_bos = false;
-  GenerateRequest req;
+  EngineRequest req;
   req.prompt = tk.encode(prompt, eo);
-  req.max_tokens = a.n_predict;
-  req.prefill_chunk = static_cast<int32_t>(opts->chunked_prefill_size);
-  req.prefill_align = kv->report.layout.block_size;
+  req.max_tokens = a.n_predict;  // -1: until end of generation or the context is full
+  req.ignore_eos = a.ignore_eos;
   req.sampling = a.sampling;
   req.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : std::random_device{}();
-  if (!a.ignore_eos) req.stop_tokens = tk.vocab().eog_ids();
-
-  if (static_cast<int64_t>(req.prompt.size()) > kv->report.max_model_len) {
+  const KvSetupReport& report = eng.kv_report();
+  if (static_cast<int64_t>(req.prompt.size()) > report.max_model_len) {
     std::fprintf(stderr, "bie run: the prompt has %zu tokens, more than --max-model-len %lld\n",
-                 req.prompt.size(), static_cast<long long>(kv->report.max_model_len));
+                 req.prompt.size(), static_cast<long long>(report.max_model_len));
     return kExitBadInput;
   }
-  const std::string report = format_kv_report(kv->report);  // the one start-up report
-  std::fwrite(report.data(), 1, report.size(), stderr);
+  const std::string text = format_kv_report(report);  // the one start-up report
+  std::fwrite(text.data(), 1, text.size(), stderr);
   if (a.show_prompt) {
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
     std::fflush(stdout);
   }
-  tokenizer::StreamDecoder dec(tk);
-  auto stats = generate(m, *kv->cache, be, req, [&](int32_t id) {
-    const std::string piece = dec.push(id);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<FinishEvent> fin;
+  RequestCallbacks cb;
+  cb.on_token = [](const TokenEvent& e) {  // the engine thread; stdout is ours alone
+    std::fwrite(e.text.data(), 1, e.text.size(), stdout);
     std::fflush(stdout);
     return true;
-  });
-  const std::string tail = dec.flush();
-  std::fwrite(tail.data(), 1, tail.size(), stdout);
+  };
+  cb.on_finish = [&](const FinishEvent& f) {
+    std::lock_guard lk(mu);
+    fin = f;
+    cv.notify_all();
+  };
+  if (auto refused = eng.submit(1, req, cb)) {
+    std::fprintf(stderr, "bie run: %s\n", refused->message.c_str());
+    return refused->kind == SubmitError::kShuttingDown ? kExitFailure : kExitBadInput;
+  }
+  {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return fin.has_value(); });
+  }
+  std::fwrite(fin->tail_text.data(), 1, fin->tail_text.size(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  if (!stats.ok()) {
-    std::fprintf(stderr, "bie run: %s\n", stats.error().c_str());
+  if (fin->finish_reason == "error") {
+    std::fprintf(stderr, "bie run: %s\n", fin->error.c_str());
     return kExitFailure;
   }
+  const RequestMetrics& m = fin->metrics;
+  const EngineMetrics em = eng.metrics();
+  eng.shutdown(false);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
+  // Prompt speed: the prompt's tokens over the time to the first token (its prefill); decode:
+  // the tokens after the first over the rest.
+  const double prompt_tps = m.ttft_seconds > 0 ? m.prompt_tokens / m.ttft_seconds : 0.0;
   std::fprintf(stderr,
                "prompt: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s | threads %d | "
-               "seed %llu | finish: %s | KV held %s | peak RSS %.1f MiB\n",
-               static_cast<long long>(stats->n_prompt), stats->prompt_tps(),
-               static_cast<long long>(stats->n_generated), stats->decode_tps(),
-               be.host_threads().size(), static_cast<unsigned long long>(req.sampling.seed),
-               stats->finish_reason.c_str(),
-               planner::format_bytes(static_cast<double>(kv_held_bytes(*kv->cache))).c_str(),
+               "seed %llu | finish: %s | KV committed %s | peak RSS %.1f MiB\n",
+               static_cast<long long>(m.prompt_tokens), prompt_tps,
+               static_cast<long long>(m.generated_tokens), m.decode_tps(),
+               ec.threads > 0 ? ec.threads : static_cast<int>(std::thread::hardware_concurrency()),
+               static_cast<unsigned long long>(req.sampling.seed), fin->finish_reason.c_str(),
+               planner::format_bytes(static_cast<double>(em.kv_committed_bytes)).c_str(),
                static_cast<double>(ru.ru_maxrss) / 1024.0);
   return kExitOk;
 }
@@ -161,9 +172,10 @@ void add_run_command(CLI::App& root, int* rc) {
       ->capture_default_str();
   cmd->add_option("-p,--prompt", args->prompt, "Prompt text");
   cmd->add_option("-f,--file", args->prompt_file, "Read the prompt from a file");
-  cmd->add_option("-n,--n-predict", args->n_predict, "Tokens to generate")
+  cmd->add_option("-n,--n-predict", args->n_predict,
+                  "Tokens to generate (-1: until end of generation or the context is full)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(CLI::Range(-1, 1 << 20));
   add_kv_engine_flags(
       cmd, args->kv,
       "KV format: f16, int8, fp8_e4m3, int4 (= int4_asym, int4_channel), int4_asym_gN, q8_0, q4_0");
@@ -189,6 +201,11 @@ void add_run_command(CLI::App& root, int* rc) {
   cmd->add_flag("--no-bos", args->no_bos, "Do not add the BOS token even if the model asks for it");
   cmd->add_flag("!--no-display-prompt", args->show_prompt, "Do not echo the prompt");
   cmd->callback([args, rc] {
+    if (args->n_predict == 0) {
+      std::fprintf(stderr, "bie run: -n must be at least 1, or -1 for no limit\n");
+      *rc = kExitBadInput;
+      return;
+    }
     if (Status s = args->sampling.validate(); !s) {
       std::fprintf(stderr, "bie run: %s\n", s.error().c_str());
       *rc = kExitBadInput;

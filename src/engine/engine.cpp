@@ -24,6 +24,7 @@
 #include "bie/engine/model_path.h"
 #include "bie/engine/scheduler.h"
 #include "bie/engine/stop_strings.h"
+#include "bie/engine/synth_model.h"
 #include "bie/kv/sequence_kv.h"
 #include "bie/model/model.h"
 #include "bie/planner/model_geometry.h"
@@ -194,14 +195,15 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   auto model = load_model(*path, lo);
   if (!model) return Error{model.error()};
   model_ = std::move(model).value();
-  auto tok = tokenizer::Tokenizer::from_gguf(model_->file());
-  if (!tok) return Error{tok.error()};
-  tok_ = std::make_unique<tokenizer::Tokenizer>(std::move(tok).value());
-  vocab_trie_ = std::make_unique<VocabTrie>(*tok_);
   auto g = planner::geometry_from_gguf(model_->file());
   if (!g) return Error{g.error()};
   kind = CreateError::kInvalidConfig;  // the layout against this model's geometry
   if (auto layout = kv_layout_for_model(*g, o.kv); !layout) return Error{layout.error()};
+  kind = CreateError::kModel;
+  auto tok = tokenizer::Tokenizer::from_gguf(model_->file());
+  if (!tok) return Error{tok.error()};
+  tok_ = std::make_unique<tokenizer::Tokenizer>(std::move(tok).value());
+  vocab_trie_ = std::make_unique<VocabTrie>(*tok_);
   KvEngineOptions plan_opts = o;
   if (!cfg.speculative_model.empty()) {
     if (cfg.speculative_draft_tokens < 1) {
@@ -249,6 +251,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     rc.fallback = cfg.kv_fallback_regime;
   }
   rc.enable_prefix_caching = cfg.enable_prefix_caching;
+  rc.kill_switch = cfg.f16_kill_switch;
   rc.events = cfg.kv_events;
   auto regimes =
       KvRegimes::create(rc, *g, model_->hparams().kv_geometry(), *sha, *backend_, report_);
@@ -305,6 +308,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   }
   info_.max_model_len = max_model_len_;
   info_.n_vocab = model_->hparams().n_vocab;
+  info_.synthetic = model_->file().get_bool(kSyntheticKey).value_or(false);
 
   publish_metrics();
   loop_done_ = false;

@@ -42,7 +42,7 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
   std::vector<std::pair<std::string, std::string>> wanted;  // (name, what asked for it)
   const bool split_kv = !base.dtype_k.empty() || !base.dtype_v.empty();
   wanted.emplace_back(split_kv ? std::string() : base.dtype, "default");
-  wanted.emplace_back("f16", "kill switch");
+  if (cfg.kill_switch) wanted.emplace_back("f16", "kill switch");
   for (const std::string& n : cfg.extra) wanted.emplace_back(n, "--kv-regimes");
   for (const KvLengthRule& r : rs->policy_) wanted.emplace_back(r.regime, "--kv-policy");
   if (!cfg.fallback.empty()) wanted.emplace_back(cfg.fallback, "--kv-fallback-entropy");

@@ -37,6 +37,9 @@ struct KvRegimesConfig {
   std::string policy;              // --kv-policy text, may be empty
   std::string fallback;            // --kv-fallback-entropy's regime, may be empty
   bool enable_prefix_caching = true;
+  // The f16 regime the kill switch moves new requests to (a one-request tool has no use for it;
+  // without it set_force_f16 keeps the default regime, as on a device).
+  bool kill_switch = true;
   kv::KvEventSink* events = nullptr;
 };
 

@@ -44,6 +44,9 @@ struct EngineConfig {
   // max_num_seqs). Sizes the activation workspace.
   int64_t max_num_batched_tokens = 0;
   bool enable_prefix_caching = true;
+  // Keep an f16 regime for the KV kill switch (set_force_f16, POST /admin/kv-policy). The CLI's
+  // one-request commands turn it off: set_force_f16 then keeps the default regime.
+  bool f16_kill_switch = true;
   int64_t max_queue = 256;  // requests waiting for admission before submit() refuses (429)
   // Verify the scheduler's and the block manager's invariants after every step (tests, debug
   // runs); a violation ends every request with an error naming it.
@@ -227,6 +230,7 @@ struct ModelInfo {
   std::string chat_template;
   int64_t max_model_len = 0;
   int32_t n_vocab = 0;
+  bool synthetic = false;  // random weights from `bie synth`: its text is noise
 };
 
 // The engine's KV regimes and what picks among them (Engine::kv_policy).
