@@ -258,5 +258,23 @@ TEST(CliEngine, SynthRefusesWhatItCannotWrite) {
   EXPECT_NE(r.err.find("SYNTHETIC"), std::string::npos) << r.err;
 }
 
+// A synthetic model (random weights) is served and run like any other, with one warning line that
+// its text is noise: from `bie run` and from bie-serve (both through the Engine's ModelInfo).
+TEST(CliEngine, RunAndServeSayASyntheticModelIsNoise) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  const std::string model = ::testing::TempDir() + "/bie_cli_synth_smollm2.gguf";
+  const auto synth = run_cmd(test::bie_bin() + " synth --preset smollm2-135m --weights Q8_0 -o " +
+                             model);
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  const auto run = run_cmd(test::bie_bin() + " run -m " + model + " -p hi -n 2 --temp 0 -t 2");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.err.find("is a SYNTHETIC model"), std::string::npos) << run.err;
+  const std::string serve =
+      std::filesystem::path(test::bie_bin()).parent_path() / "bie-serve";
+  const auto srv = run_cmd("timeout -s INT 5 " + serve + " -m " + model + " --port 0 -t 2");
+  EXPECT_NE(srv.err.find("ready on"), std::string::npos) << srv.err;
+  EXPECT_NE(srv.err.find("is a SYNTHETIC model"), std::string::npos) << srv.err;
+}
+
 }  // namespace
 }  // namespace bie

@@ -314,6 +314,12 @@ int main(int argc, char** argv) {
     std::fwrite(report.data(), 1, report.size(), stderr);
     server.set_engine(engine.get());
     const bie::ModelInfo& mi = engine->model_info();
+    if (mi.synthetic) {
+      std::fprintf(stderr,
+                   "bie-serve: warning: %s is a SYNTHETIC model (random weights, `bie synth`): its "
+                   "text is noise; serve it for memory and speed tests only\n",
+                   mi.path.c_str());
+    }
     std::fprintf(stderr, "bie-serve: model '%s' (sha256 %s) ready on http://%s:%d\n", mi.id.c_str(),
                  mi.sha256.c_str(), a.server.host.c_str(), server.port());
     std::fflush(stderr);
