@@ -258,6 +258,31 @@ TEST(CliEngine, SynthRefusesWhatItCannotWrite) {
   EXPECT_NE(r.err.find("SYNTHETIC"), std::string::npos) << r.err;
 }
 
+// bie run takes the engine's speculative decoding (n-gram drafter here): the greedy text is the
+// same as without it, and the timings line counts the drafts. Ctrl-C cancels the request: the
+// text so far and the timings line are printed, exit code 130.
+TEST(CliEngine, RunSpeculatesAndStopsOnCtrlC) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  const std::string prompt = "'One two three four five. One two three four five. One two three'";
+  const std::string cmd = test::bie_bin() + " run -m default -p " + prompt +
+                          " -n 24 --temp 0 -t 2 --no-display-prompt";
+  const auto plain = run_cmd(cmd);
+  const auto spec = run_cmd(cmd + " --speculative-draft-tokens 3");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(spec.exit_code, 0) << spec.err;
+  EXPECT_EQ(plain.out, spec.out);
+  const size_t at = spec.err.find("| drafts ");
+  ASSERT_NE(at, std::string::npos) << spec.err;
+  EXPECT_GT(std::stoi(spec.err.substr(at + 9)), 0) << spec.err;  // the drafter ran
+  EXPECT_EQ(plain.err.find("| drafts "), std::string::npos) << plain.err;
+
+  const auto stopped = run_cmd("timeout --preserve-status -s INT 2 " + test::bie_bin() +
+                               " run -m default -p hi -n 100000 --ignore-eos -c 8192 --temp 0 -t 2");
+  EXPECT_EQ(stopped.exit_code, 130) << stopped.err;
+  EXPECT_NE(stopped.err.find("finish: cancelled"), std::string::npos) << stopped.err;
+  EXPECT_GT(stopped.out.size(), 2u);
+}
+
 // A synthetic model (random weights) is served and run like any other, with one warning line that
 // its text is noise: from `bie run` and from bie-serve (both through the Engine's ModelInfo).
 TEST(CliEngine, RunAndServeSayASyntheticModelIsNoise) {

@@ -4,7 +4,10 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -38,7 +41,17 @@ struct RunArgs {
   bool no_bos = false;
   bool show_prompt = true;
   SamplingParams sampling;
+  int32_t spec_tokens = 0;  // speculative decoding: draft tokens per step (0: off)
+  std::string spec_model;   // a draft model GGUF instead of the n-gram drafter
 };
+
+// Ctrl-C: set by the SIGINT handler, read by the waiting main thread, which cancels the request
+// (its timings are still printed).
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void on_sigint(int) {
+  g_interrupted.store(true);
+}
 
 // Exit code for a failed Engine::create: the user's flags or budget (2), else the model (1).
 int create_exit_code(CreateError kind) {
@@ -79,6 +92,8 @@ int run(const RunArgs& a) {
   ec.threads = std::max(0, a.threads);
   ec.device = *dev;
   ec.f16_kill_switch = false;
+  ec.speculative_draft_tokens = a.spec_tokens;
+  ec.speculative_model = a.spec_model;
   CreateError kind = CreateError::kInvalidConfig;
   auto engine = Engine::create(ec, &kind);
   if (!engine) {
@@ -132,10 +147,18 @@ int run(const RunArgs& a) {
     std::fprintf(stderr, "bie run: %s\n", refused->message.c_str());
     return refused->kind == SubmitError::kShuttingDown ? kExitFailure : kExitBadInput;
   }
+  std::signal(SIGINT, on_sigint);
   {
     std::unique_lock lk(mu);
-    cv.wait(lk, [&] { return fin.has_value(); });
+    bool cancelled = false;
+    while (!cv.wait_for(lk, std::chrono::milliseconds(50), [&] { return fin.has_value(); })) {
+      if (g_interrupted.load() && !cancelled) {
+        eng.cancel(1);  // on_finish follows with "cancelled"
+        cancelled = true;
+      }
+    }
   }
+  std::signal(SIGINT, SIG_DFL);
   std::fwrite(fin->tail_text.data(), 1, fin->tail_text.size(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
@@ -151,16 +174,22 @@ int run(const RunArgs& a) {
   // Prompt speed: the prompt's tokens over the time to the first token (its prefill); decode:
   // the tokens after the first over the rest.
   const double prompt_tps = m.ttft_seconds > 0 ? m.prompt_tokens / m.ttft_seconds : 0.0;
+  const std::string spec =
+      a.spec_tokens > 0
+          ? fmt::format(" | drafts {} accepted {} ({:.0f} %)", m.draft_tokens, m.accepted_tokens,
+                        100.0 * m.acceptance_rate())
+          : std::string();
   std::fprintf(stderr,
                "prompt: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s | threads %d | "
-               "seed %llu | finish: %s | KV committed %s | peak RSS %.1f MiB\n",
+               "seed %llu | finish: %s%s | KV committed %s | peak RSS %.1f MiB\n",
                static_cast<long long>(m.prompt_tokens), prompt_tps,
                static_cast<long long>(m.generated_tokens), m.decode_tps(),
                ec.threads > 0 ? ec.threads : static_cast<int>(std::thread::hardware_concurrency()),
                static_cast<unsigned long long>(req.sampling.seed), fin->finish_reason.c_str(),
+               spec.c_str(),
                planner::format_bytes(static_cast<double>(em.kv_committed_bytes)).c_str(),
                static_cast<double>(ru.ru_maxrss) / 1024.0);
-  return kExitOk;
+  return g_interrupted.load() ? kExitInterrupted : kExitOk;
 }
 
 }  // namespace
@@ -200,6 +229,13 @@ void add_run_command(CLI::App& root, int* rc) {
                 "Treat special-token text in the prompt as plain text");
   cmd->add_flag("--no-bos", args->no_bos, "Do not add the BOS token even if the model asks for it");
   cmd->add_flag("!--no-display-prompt", args->show_prompt, "Do not echo the prompt");
+  cmd->add_option("--speculative-draft-tokens", args->spec_tokens,
+                  "Speculative decoding: draft tokens per step (0: off), from the prompt-lookup "
+                  "n-gram drafter or --speculative-model")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 15));
+  cmd->add_option("--speculative-model", args->spec_model,
+                  "Draft model GGUF with the target's vocabulary (needs --speculative-draft-tokens)");
   cmd->callback([args, rc] {
     if (args->n_predict == 0) {
       std::fprintf(stderr, "bie run: -n must be at least 1, or -1 for no limit\n");

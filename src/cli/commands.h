@@ -11,6 +11,7 @@ namespace bie::cli {
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;   // runtime failure (model cannot load, out of memory, ...)
 constexpr int kExitBadInput = 2;  // bad flags or input the user can fix
+constexpr int kExitInterrupted = 130;  // stopped by Ctrl-C (SIGINT), after printing what it had
 
 void add_run_command(CLI::App& root, int* rc);
 void add_info_command(CLI::App& root, int* rc);
