@@ -51,6 +51,34 @@ TEST(KvMemoryBudget, PoolsOfTwoSizesShareTheBudget) {
   EXPECT_TRUE((*b)->check_integrity().ok());
 }
 
+// A window exit's FP16 source is released before the queued quantisation reads it; pinned, its
+// pages survive another pool's allocation until the work has run (they were decommitted, and
+// the read faulted, in KvFallback.OtherSequencesOfTheStepKeepTheirOwnRows).
+TEST(KvMemoryBudget, PinnedFreeBlocksKeepTheirPagesUntilUnpinned) {
+  const uint64_t page = 4096;
+  kv::MemoryBudget budget(2 * page);
+  auto a = kv::BlockPool::create({2, page, 2, true, &budget});
+  auto b = kv::BlockPool::create({2, page, 2, true, &budget});
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto x = (*a)->allocate();
+  auto y = (*a)->allocate();
+  ASSERT_TRUE(x.ok() && y.ok());
+  (*a)->data(x->block.index)[0] = 7;
+  (*a)->pin(x->block.index);
+  (*a)->release(x->block.index);
+  (*a)->release(y->block.index);
+  // B needs a page: it may take y's, not the pinned x's.
+  auto z = (*b)->allocate();
+  ASSERT_TRUE(z.ok()) << z.error();
+  EXPECT_EQ((*a)->data(x->block.index)[0], 7);  // still committed and readable
+  EXPECT_FALSE((*b)->allocate().ok()) << "the only other page is pinned";
+  (*a)->unpin_all();
+  EXPECT_TRUE((*b)->allocate().ok());
+  EXPECT_EQ((*a)->committed_bytes(), 0u);
+  EXPECT_TRUE((*a)->check_integrity().ok());
+  EXPECT_TRUE((*b)->check_integrity().ok());
+}
+
 TEST(KvMemoryBudget, CachedBlocksOfAnotherPoolAreEvictedWhenNothingIsFree) {
   const uint64_t page = 4096;
   kv::MemoryBudget budget(8 * page);

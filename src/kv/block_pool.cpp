@@ -267,14 +267,29 @@ void BlockPool::decommit(BlockIndex b) {
   cfg_.budget->credit(freed);
 }
 
+void BlockPool::pin(BlockIndex b) {
+  if (pinned_.empty()) pinned_.assign(static_cast<size_t>(n_ + 1), 0);
+  if (pinned_[static_cast<size_t>(b)]) return;
+  pinned_[static_cast<size_t>(b)] = 1;
+  pinned_list_.push_back(b);
+}
+
+void BlockPool::unpin_all() {
+  for (const BlockIndex b : pinned_list_) pinned_[static_cast<size_t>(b)] = 0;
+  pinned_list_.clear();
+}
+
 uint64_t BlockPool::give_back(uint64_t bytes, bool free_only) {
   if (!base_) return 0;
   const uint64_t before = committed_pages_ * page_;
   const auto freed = [&] { return before - committed_pages_ * page_; };
+  const auto pinned = [&](BlockIndex b) {
+    return !pinned_.empty() && pinned_[static_cast<size_t>(b)] != 0;
+  };
   // Free blocks: decommitted and moved behind the committed ones (allocate takes the front).
   std::vector<BlockIndex> free_committed;
   for (int32_t b = next_[free_head_]; b != free_head_; b = next_[b]) {
-    if (block_committed_[b]) free_committed.push_back(b);
+    if (block_committed_[b] && !pinned(b)) free_committed.push_back(b);
   }
   for (const BlockIndex b : free_committed) {
     if (freed() >= bytes) break;
@@ -282,8 +297,13 @@ uint64_t BlockPool::give_back(uint64_t bytes, bool free_only) {
     list_remove(b);
     list_push_back(free_head_, b);
   }
-  while (!free_only && freed() < bytes && next_[lru_head_] != lru_head_) {
-    const BlockIndex b = next_[lru_head_];  // least recently used
+  // Then cached blocks, least recently used first.
+  for (int32_t b = next_[lru_head_]; !free_only && freed() < bytes && b != lru_head_;) {
+    const int32_t after = next_[b];
+    if (pinned(b)) {
+      b = after;
+      continue;
+    }
     const uint64_t key = keys_[b].key;
     list_remove(b);
     keyed_[b] = 0;
@@ -293,6 +313,7 @@ uint64_t BlockPool::give_back(uint64_t bytes, bool free_only) {
     ++n_free_;
     decommit(b);
     if (on_evict_) on_evict_(key);
+    b = after;
   }
   return freed();
 }

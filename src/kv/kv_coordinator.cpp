@@ -257,7 +257,10 @@ Status KvCoordinator::migrate_block(int g, SeqId s, int64_t b, int64_t written, 
     q.src = m->src;
     q.dst = m->dst;
     q.rows = static_cast<int>(rows);
+    q.seq = s;
     work.push_back(q);
+    // The release below may free the source before the work runs: its pages stay until then.
+    mgr.pool(PoolKind::kFp16).pin(m->src.index);
   }
   auto r = mgr.migrate(s, b, m->dst);
   if (!r) return Error{r.error()};
@@ -339,6 +342,7 @@ Result<int64_t> KvCoordinator::append(SeqId s, int64_t written, std::span<const 
         w.kind = KvWorkItem::Kind::kCopy;
         w.group = g;
         w.copy = c;
+        w.seq = s;
         work.push_back(w);
       }
       for (const int64_t b : piece.exits) {
@@ -362,6 +366,12 @@ Status KvCoordinator::fork(SeqId parent, SeqId child) {
     if (Status st = gr.mgr->fork(parent, child); !st) return st;
   }
   return {};
+}
+
+void KvCoordinator::unpin_all() {
+  for (Group& gr : groups_) {
+    for (const PoolKind p : {PoolKind::kFp16, PoolKind::kBody}) gr.mgr->pool(p).unpin_all();
+  }
 }
 
 Status KvCoordinator::free(SeqId s) {

@@ -241,13 +241,14 @@ Status PagedKvStore::finish_pass(kv::SeqId s, int64_t written) {
 }
 
 Status PagedKvStore::execute(const kv::KvWork& work) {
+  Status st;
   for (const kv::KvWorkItem& w : work) {
-    const Status st = w.kind == kv::KvWorkItem::Kind::kCopy
-                          ? copy_block(w.group, w.copy)
-                          : quantise_block(w.group, w.src, w.dst, w.rows);
-    if (!st) return st;
+    st = w.kind == kv::KvWorkItem::Kind::kCopy ? copy_block(w.group, w.copy)
+                                               : quantise_block(w.group, w.src, w.dst, w.rows);
+    if (!st) break;
   }
-  return {};
+  coord_->unpin_all();  // the sources have been read
+  return st;
 }
 
 Status PagedKvStore::copy_block(int g, const kv::KvCopy& c) {

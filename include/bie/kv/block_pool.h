@@ -135,6 +135,13 @@ class BlockPool {
   // blocks (evicted, least recently used first), until at least `bytes` are freed. Returns the
   // bytes freed.
   uint64_t give_back(uint64_t bytes, bool free_only);
+  // A block a queued KvWork item still reads (a window exit's FP16 source, released by the
+  // migration before the work runs) keeps its pages until unpin_all(), which the store calls
+  // once it has executed the work: give_back skips it, so another pool's allocation in between
+  // cannot take its pages away (it may still be handed out again; nothing writes it before the
+  // queued work has run).
+  void pin(BlockIndex b);
+  void unpin_all();
   [[nodiscard]] uint64_t page_size() const { return page_; }
   // Distance between blocks in memory: block_bytes, rounded up to whole pages under a budget
   // (what the budget charges per active block).
@@ -175,6 +182,8 @@ class BlockPool {
   std::vector<uint8_t> page_committed_;
   uint64_t committed_pages_ = 0;
   std::function<void(uint64_t)> on_evict_;
+  std::vector<uint8_t> pinned_;          // [n + 1] once a block was pinned
+  std::vector<BlockIndex> pinned_list_;  // what unpin_all clears
 };
 
 }  // namespace bie::kv

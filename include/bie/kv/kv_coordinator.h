@@ -64,6 +64,7 @@ struct KvWorkItem {
   BlockRef src;
   BlockRef dst;
   int rows = 0;
+  SeqId seq = -1;  // whose blocks these are (a scheduler that frees the sequence drops its work)
 };
 using KvWork = std::vector<KvWorkItem>;
 
@@ -131,6 +132,9 @@ class KvCoordinator {
   [[nodiscard]] Status fork(SeqId parent, SeqId child);
   // Ends s in every group (BlockManager::free).
   [[nodiscard]] Status free(SeqId s);
+  // The work handed out so far has run (or was dropped): window-exit sources may give their
+  // pages back again (BlockPool::pin).
+  void unpin_all();
   // Rolls s back to n tokens in every group (BlockManager::truncate). Fails, changing nothing,
   // where any group refuses, or where a local group already dropped a block its window at n
   // tokens would keep (a rollback further back than the draft tokens).
