@@ -159,6 +159,31 @@ TEST_F(QualitySmolLM2, F16AgainstItselfIsExactAndInt8IsClose) {
   EXPECT_LT(q8.body_bytes_per_token, base.body_bytes_per_token);
 }
 
+// A mixed regime's scores do not depend on -b: prompt chunks are capped so that every scored
+// token sees half the FP16 window (KvLayout::prefill_chunk_cap), as the engine cuts them. Without
+// the cap a 128-token -b wrote most of each chunk straight into the body format.
+TEST_F(QualitySmolLM2, ScoresDoNotDependOnTheBatchSize) {
+  planner::KvLayoutFlags small;
+  small.window_tokens = 32;
+  small.block_size = 16;
+  std::vector<double> kld;
+  for (const int32_t batch : {16, 128}) {
+    QualityConfig cfg;
+    cfg.regimes = {regime("f16", small), regime("int4_asym", small)};
+    cfg.ctx_sizes = {256};
+    cfg.windows = 1;
+    cfg.batch = batch;
+    cfg.prompts = 0;
+    cfg.needle_ctx = {};
+    CpuBackend pool(2);
+    auto rep = measure_kv_quality(*model_, *tok_, text_, cfg, pool);
+    ASSERT_TRUE(rep.ok()) << rep.error();
+    kld.push_back(rep->regimes[1].ppl[0].kld_sum);
+  }
+  EXPECT_GT(kld[0], 0.0);
+  EXPECT_EQ(kld[0], kld[1]);
+}
+
 TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
   QualityConfig cfg;
   cfg.regimes = {regime("f16")};

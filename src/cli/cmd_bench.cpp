@@ -187,7 +187,12 @@ int bench(const BenchArgs& a) {
       fmt::print(stderr, "bench: run {}/{}  {}  depth {}  {}\n", rep + 1, a.reps,
                  regimes[c.regime].name, c.depth, c.test);
       PagedKvCache& kv = *regimes[c.regime].setup.cache;
-      const int64_t align = regimes[c.regime].setup.report.layout.block_size;
+      const planner::KvLayout& layout = regimes[c.regime].setup.report.layout;
+      const int64_t align = layout.block_size;
+      // Prompt chunks as the engine cuts them: -b, lowered to a mixed layout's prefill cap.
+      const int64_t cap = layout.prefill_chunk_cap();
+      const int64_t chunk =
+          cap > 0 ? std::min(base->chunked_prefill_size, cap) : base->chunked_prefill_size;
       // Reuse the previous cell's fill when it was the same depth and can be cut back to it.
       const bool reuse = kv.n_tokens() >= c.depth && c.depth > 0 && kv.truncate(c.depth).ok();
       if (!reuse) {
@@ -209,7 +214,7 @@ int bench(const BenchArgs& a) {
         } else {
           const std::vector<int32_t> fill = random_tokens(c.depth);
           if (!fill.empty()) {
-            if (Status s = prefill(m, kv, be, fill, base->chunked_prefill_size, align, logits); !s)
+            if (Status s = prefill(m, kv, be, fill, chunk, align, logits); !s)
               return fail(kExitFailure, s.error());
           }
         }
@@ -218,7 +223,7 @@ int bench(const BenchArgs& a) {
       c.kv_bytes_at_depth = kv_held_bytes(kv);
       const std::vector<int32_t> test = random_tokens(c.n);
       const auto t0 = clock::now();
-      const Status s = prefill(m, kv, be, test, c.decode ? 1 : base->chunked_prefill_size, align,
+      const Status s = prefill(m, kv, be, test, c.decode ? 1 : chunk, align,
                                logits, c.decode ? MatmulPath::kDecode : MatmulPath::kPrefill);
       const double sec = std::chrono::duration<double>(clock::now() - t0).count();
       if (!s) return fail(kExitFailure, s.error());

@@ -148,6 +148,12 @@ class QualityRun {
   Status needle(const std::vector<int32_t>& text, QualityReport& rep);
 
  private:
+  // Tokens per forward for a cache of this layout: -b, lowered to a mixed layout's prefill cap
+  // (KvLayout::prefill_chunk_cap), as the engine chunks a prompt.
+  [[nodiscard]] int32_t chunk_for(const planner::KvLayout& layout) const {
+    const int64_t cap = layout.prefill_chunk_cap();
+    return cap > 0 ? static_cast<int32_t>(std::min<int64_t>(cfg_.batch, cap)) : cfg_.batch;
+  }
   void say(const std::string& what) const {
     if (!progress_) return;
     const double s = std::chrono::duration<double>(Clock::now() - t0_).count();
@@ -178,6 +184,10 @@ Status QualityRun::perplexity(const std::vector<int32_t>& text, size_t ci, Quali
     r.ppl.push_back(st);
   }
   std::vector<PositionStats> rows(static_cast<size_t>(cfg_.batch));
+  // The regimes run in lock step, chunk by chunk: every one takes the smallest regime's chunk (an
+  // f16 cache's logits do not depend on the chunking).
+  int32_t step = cfg_.batch;
+  for (const auto& r : rep.regimes) step = std::min(step, chunk_for(r.regime.layout));
   for (int64_t w = 0; w < n_windows; ++w) {
     say(fmt::format("perplexity ctx {} window {}/{}", n, w + 1, n_windows));
     std::vector<int32_t> win(text.begin() + w * n, text.begin() + (w + 1) * n);
@@ -188,8 +198,8 @@ Status QualityRun::perplexity(const std::vector<int32_t>& text, size_t ci, Quali
       if (!c) return Error{c.error()};
       kv.push_back(std::move(c).value());
     }
-    for (int32_t c0 = 0; c0 < n; c0 += cfg_.batch) {
-      const int32_t len = std::min(cfg_.batch, n - c0);
+    for (int32_t c0 = 0; c0 < n; c0 += step) {
+      const int32_t len = std::min(step, n - c0);
       if (c0 > 0 && n > 2048) say(fmt::format("  ... {} of {} tokens", c0, n));
       const std::span<const int32_t> chunk(win.data() + c0, static_cast<size_t>(len));
       ForwardOptions fo;
@@ -248,7 +258,6 @@ Status QualityRun::continuations(const std::vector<int32_t>& text, QualityReport
   GenerateRequest req;
   req.sampling.temperature = 0.0f;  // greedy
   req.max_tokens = cfg_.continuation_tokens;
-  req.prefill_chunk = cfg_.batch;
   const int64_t max_tokens = cfg_.prompt_tokens + cfg_.continuation_tokens;
   for (int32_t p = 0; p < cfg_.prompts; ++p) {
     say(fmt::format("greedy continuations prompt {}/{}", p + 1, cfg_.prompts));
@@ -260,6 +269,7 @@ Status QualityRun::continuations(const std::vector<int32_t>& text, QualityReport
       auto kv =
           make_cache(model_, geom_, rep.regimes[r].regime.layout, max_tokens, cfg_.batch, backend_);
       if (!kv) return Error{kv.error()};
+      req.prefill_chunk = chunk_for(rep.regimes[r].regime.layout);
       std::vector<int32_t> out;
       auto st = generate(model_, **kv, backend_, req, [&](int32_t id) {
         out.push_back(id);
@@ -311,8 +321,9 @@ Status QualityRun::needle(const std::vector<int32_t>& text, QualityReport& rep) 
         ns.depth_pct = depth;
         ns.needle_pos = static_cast<int32_t>(at);
         ns.answer_greedy = true;
-        for (int64_t c0 = 0; c0 < n; c0 += cfg_.batch) {
-          const int64_t len = std::min<int64_t>(cfg_.batch, n - c0);
+        const int32_t step = chunk_for(r.regime.layout);
+        for (int64_t c0 = 0; c0 < n; c0 += step) {
+          const int64_t len = std::min<int64_t>(step, n - c0);
           ForwardOptions fo;
           fo.logits_all = c0 + len > a0 - 1;
           const std::span<const int32_t> chunk(seq.data() + c0, static_cast<size_t>(len));

@@ -64,10 +64,17 @@ bool per_channel_layout(const PagedKvStore& store) {
   return store.layout().has_per_channel();
 }
 
+// --chunked-prefill-size, lowered to the layout's prefill cap (KvLayout::prefill_chunk_cap: a
+// mixed layout's prompt chunks are short enough that each token sees half the FP16 window).
+int64_t prefill_target(const PagedKvStore& store, int64_t chunked_prefill_size) {
+  const int64_t cap = store.layout().prefill_chunk_cap();
+  return cap > 0 ? std::min(chunked_prefill_size, cap) : chunked_prefill_size;
+}
+
 }  // namespace
 
 int64_t Scheduler::prefill_span(const Sequence& s) const {
-  int64_t span = cfg_.chunked_prefill_size;
+  int64_t span = prefill_target(*s.store, cfg_.chunked_prefill_size);
   if (per_channel_layout(*s.store)) {
     // A chunk of a per-channel layout must be able to reach the next block boundary.
     const int64_t B = s.store->layout().block_size;
@@ -78,7 +85,7 @@ int64_t Scheduler::prefill_span(const Sequence& s) const {
 
 int64_t Scheduler::chunk_for(const Sequence& s, int64_t budget) const {
   const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.computed;
-  int64_t n = std::min({remaining, budget, cfg_.chunked_prefill_size});
+  int64_t n = std::min({remaining, budget, prefill_target(*s.store, cfg_.chunked_prefill_size)});
   if (n <= 0) return 0;
   if (per_channel_layout(*s.store) && n < remaining) {
     // A body block of a per-channel format is written as a whole tile: a chunk that is not the
@@ -98,7 +105,11 @@ int64_t Scheduler::chunk_for(const Sequence& s, int64_t budget) const {
 
 int64_t Scheduler::tokens_to_hold(const Sequence& s) const {
   const auto known = static_cast<int64_t>(s.tokens.size());
-  if (!s.store->coordinator().has_local_groups()) return known;
+  // A mixed layout holds one chunk past what is computed, so a prompt's blocks are written FP16
+  // and move to the body when later chunks push them out of the window (each prompt token sees
+  // the recent window in FP16, KvLayout::prefill_chunk_cap); so does a store with local groups
+  // (their blocks are dropped as the window passes). Otherwise the whole prompt is held at once.
+  if (!s.store->coordinator().has_local_groups() && !s.store->layout().mixed()) return known;
   return std::min(known, s.computed + prefill_span(s));
 }
 
@@ -133,6 +144,9 @@ bool Scheduler::ensure_blocks(Sequence& s, kv::KvWork& work, bool draft) {
 
 void Scheduler::preempt(kv::SeqId id, SchedulerOutput& out) {
   Sequence& s = *seqs_.at(id);
+  // Work queued for its blocks earlier in this step must not run on blocks it no longer holds
+  // (another sequence may be handed them in the same step).
+  std::erase_if(out.work_for(s.store), [id](const kv::KvWorkItem& w) { return w.seq == id; });
   (void)s.store->coordinator().free(id);
   s.computed = 0;
   s.status = SeqStatus::kWaiting;

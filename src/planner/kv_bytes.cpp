@@ -78,6 +78,12 @@ bool KvLayout::has_per_channel() const {
   });
 }
 
+int64_t KvLayout::prefill_chunk_cap() const {
+  if (!mixed()) return 0;
+  const int64_t b = std::max(1, block_size);
+  return std::max<int64_t>(b, window_tokens / 2 / b * b);
+}
+
 uint64_t kv_bytes_per_token(const ModelGeometry& g, const KvLayout& layout) {
   uint64_t sum = 0;
   for (size_t il = 0; il < g.layers.size(); ++il) {

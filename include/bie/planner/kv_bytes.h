@@ -49,6 +49,12 @@ struct KvLayout {
   }
   // Whether some layer stores per-channel keys (tiles written whole, block-sized chunks).
   [[nodiscard]] bool has_per_channel() const;
+  // The most prompt tokens one pass may take, 0 for no limit (layouts that are not mixed). A
+  // prompt chunk is written FP16 and its blocks move to the body when later chunks push them out
+  // of the window, so every prompt token attends to at least the window's last W - C tokens in
+  // FP16, as a decoded token does to the whole window. C = max(B, W/2 rounded down to blocks):
+  // each token sees at least half the window (64 of 128 tokens with 64-token blocks).
+  [[nodiscard]] int64_t prefill_chunk_cap() const;
 };
 
 // Checks every layer's head widths against its formats, the layout's sizes and a layer map's
