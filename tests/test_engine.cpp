@@ -142,6 +142,55 @@ TEST(Engine, WindowExitsDuringDecodeMatchSingleSequenceGenerate) {
   }
 }
 
+// A long prompt in the default 4-bit regime (64-token blocks, 128-token FP16 window): the engine
+// cuts it into 64-token chunks (KvLayout::prefill_chunk_cap) and holds one chunk at a time, so each
+// prompt token attends to the last 64..128 tokens in FP16. Its greedy tokens equal the
+// single-sequence path's fed in chunks of that size. (Holding the whole prompt at admission, as
+// the engine did before, wrote blocks outside the final window straight into the body format and
+// gave other tokens on this prompt.)
+TEST(Engine, LongQuantisedPromptRunsInWindowSizedChunks) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  std::string text = test::read_file(test::source_dir() + "/../shared/data/tinyshakespeare.txt");
+  ASSERT_GT(text.size(), 1500u);
+  text.resize(1500);
+  EngineConfig cfg = base_config();
+  cfg.kv.kv.dtype = "int4_asym";
+  cfg.kv.chunked_prefill_size = 512;
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  const EngineRequest req = greedy(eng.tokenizer(), text, 16);
+  ASSERT_GT(req.prompt.size(), 400u);
+  Collected c;
+  ASSERT_FALSE(eng.submit(1, req, collect(c)).has_value());
+  c.wait();
+  ASSERT_EQ(c.finish->finish_reason, "length") << c.finish->error;
+
+  LoadOptions lo;
+  lo.max_batch_tokens = 512;
+  auto model = load_named_model("default", lo);
+  ASSERT_TRUE(model.ok());
+  auto kv = setup_kv_cache(**model, cfg.kv);
+  ASSERT_TRUE(kv.ok()) << kv.error();
+  ASSERT_EQ(kv->report.layout.prefill_chunk_cap(), 64);
+  CpuBackend pool(2);
+  GenerateRequest g;
+  g.prompt = req.prompt;
+  g.sampling.temperature = 0;
+  g.max_tokens = 16;
+  g.prefill_chunk = 64;
+  g.prefill_align = 64;
+  std::vector<int32_t> want;
+  auto st = generate(**model, *kv->cache, pool, g, [&](int32_t t) {
+    want.push_back(t);
+    return true;
+  });
+  ASSERT_TRUE(st.ok()) << st.error();
+  EXPECT_EQ(c.tokens, want);
+  eng.wait_idle();
+  EXPECT_EQ(used_blocks(eng), 0);
+}
+
 // Runs each prompt alone, then all together; returns (alone, together) token lists.
 std::pair<std::vector<std::vector<int32_t>>, std::vector<std::vector<int32_t>>> alone_and_together(
     Engine& eng, int max_tokens) {
