@@ -163,14 +163,11 @@ TEST_F(QualitySmolLM2, F16AgainstItselfIsExactAndInt8IsClose) {
 // token sees half the FP16 window (KvLayout::prefill_chunk_cap), as the engine cuts them. Without
 // the cap a 128-token -b wrote most of each chunk straight into the body format.
 TEST_F(QualitySmolLM2, ScoresDoNotDependOnTheBatchSize) {
-  planner::KvLayoutFlags small;
-  small.window_tokens = 32;
-  small.block_size = 16;
   std::vector<double> kld;
-  for (const int32_t batch : {16, 128}) {
+  for (const int32_t batch : {64, 512}) {
     QualityConfig cfg;
-    cfg.regimes = {regime("f16", small), regime("int4_asym", small)};
-    cfg.ctx_sizes = {256};
+    cfg.regimes = {regime("f16"), regime("int4_asym")};  // 64-token blocks, 128-token window
+    cfg.ctx_sizes = {512};
     cfg.windows = 1;
     cfg.batch = batch;
     cfg.prompts = 0;
