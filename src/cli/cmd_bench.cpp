@@ -189,10 +189,7 @@ int bench(const BenchArgs& a) {
       PagedKvCache& kv = *regimes[c.regime].setup.cache;
       const planner::KvLayout& layout = regimes[c.regime].setup.report.layout;
       const int64_t align = layout.block_size;
-      // Prompt chunks as the engine cuts them: -b, lowered to a mixed layout's prefill cap.
-      const int64_t cap = layout.prefill_chunk_cap();
-      const int64_t chunk =
-          cap > 0 ? std::min(base->chunked_prefill_size, cap) : base->chunked_prefill_size;
+      const int64_t chunk = layout.prefill_chunk(base->chunked_prefill_size);  // as the engine
       // Reuse the previous cell's fill when it was the same depth and can be cut back to it.
       const bool reuse = kv.n_tokens() >= c.depth && c.depth > 0 && kv.truncate(c.depth).ok();
       if (!reuse) {

@@ -148,11 +148,9 @@ class QualityRun {
   Status needle(const std::vector<int32_t>& text, QualityReport& rep);
 
  private:
-  // Tokens per forward for a cache of this layout: -b, lowered to a mixed layout's prefill cap
-  // (KvLayout::prefill_chunk_cap), as the engine chunks a prompt.
+  // Tokens per forward for a cache of this layout, as the engine chunks a prompt.
   [[nodiscard]] int32_t chunk_for(const planner::KvLayout& layout) const {
-    const int64_t cap = layout.prefill_chunk_cap();
-    return cap > 0 ? static_cast<int32_t>(std::min<int64_t>(cfg_.batch, cap)) : cfg_.batch;
+    return static_cast<int32_t>(layout.prefill_chunk(cfg_.batch));
   }
   void say(const std::string& what) const {
     if (!progress_) return;

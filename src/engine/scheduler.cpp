@@ -64,17 +64,11 @@ bool per_channel_layout(const PagedKvStore& store) {
   return store.layout().has_per_channel();
 }
 
-// --chunked-prefill-size, lowered to the layout's prefill cap (KvLayout::prefill_chunk_cap: a
-// mixed layout's prompt chunks are short enough that each token sees half the FP16 window).
-int64_t prefill_target(const PagedKvStore& store, int64_t chunked_prefill_size) {
-  const int64_t cap = store.layout().prefill_chunk_cap();
-  return cap > 0 ? std::min(chunked_prefill_size, cap) : chunked_prefill_size;
-}
-
 }  // namespace
 
 int64_t Scheduler::prefill_span(const Sequence& s) const {
-  int64_t span = prefill_target(*s.store, cfg_.chunked_prefill_size);
+  // A mixed layout's chunks are short enough that each token sees half the FP16 window.
+  int64_t span = s.store->layout().prefill_chunk(cfg_.chunked_prefill_size);
   if (per_channel_layout(*s.store)) {
     // A chunk of a per-channel layout must be able to reach the next block boundary.
     const int64_t B = s.store->layout().block_size;
@@ -85,7 +79,8 @@ int64_t Scheduler::prefill_span(const Sequence& s) const {
 
 int64_t Scheduler::chunk_for(const Sequence& s, int64_t budget) const {
   const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.computed;
-  int64_t n = std::min({remaining, budget, prefill_target(*s.store, cfg_.chunked_prefill_size)});
+  int64_t n =
+      std::min({remaining, budget, s.store->layout().prefill_chunk(cfg_.chunked_prefill_size)});
   if (n <= 0) return 0;
   if (per_channel_layout(*s.store) && n < remaining) {
     // A body block of a per-channel format is written as a whole tile: a chunk that is not the

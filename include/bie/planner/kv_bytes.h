@@ -4,6 +4,7 @@
 // the layouts and the block rules these functions assume.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -55,6 +56,13 @@ struct KvLayout {
   // FP16, as a decoded token does to the whole window. C = max(B, W/2 rounded down to blocks):
   // each token sees at least half the window (64 of 128 tokens with 64-token blocks).
   [[nodiscard]] int64_t prefill_chunk_cap() const;
+  // Prompt tokens per pass for a requested chunk size (--chunked-prefill-size, -b): the request,
+  // lowered to prefill_chunk_cap() where there is one. The engine, bench and quality all cut
+  // prompts with it.
+  [[nodiscard]] int64_t prefill_chunk(int64_t requested) const {
+    const int64_t cap = prefill_chunk_cap();
+    return cap > 0 ? std::min(requested, cap) : requested;
+  }
 };
 
 // Checks every layer's head widths against its formats, the layout's sizes and a layer map's
