@@ -15,6 +15,7 @@
 #include "bie/engine/generate.h"
 #include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
+#include "bie/planner/kv_layout_flags.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "support/engine_collect.h"
 #include "support/paths.h"
@@ -59,6 +60,36 @@ const char* kPrompts[] = {
 
 using test::used_blocks;
 
+// The greedy tokens of `prompt` through the single-sequence path: generate() on a paged cache of
+// the options' layout (the default model, batches of max_batch tokens, prompt chunks of `chunk`
+// aligned to `align`).
+std::vector<int32_t> single_sequence_greedy(const KvEngineOptions& o,
+                                            const std::vector<int32_t>& prompt, int max_tokens,
+                                            int32_t max_batch, int32_t chunk, int32_t align = 1) {
+  LoadOptions lo;
+  lo.max_batch_tokens = max_batch;
+  auto model = load_named_model("default", lo);
+  EXPECT_TRUE(model.ok());
+  if (!model.ok()) return {};
+  auto kv = setup_kv_cache(**model, o);
+  EXPECT_TRUE(kv.ok()) << kv.error();
+  if (!kv.ok()) return {};
+  CpuBackend pool(2);
+  GenerateRequest g;
+  g.prompt = prompt;
+  g.sampling.temperature = 0;
+  g.max_tokens = max_tokens;
+  g.prefill_chunk = chunk;
+  g.prefill_align = align;
+  std::vector<int32_t> out;
+  auto st = generate(**model, *kv->cache, pool, g, [&](int32_t t) {
+    out.push_back(t);
+    return true;
+  });
+  EXPECT_TRUE(st.ok()) << st.error();
+  return out;
+}
+
 TEST(Engine, GreedyMatchesSingleSequenceGenerate) {
   BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto e = Engine::create(base_config());
@@ -72,26 +103,7 @@ TEST(Engine, GreedyMatchesSingleSequenceGenerate) {
   EXPECT_EQ(c.finish->metrics.generated_tokens, 24);
 
   // The same request through the single-sequence path on a paged f16 cache.
-  LoadOptions lo;
-  lo.max_batch_tokens = 64;
-  auto model = load_named_model("default", lo);
-  ASSERT_TRUE(model.ok());
-  KvEngineOptions o = base_config().kv;
-  auto kv = setup_kv_cache(**model, o);
-  ASSERT_TRUE(kv.ok()) << kv.error();
-  CpuBackend pool(2);
-  GenerateRequest g;
-  g.prompt = req.prompt;
-  g.sampling.temperature = 0;
-  g.max_tokens = 24;
-  g.prefill_chunk = 64;
-  std::vector<int32_t> want;
-  auto st = generate(**model, *kv->cache, pool, g, [&](int32_t t) {
-    want.push_back(t);
-    return true;
-  });
-  ASSERT_TRUE(st.ok()) << st.error();
-  EXPECT_EQ(c.tokens, want);
+  EXPECT_EQ(c.tokens, single_sequence_greedy(base_config().kv, req.prompt, 24, 64, 64));
   eng.wait_idle();
   EXPECT_EQ(used_blocks(eng), 0);
 }
@@ -117,26 +129,8 @@ TEST(Engine, WindowExitsDuringDecodeMatchSingleSequenceGenerate) {
     c.wait();
     ASSERT_EQ(c.finish->finish_reason, "length") << c.finish->error;
 
-    LoadOptions lo;
-    lo.max_batch_tokens = 64;
-    auto model = load_named_model("default", lo);
-    ASSERT_TRUE(model.ok());
-    auto kv = setup_kv_cache(**model, cfg.kv);
-    ASSERT_TRUE(kv.ok()) << kv.error();
-    CpuBackend pool(2);
-    GenerateRequest g;
-    g.prompt = req.prompt;
-    g.sampling.temperature = 0;
-    g.max_tokens = 48;
-    g.prefill_chunk = 64;
-    g.prefill_align = kv->report.layout.block_size;
-    std::vector<int32_t> want;
-    auto st = generate(**model, *kv->cache, pool, g, [&](int32_t t) {
-      want.push_back(t);
-      return true;
-    });
-    ASSERT_TRUE(st.ok()) << st.error();
-    EXPECT_EQ(c.tokens, want) << dtype;
+    EXPECT_EQ(c.tokens, single_sequence_greedy(cfg.kv, req.prompt, 48, 64, 64, cfg.kv.kv.block_size))
+        << dtype;
     eng.wait_idle();
     EXPECT_EQ(used_blocks(eng), 0);
   }
@@ -166,27 +160,10 @@ TEST(Engine, LongQuantisedPromptRunsInWindowSizedChunks) {
   c.wait();
   ASSERT_EQ(c.finish->finish_reason, "length") << c.finish->error;
 
-  LoadOptions lo;
-  lo.max_batch_tokens = 512;
-  auto model = load_named_model("default", lo);
-  ASSERT_TRUE(model.ok());
-  auto kv = setup_kv_cache(**model, cfg.kv);
-  ASSERT_TRUE(kv.ok()) << kv.error();
-  ASSERT_EQ(kv->report.layout.prefill_chunk_cap(), 64);
-  CpuBackend pool(2);
-  GenerateRequest g;
-  g.prompt = req.prompt;
-  g.sampling.temperature = 0;
-  g.max_tokens = 16;
-  g.prefill_chunk = 64;
-  g.prefill_align = 64;
-  std::vector<int32_t> want;
-  auto st = generate(**model, *kv->cache, pool, g, [&](int32_t t) {
-    want.push_back(t);
-    return true;
-  });
-  ASSERT_TRUE(st.ok()) << st.error();
-  EXPECT_EQ(c.tokens, want);
+  auto layout = planner::resolve_kv_layout(cfg.kv.kv);
+  ASSERT_TRUE(layout.ok()) << layout.error();
+  ASSERT_EQ(layout->prefill_chunk_cap(), 64);
+  EXPECT_EQ(c.tokens, single_sequence_greedy(cfg.kv, req.prompt, 16, 512, 64, 64));
   eng.wait_idle();
   EXPECT_EQ(used_blocks(eng), 0);
 }
