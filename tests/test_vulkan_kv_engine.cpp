@@ -1,9 +1,12 @@
-// The Engine on the Vulkan backend (lavapipe in CI) with a mixed per-token int8 KV regime
-// (--kv-cache-dtype-k int8 --kv-cache-dtype-v int8: FP16 sink and window blocks, int8 body
-// blocks, window exits quantised on the device) gives the CPU engine's greedy tokens in the same
-// regime, except after a step where the CPU's top-2 margin is a near-tie (as
-// tests/test_vulkan_engine.cpp for f16). The prompts are longer than sink + window, so body
-// blocks are written by kv_write, migrated by quantise_blocks and read by attention on the device.
+// The Engine on the Vulkan backend (lavapipe in CI) in mixed KV regimes (FP16 sink and window
+// blocks, quantised body blocks, window exits quantised on the device) gives the CPU engine's
+// greedy tokens in the same regime, except after a step where the CPU's top-2 margin is a
+// near-tie (as tests/test_vulkan_engine.cpp for f16). Regimes: per-token int8 rows
+// (--kv-cache-dtype-k int8 --kv-cache-dtype-v int8), the int4_asym and int8 recipes, whose keys
+// are per-channel tiles (int4_channel_tB / int8_channel_tB) fitted on the device, and
+// int4_asym_g64, whose keys are stored Hadamard-rotated. The prompts
+// are longer than sink + window, so body blocks are written by kv_write, migrated by
+// quantise_blocks and read by attention on the device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,13 +27,30 @@ namespace {
 constexpr double kMarginFloor = 0.67;
 constexpr int kTokens = 8;
 
-EngineConfig int8_rows_config(const std::string& device) {
+struct Regime {
+  const char* name;
+  const char* dtype;  // --kv-cache-dtype
+  const char* dtype_k;
+  const char* dtype_v;
+  const char* label;  // the layout label the engine reports
+};
+
+const Regime kRegimes[] = {
+    // the per-token row formats (plain "int8" is per-channel keys)
+    {"int8_rows", "f16", "int8", "int8", "int8"},
+    {"int4_asym_recipe", "int4_asym", "", "", "k=int4_channel_t16 v=int4_asym_g64"},
+    {"int8_recipe", "int8", "", "", "k=int8_channel_t16 v=int8"},
+    // the per-token 4-bit recipe: keys Hadamard-rotated on the device, queries rotated to match
+    {"int4_asym_g64_rotated", "int4_asym_g64", "", "", "int4_asym_g64 +rotate"},
+};
+
+EngineConfig regime_config(const Regime& rg, const std::string& device) {
   EngineConfig cfg;
   cfg.model = "default";
   cfg.device = device;
-  cfg.kv.kv.dtype = "f16";
-  cfg.kv.kv.dtype_k = "int8";  // the per-token row formats (plain "int8" is per-channel keys)
-  cfg.kv.kv.dtype_v = "int8";
+  cfg.kv.kv.dtype = rg.dtype;
+  cfg.kv.kv.dtype_k = rg.dtype_k;
+  cfg.kv.kv.dtype_v = rg.dtype_v;
   cfg.kv.kv.block_size = 16;
   cfg.kv.kv.sink_tokens = 8;
   cfg.kv.kv.window_tokens = 16;
@@ -49,13 +69,16 @@ const char* kPrompts[] = {
     "winter morning the king called them to his hall and said",
 };
 
-TEST(VulkanKvEngine, MixedInt8RowRegimeGivesTheCpuTokensWhereMarginsAllow) {
+class VulkanKvEngine : public ::testing::TestWithParam<Regime> {};
+
+TEST_P(VulkanKvEngine, MixedRegimeGivesTheCpuTokensWhereMarginsAllow) {
   BIE_REQUIRE_FILE(test::smollm2_path());
+  const Regime& rg = GetParam();
   const auto t0 = std::chrono::steady_clock::now();
-  auto gpu = Engine::create(int8_rows_config("vulkan:0"));
+  auto gpu = Engine::create(regime_config(rg, "vulkan:0"));
   ASSERT_TRUE(gpu.ok()) << gpu.error();
   const KvSetupReport& r = (*gpu)->kv_report();
-  EXPECT_EQ(r.layout_label, "int8") << r.layout_label;  // K and V per-token int8
+  EXPECT_EQ(r.layout_label, rg.label) << r.layout_label;
   EXPECT_GT(r.body_blocks, 0);
   EXPECT_GT(r.fp16_blocks, 0);
   for (const char* p : kPrompts) {
@@ -68,7 +91,7 @@ TEST(VulkanKvEngine, MixedInt8RowRegimeGivesTheCpuTokensWhereMarginsAllow) {
   gpu->reset();
 
   const auto t1 = std::chrono::steady_clock::now();
-  auto cpu = Engine::create(int8_rows_config("cpu"));
+  auto cpu = Engine::create(regime_config(rg, "cpu"));
   ASSERT_TRUE(cpu.ok()) << cpu.error();
   const std::vector<std::vector<int32_t>> want = test::run_greedy(**cpu, kPrompts, kTokens);
   const auto t2 = std::chrono::steady_clock::now();
@@ -76,11 +99,12 @@ TEST(VulkanKvEngine, MixedInt8RowRegimeGivesTheCpuTokensWhereMarginsAllow) {
   std::printf("device engine %.1f s, cpu engine %.1f s\n", secs(t0, t1), secs(t1, t2));
   const int identical = test::identical_where_margins_allow(want, got, kPrompts, kTokens,
                                                             (*cpu)->tokenizer(), kMarginFloor);
-  std::printf(
-      "vulkan vs cpu engine, k=int8 v=int8 mixed: %d of %zu request identical for %d "
-      "tokens\n",
-      identical, want.size(), kTokens);
+  std::printf("vulkan vs cpu engine, %s mixed: %d of %zu request identical for %d tokens\n",
+              rg.label, identical, want.size(), kTokens);
 }
+
+INSTANTIATE_TEST_SUITE_P(Regimes, VulkanKvEngine, ::testing::ValuesIn(kRegimes),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace bie

@@ -1,7 +1,8 @@
-// The row-wise quantised KV formats on the Vulkan backend (lavapipe in CI) against the CPU's
-// scalar trait table (src/kv/kv_format.cpp): a row kv_write encodes on the device has the CPU
-// store's bytes, bit for bit (ties, zero rows, wide exponent ranges, rows sharing a 32-bit word
-// with a neighbour written in another call); paged attention over those blocks, with a table that
+// The quantised KV formats on the Vulkan backend (lavapipe in CI) against the CPU's scalar trait
+// table (src/kv/kv_format.cpp): a row kv_write encodes on the device has the CPU store's bytes,
+// bit for bit (ties, zero rows, wide exponent ranges, rows sharing a 32-bit word with a neighbour
+// written in another call), and so has a per-channel tile (int4_channel's fitted grids,
+// int8_channel), written whole, and a Hadamard-rotated key row; paged attention over those blocks, with a table that
 // mixes an FP16 pool and a quantised body pool, matches an fp64 softmax over the CPU's
 // dequantisation of the same bytes; quantise_blocks (window exit) equals the host migration
 // (fp16 rows -> fp32 -> store) byte for byte.
@@ -10,15 +11,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/vulkan/vulkan_backend.h"
 #include "bie/backend/backend.h"
 #include "bie/backend/device.h"
 #include "bie/kv/kv_format.h"
+#include "bie/kv/kv_format_rotate.h"
 #include "bie/planner/kv_format.h"
 #include "bie/quant/fp16.h"
 #include "support/lavapipe.h"
@@ -38,11 +42,13 @@ VulkanBackend& gpu() {
   return test::shared_vulkan_backend();
 }
 
-// A K/V format pair for the body pool and the head width it is tested at.
+// A K/V format pair for the body pool and the head width it is tested at; rotate: keys stored
+// Hadamard-rotated (every pool's K rows, and the queries rotated to match).
 struct FormatCase {
   const char* name;
   KvFormat k, v;
   int head_dim;
+  bool rotate = false;
 };
 
 KvFormat fmt(KvType t, int group = 0) {
@@ -59,7 +65,20 @@ const FormatCase kCases[] = {
     {"int4_asym_g64", fmt(KvType::kInt4Asym, 64), fmt(KvType::kInt4Asym, 64), 128},
     {"int4_asym_g128", fmt(KvType::kInt4Asym, 128), fmt(KvType::kInt4Asym, 128), 128},
     {"k_int8_v_int4_asym_g32", fmt(KvType::kInt8), fmt(KvType::kInt4Asym, 32), 64},
+    // The recipes' per-channel keys (int4_asym: K int4_channel_tB + V int4_asym_g64; int8: K
+    // int8_channel_tB + V int8), and per-channel values.
+    {"int4_recipe", fmt(KvType::kInt4Channel, 16), fmt(KvType::kInt4Asym, 64), 128},
+    {"int8_recipe", fmt(KvType::kInt8Channel, 16), fmt(KvType::kInt8), 96},
+    {"int4_channel_kv", fmt(KvType::kInt4Channel, 16), fmt(KvType::kInt4Channel, 16), 64},
+    {"int8_channel_kv", fmt(KvType::kInt8Channel, 16), fmt(KvType::kInt8Channel, 16), 64},
+    // The per-token 4-bit recipe rotates its keys (int4_asym_gN, --kv-rotate by default).
+    {"int4_asym_g64_rotated", fmt(KvType::kInt4Asym, 64), fmt(KvType::kInt4Asym, 64), 128, true},
+    {"int8_rows_rotated", fmt(KvType::kInt8), fmt(KvType::kInt8), 64, true},
 };
+
+bool whole_tiles(const FormatCase& c) {
+  return planner::is_per_channel(c.k) || planner::is_per_channel(c.v);
+}
 
 constexpr int kBlock = 16, kHeadsKv = 3, kHeads = 9, kLayers = 2, kLayer = 1, kBlocks = 6;
 
@@ -72,7 +91,10 @@ struct Pool {
   KvPoolDesc desc;
   std::vector<uint8_t> host;
 
-  Pool(KvFormat kf, KvFormat vf, int head_dim, bool round_rows) : k(kf), v(vf), d(head_dim) {
+  bool rotate = false;  // K rows Hadamard-rotated before they are stored
+
+  Pool(KvFormat kf, KvFormat vf, int head_dim, bool round_rows, bool rotate_keys = false)
+      : k(kf), v(vf), d(head_dim), rotate(rotate_keys) {
     k_tile = kv::kv_tile_bytes(k, d, kBlock);
     v_tile = kv::kv_tile_bytes(v, d, kBlock);
     layer_bytes = kHeadsKv * (k_tile + v_tile);
@@ -101,16 +123,29 @@ struct Pool {
     gpu().download(desc.memory, b.data());
     return b;
   }
-  // The CPU's scalar store of row `row` of (block, head) from x[d], as PagedKvStore::store does.
+  // The CPU's scalar store of row `row` of (block, head) from x[d], as PagedKvStore::store does;
+  // a per-channel tile is stored whole when its last row arrives (rows come in order).
   void store(int block, int row, int head, bool is_v, const float* x, int layer) {
     std::vector<float> r(x, x + d);
+    if (!is_v && rotate) kv::hadamard_rotate_scalar(r.data(), d);
     if (desc.round_rows_to_fp16) {
       for (float& e : r) e = quant::fp16_to_fp32(quant::fp32_to_fp16(e));
     }
     const KvFormat f = is_v ? v : k;
-    kv::kv_traits_scalar(f.type)->store(kv::kv_row_geom(f, d), r.data(),
-                                        tile(block, head, is_v, layer), row, 1);
+    if (!planner::is_per_channel(f)) {
+      kv::kv_traits_scalar(f.type)->store(kv::kv_row_geom(f, d), r.data(),
+                                          tile(block, head, is_v, layer), row, 1);
+      return;
+    }
+    std::vector<float>& t = pending[{block, head, is_v, layer}];
+    t.resize(static_cast<size_t>(kBlock) * d);
+    std::copy(r.begin(), r.end(), t.begin() + static_cast<ptrdiff_t>(row) * d);
+    if (row == kBlock - 1) {
+      kv::kv_traits_scalar(f.type)->store(kv::kv_row_geom(f, d), t.data(),
+                                          tile(block, head, is_v, layer), 0, kBlock);
+    }
   }
+  std::map<std::tuple<int, int, bool, int>, std::vector<float>> pending;
 };
 
 struct Holder {
@@ -196,6 +231,7 @@ void write_rows(Holder& h, std::span<const KvPoolDesc> pools, std::vector<Pool*>
   wm.block_size = kBlock;
   wm.pools = pools;
   wm.slots = slots;
+  wm.rotate_keys = host[0]->rotate;
   ASSERT_TRUE(gpu().kv_write(wm).ok()) << gpu().status().error();
   for (int64_t t = 0; t < n; ++t) {
     const KvSlot& s = slots[static_cast<size_t>(t)];
@@ -230,8 +266,16 @@ TEST_P(VulkanKvFormat, KvWriteIsByteIdenticalToTheCpuStore) {
   const FormatCase& c = GetParam();
   for (const bool round_rows : {false, true}) {
     Holder h;
-    Pool body(c.k, c.v, c.head_dim, round_rows);
+    Pool body(c.k, c.v, c.head_dim, round_rows, c.rotate);
     const KvPoolDesc pools[] = {body.desc};
+    if (whole_tiles(c)) {  // per-channel tiles: whole blocks, two in one call, then one
+      write_rows(h, pools, {&body}, slot_run(0, {4, 1}, 0, 2 * kBlock), c.head_dim, 7);
+      write_rows(h, pools, {&body}, slot_run(0, {3}, 0, kBlock), c.head_dim, 9);
+      const std::vector<uint8_t> got = body.device_bytes();
+      EXPECT_TRUE(got == body.host) << c.name << (round_rows ? " (rows rounded to fp16)" : "")
+                                    << ": first difference at " << first_diff(body, got);
+      continue;
+    }
     write_rows(h, pools, {&body}, slot_run(0, {4, 1}, 0, 2 * kBlock - 3), c.head_dim, 7);
     write_rows(h, pools, {&body}, slot_run(0, {3}, 5, 7), c.head_dim, 9);  // neighbours' words
     write_rows(h, pools, {&body}, slot_run(0, {4, 1}, 2 * kBlock - 3, 3), c.head_dim, 11);
@@ -258,8 +302,8 @@ TEST_P(VulkanKvFormat, PagedAttentionOverMixedPoolsMatchesFp64OverTheCpuBlocks) 
   const FormatCase& c = GetParam();
   const int d = c.head_dim;
   Holder h;
-  Pool f16(fmt(KvType::kF16), fmt(KvType::kF16), d, false);
-  Pool body(c.k, c.v, d, true);
+  Pool f16(fmt(KvType::kF16), fmt(KvType::kF16), d, false, c.rotate);
+  Pool body(c.k, c.v, d, true, c.rotate);
   const KvPoolDesc pools[] = {f16.desc, body.desc};
   // Three sequences; each logical block names its pool (sink block in FP16, body quantised,
   // the last block FP16 again as a window would be): A 40 tokens, B 20, C 7 (FP16 only).
@@ -291,6 +335,11 @@ TEST_P(VulkanKvFormat, PagedAttentionOverMixedPoolsMatchesFp64OverTheCpuBlocks) 
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> qv(7 * static_cast<size_t>(qw));
   for (float& x : qv) x = nd(rng);
+  // The CPU's runner rotates each query head when the keys are rotated; the reference reads those.
+  std::vector<float> qr = qv;
+  if (c.rotate) {
+    for (size_t r = 0; r < qr.size() / d; ++r) kv::hadamard_rotate_scalar(qr.data() + r * d, d);
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const auto f16r = [](float x) { return quant::fp16_to_fp32(quant::fp32_to_fp16(x)); };
   for (int64_t window : {int64_t{0}, int64_t{5}}) {
@@ -305,6 +354,7 @@ TEST_P(VulkanKvFormat, PagedAttentionOverMixedPoolsMatchesFp64OverTheCpuBlocks) 
     am.block_size = kBlock;
     am.scale = scale;
     am.window = window;
+    am.rotate_keys = c.rotate;
     am.pools = pools;
     am.query_start = query_start;
     am.q_pos0 = q_pos0;
@@ -330,7 +380,7 @@ TEST_P(VulkanKvFormat, PagedAttentionOverMixedPoolsMatchesFp64OverTheCpuBlocks) 
             const bool kf16 = p.k.type == KvType::kF16;  // the CPU's f16 path rounds q
             double dot = 0;
             for (int i = 0; i < d; ++i) {
-              const float qx = qv[static_cast<size_t>(t) * qw + qh * d + i];
+              const float qx = qr[static_cast<size_t>(t) * qw + qh * d + i];
               dot += static_cast<double>(kf16 ? f16r(qx) : qx) * kr[static_cast<size_t>(i)];
             }
             sc.push_back(dot * scale);
@@ -360,17 +410,19 @@ TEST_P(VulkanKvFormat, QuantiseBlocksIsByteIdenticalToTheHostMigration) {
   const FormatCase& c = GetParam();
   const int d = c.head_dim;
   Holder h;
-  Pool f16(fmt(KvType::kF16), fmt(KvType::kF16), d, false);
-  Pool body(c.k, c.v, d, true);
+  Pool f16(fmt(KvType::kF16), fmt(KvType::kF16), d, false, c.rotate);
+  Pool body(c.k, c.v, d, true, c.rotate);
   const KvPoolDesc pools[] = {f16.desc, body.desc};
-  // FP16 blocks 1 (full) and 4 (5 rows written) leave the window into body blocks 2 and 0.
+  // FP16 blocks 1 (full) and 4 (5 rows written; full for per-channel tiles, which move whole)
+  // leave the window into body blocks 2 and 0.
+  const int rows4 = whole_tiles(c) ? kBlock : 5;
   std::vector<KvSlot> slots = slot_run(0, {1}, 0, kBlock);
-  const std::vector<KvSlot> part = slot_run(0, {4}, 0, 5);
+  const std::vector<KvSlot> part = slot_run(0, {4}, 0, rows4);
   slots.insert(slots.end(), part.begin(), part.end());
   for (int il = 0; il < kLayers; ++il) {  // every layer of the group migrates
     write_rows(h, pools, {&f16, &body}, slots, d, 31 + 2 * il, false, il);
   }
-  const KvBlockQuantise moves[] = {{{0, 1}, {1, 2}, kBlock}, {{0, 4}, {1, 0}, 5}};
+  const KvBlockQuantise moves[] = {{{0, 1}, {1, 2}, kBlock}, {{0, 4}, {1, 0}, rows4}};
   ASSERT_TRUE(gpu().quantise_blocks(pools, moves, kLayers, kHeadsKv, d, kBlock).ok())
       << gpu().status().error();
   // The host migration (PagedKvStore::quantise_block): every layer's tiles, fp16 -> fp32 ->
@@ -400,18 +452,68 @@ TEST_P(VulkanKvFormat, QuantiseBlocksIsByteIdenticalToTheHostMigration) {
   EXPECT_TRUE(got == body.host) << c.name << ": first difference at " << first_diff(body, got);
 }
 
-INSTANTIATE_TEST_SUITE_P(RowFormats, VulkanKvFormat, ::testing::ValuesIn(kCases),
+INSTANTIATE_TEST_SUITE_P(KvFormats, VulkanKvFormat, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
-TEST(VulkanKvFormat, SupportsTheRowFormatsAndRefusesPerChannelAndRotation) {
+// A per-channel tile's scales span the block: a write that gives a block only some of its rows
+// (or rows out of order) is refused with the block named, and writes nothing; so is a write of
+// rotated per-channel keys.
+TEST(VulkanKvFormat, PerChannelTilesAreWrittenWholeAndUnrotated) {
+  Holder h;
+  Pool body(fmt(KvType::kInt4Channel, 16), fmt(KvType::kInt4Asym, 64), 64, true);
+  const KvPoolDesc pools[] = {body.desc};
+  const std::vector<uint8_t> before = body.device_bytes();
+  for (const std::vector<KvSlot>& slots :
+       {slot_run(0, {2}, 5, 7), slot_run(0, {2, 5}, 8, kBlock), slot_run(0, {3}, 0, kBlock - 1)}) {
+    const auto n = static_cast<int64_t>(slots.size());
+    const std::vector<float> rows(static_cast<size_t>(n) * kHeadsKv * 64, 0.5f);
+    KvWriteMetadata wm;
+    wm.k = h.f32(rows, n, kHeadsKv * 64);
+    wm.v = h.f32(rows, n, kHeadsKv * 64);
+    wm.layer_in_group = kLayer;
+    wm.n_head_kv = kHeadsKv;
+    wm.head_dim = 64;
+    wm.block_size = kBlock;
+    wm.pools = pools;
+    wm.slots = slots;
+    const Status st = gpu().kv_write(wm);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.error().find("written whole"), std::string::npos) << st.error();
+  }
+  EXPECT_TRUE(gpu().status().ok());
+  EXPECT_TRUE(body.device_bytes() == before);
+  // Per-channel keys are stored unrotated on the device.
+  const std::vector<float> rows(static_cast<size_t>(kBlock) * kHeadsKv * 64, 0.5f);
+  KvWriteMetadata wm;
+  wm.k = h.f32(rows, kBlock, kHeadsKv * 64);
+  wm.v = h.f32(rows, kBlock, kHeadsKv * 64);
+  wm.layer_in_group = kLayer;
+  wm.n_head_kv = kHeadsKv;
+  wm.head_dim = 64;
+  wm.block_size = kBlock;
+  wm.rotate_keys = true;
+  wm.pools = pools;
+  const std::vector<KvSlot> whole = slot_run(0, {2}, 0, kBlock);
+  wm.slots = whole;
+  const Status st = gpu().kv_write(wm);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().find("unrotated"), std::string::npos) << st.error();
+  EXPECT_TRUE(body.device_bytes() == before);
+}
+
+TEST(VulkanKvFormat, SupportsEveryBieFormatAndRefusesLlamaCpps) {
   const auto id = [](KvType t) { return static_cast<uint8_t>(t); };
   VulkanBackend& be = gpu();
-  for (KvType t : {KvType::kF16, KvType::kFp8E4M3, KvType::kInt8, KvType::kInt4Asym}) {
+  for (KvType t : {KvType::kF16, KvType::kFp8E4M3, KvType::kInt8, KvType::kInt4Asym,
+                   KvType::kInt4Channel, KvType::kInt8Channel}) {
     EXPECT_TRUE(be.supports_kv_types(id(t), id(t), false)) << static_cast<int>(t);
-    EXPECT_FALSE(be.supports_kv_types(id(t), id(t), true)) << static_cast<int>(t);
+    // Rotated keys, except in per-channel tiles.
+    EXPECT_EQ(be.supports_kv_types(id(t), id(t), true), !planner::is_per_channel(t))
+        << static_cast<int>(t);
   }
   EXPECT_TRUE(be.supports_kv_types(id(KvType::kInt8), id(KvType::kInt4Asym), false));
-  for (KvType t : {KvType::kInt4Channel, KvType::kInt8Channel, KvType::kQ8_0, KvType::kQ4_0}) {
+  EXPECT_TRUE(be.supports_kv_types(id(KvType::kInt4Channel), id(KvType::kInt4Asym), false));
+  for (KvType t : {KvType::kQ8_0, KvType::kQ4_0}) {
     EXPECT_FALSE(be.supports_kv_types(id(t), id(KvType::kInt8), false)) << static_cast<int>(t);
     EXPECT_FALSE(be.supports_kv_types(id(KvType::kInt8), id(t), false)) << static_cast<int>(t);
   }

@@ -131,9 +131,10 @@ Status PagedKvStore::alloc_device_pools() {
         continue;
       }
       return Error{fmt::format(
-          "KV regime {} does not run on the {} backend yet (a device holds the per-token formats "
-          "only, keys unrotated: --kv-cache-dtype f16, fp8_e4m3, or int4_asym_g64 "
-          "--no-kv-rotate, or --kv-cache-dtype-k int8 --kv-cache-dtype-v int8; or --device cpu)",
+          "KV regime {} does not run on the {} backend yet (a device holds f16, fp8_e4m3, int8, "
+          "int4_asym_gN and the per-channel formats, per-channel keys unrotated: "
+          "--kv-cache-dtype int4_asym, int8, int4_asym_g64, fp8_e4m3 or f16, or --no-kv-rotate; "
+          "or --device cpu)",
           planner::kv_layout_label(l), be.name())};
     }
   }

@@ -166,7 +166,7 @@ struct KvSlot {
   int32_t row = 0;
 };
 struct KvWriteMetadata {
-  Tensor k;  // F32 [n_tokens, n_head_kv * head_dim], roped (and rotated when rotate_keys)
+  Tensor k;  // F32 [n_tokens, n_head_kv * head_dim], roped (the backend rotates it: rotate_keys)
   Tensor v;  // F32 [n_tokens, n_head_kv * head_dim]
   int layer_in_group = 0;
   int n_head_kv = 0;

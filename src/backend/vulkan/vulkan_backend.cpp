@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <span>
 #include <tuple>
@@ -466,14 +467,17 @@ namespace {
 
 using planner::KvType;
 
-// The KV formats the device kernels read and write (kv_codec.glsl): the per-token row formats.
-// The per-channel tiles (int4_channel, int8_channel) and rotated keys stay on the host for now.
+// The KV formats the device kernels read and write (kv_codec.glsl): the per-token row formats and
+// the per-channel tiles (int4_channel, int8_channel). Keys may be stored Hadamard-rotated, except
+// in per-channel tiles (their fit reads each channel over the tile, the rotation mixes a row).
 bool device_kv_type(uint8_t t) {
   switch (static_cast<KvType>(t)) {
     case KvType::kF16:
     case KvType::kFp8E4M3:
     case KvType::kInt8:
     case KvType::kInt4Asym:
+    case KvType::kInt4Channel:
+    case KvType::kInt8Channel:
       return true;
     default:
       return false;
@@ -484,18 +488,30 @@ bool is_f16(uint8_t t) {
   return static_cast<KvType>(t) == KvType::kF16;
 }
 
-// Bytes of one row: a per-token format stores exactly the planner's bytes per head-token
-// (kv_row_bytes in kv_codec.glsl is the shaders' copy of the same rule).
-size_t kv_row_bytes(uint8_t type, int d, int g) {
-  return static_cast<size_t>(
-      planner::bytes_per_head_token(planner::KvFormat{static_cast<KvType>(type), g}, d));
+bool is_chan(uint8_t t) {
+  return planner::is_per_channel(static_cast<KvType>(t));
+}
+
+// Bytes of one tile of `block_size` rows: a per-token format stores exactly the planner's bytes per
+// head-token in each row; a per-channel tile (its group is the block) holds every channel's
+// metadata once, then the rows' codes (kv_row_offset in kv_codec.glsl is the shaders' copy).
+size_t kv_tile_bytes(uint8_t type, int d, int g, int block_size) {
+  const planner::KvFormatSpec& s = planner::kv_format_spec(static_cast<KvType>(type));
+  const auto dd = static_cast<size_t>(d);
+  if (is_chan(type)) {
+    return dd * static_cast<size_t>(s.group_meta_bytes) +
+           static_cast<size_t>(block_size) * dd * static_cast<size_t>(s.value_bits) / 8;
+  }
+  return static_cast<size_t>(block_size) *
+         static_cast<size_t>(
+             planner::bytes_per_head_token(planner::KvFormat{static_cast<KvType>(type), g}, d));
 }
 
 Status check_pool(const KvPoolDesc& pool, int block_size, int head_dim) {
   if (!device_kv_type(pool.k_type) || !device_kv_type(pool.v_type)) {
     return Error{fmt::format(
-        "the Vulkan backend runs f16, fp8_e4m3, int8 and int4_asym KV pools only (not K type {} "
-        "/ V type {}; use --kv-cache-dtype f16, or --device cpu)",
+        "the Vulkan backend runs f16, fp8_e4m3, int8, int4_asym, int4_channel and int8_channel "
+        "KV pools only (not K type {} / V type {}; use --kv-cache-dtype f16, or --device cpu)",
         pool.k_type, pool.v_type)};
   }
   for (const auto& [type, group, tile] :
@@ -505,8 +521,15 @@ Status check_pool(const KvPoolDesc& pool, int block_size, int head_dim) {
     if (int4 && (group != 32 && group != 64 && group != 128)) {
       return Error{fmt::format("vulkan: int4_asym group {} (32, 64 or 128)", group)};
     }
+    // A per-channel tile spans the block; its codes are written four channels (int4_channel:
+    // with their partners d/2 apart) to a 32-bit word.
+    if (is_chan(type) && (group != block_size || head_dim % 8 != 0)) {
+      return Error{fmt::format("vulkan: a per-channel KV tile of {} tokens in blocks of {}, head "
+                               "width {} (the block and a multiple of 8)",
+                               group, block_size, head_dim)};
+    }
     if ((int4 && head_dim % group != 0) ||
-        tile != static_cast<size_t>(block_size) * kv_row_bytes(type, head_dim, group)) {
+        tile != kv_tile_bytes(type, head_dim, group, block_size)) {
       return Error{"vulkan: unexpected KV tile layout"};
     }
   }
@@ -525,16 +548,29 @@ size_t layer_base(const KvPoolDesc& pool, int layer, int n_head_kv) {
 
 struct KvWriteQPush {
   uint32_t n_slots, n_head_kv, head_dim, block_bytes, k_tile, v_tile, k_base, k_type, v_type,
-      k_group, v_group, round_fp16, k_src_off, k_src_stride, v_src_off, v_src_stride;
+      k_group, v_group, round_fp16, k_src_off, k_src_stride, v_src_off, v_src_stride, rotate_k;
+  float rot_norm;
 };
 struct AttnKvPush {
   uint32_t n_tokens, n_head, group, head_dim, block_size, n_head_kv, window;
   float scale;
-  uint32_t q_off, q_stride, o_off, o_stride;
+  uint32_t q_off, q_stride, o_off, o_stride, rotate;
+  float rot_norm;
 };
+
+// kv::hadamard_rotate's normalisation, computed as the CPU computes it.
+float rotation_norm(int head_dim) {
+  return 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
 struct QuantisePush {
   uint32_t n_layers, n_head_kv, head_dim, block_size, src_block_bytes, src_base, dst_block_bytes,
       dst_k_tile, dst_v_tile, dst_base, k_type, v_type, k_group, v_group;
+};
+// kv_chan.comp: per-channel tiles from an fp16 pool (src_kind 0) or from F32 rows (1).
+struct ChanPush {
+  uint32_t n_layers, n_head_kv, head_dim, block_size, k_type, v_type, src_kind, round_fp16,
+      src_block_bytes, src_base, k_off, k_stride, v_off, v_stride, dst_block_bytes, dst_k_tile,
+      dst_v_tile, dst_base;
 };
 
 std::span<const uint8_t> bytes_of(const std::vector<int32_t>& v) {
@@ -544,13 +580,15 @@ std::span<const uint8_t> bytes_of(const std::vector<int32_t>& v) {
 }  // namespace
 
 bool VulkanBackend::supports_kv_types(uint8_t k_type, uint8_t v_type, bool rotate_keys) const {
-  return device_kv_type(k_type) && device_kv_type(v_type) && !rotate_keys;
+  return device_kv_type(k_type) && device_kv_type(v_type) && !(rotate_keys && is_chan(k_type));
 }
 
 Status VulkanBackend::paged_attention(const AttnMetadata& m) {
   if (!error_.ok()) return error_;
   if (m.head_dim > 512) return Error{"vulkan attention: head_dim above 512"};
-  if (m.rotate_keys) return Error{"vulkan attention: rotated keys are not supported"};
+  if (m.rotate_keys && (m.head_dim & (m.head_dim - 1)) != 0) {
+    return Error{"vulkan attention: rotated keys need a power-of-two head_dim"};
+  }
   const size_t n_seq = m.q_pos0.size();
   if (n_seq == 0) return {};
   // Pool slots of the shader: the pools that hold blocks, in the order the table first names
@@ -571,7 +609,8 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
   }
   const KvPoolDesc& pool0 = m.pools[static_cast<size_t>(slot_pool[0])];
   if (pool0.memory.empty()) return Error{"vulkan attention: no KV pool holds the table's blocks"};
-  const bool plain_f16 = n_slots <= 1 && is_f16(pool0.k_type) && is_f16(pool0.v_type);
+  const bool plain_f16 =
+      n_slots <= 1 && is_f16(pool0.k_type) && is_f16(pool0.v_type) && !m.rotate_keys;
   const int64_t n_tokens = m.query_start[n_seq];
   // meta: [t] sequence, [n_tokens + t] position, [2 n_tokens + s] first table entry of s (after
   // the pool slots' descriptors for attn_paged_kv).
@@ -622,7 +661,9 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
                  off4(m.q),
                  stride4(m.q),
                  off4(m.out),
-                 stride4(m.out)};
+                 stride4(m.out),
+                 m.rotate_keys ? 1u : 0u,
+                 rotation_norm(m.head_dim)};
     run("attn_paged_kv", {whole(m.q), p0, p1, tb, mb, whole(m.out)}, p,
         static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(m.n_head));
     return error_;
@@ -652,7 +693,9 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
 
 Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
   if (!error_.ok()) return error_;
-  if (m.rotate_keys) return Error{"vulkan kv_write: rotated keys are not supported"};
+  if (m.rotate_keys && (m.head_dim > 512 || (m.head_dim & (m.head_dim - 1)) != 0)) {
+    return Error{"vulkan kv_write: rotated keys need a power-of-two head_dim up to 512"};
+  }
   const size_t n_all = m.slots.size();
   // One dispatch per pool the slots name (a prefill in a mixed layout writes FP16 and body
   // blocks); each slot carries its source token.
@@ -664,6 +707,9 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
     const KvPoolDesc& pool = m.pools[pool_id];
     if (Status s = check_pool(pool, m.block_size, m.head_dim); !s.ok()) return s;
     if (pool.memory.empty()) return Error{"vulkan kv_write: a slot in a pool without memory"};
+    if (m.rotate_keys && is_chan(pool.k_type)) {
+      return Error{"vulkan kv_write: per-channel keys are stored unrotated on the device"};
+    }
     std::vector<int32_t> blk, row, tok;
     for (size_t i = 0; i < n_all; ++i) {
       if (static_cast<size_t>(m.slots[i].block.pool) != pool_id) continue;
@@ -672,6 +718,25 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
       tok.push_back(static_cast<int32_t>(i));
     }
     const size_t n = blk.size();
+    // Per-channel tiles are written whole (their scales span the block), as PagedKvStore::store
+    // writes them: every block the slots name must get rows 0 .. B-1 from consecutive tokens.
+    const int B = m.block_size;
+    const bool chan = is_chan(pool.k_type) || is_chan(pool.v_type);
+    std::vector<int32_t> jobs;  // (block, first token)
+    for (size_t i = 0; chan && i < n;) {
+      bool whole_tile = row[i] == 0 && i + static_cast<size_t>(B) <= n;
+      for (int r = 1; whole_tile && r < B; ++r) {
+        const size_t k = i + static_cast<size_t>(r);
+        whole_tile = blk[k] == blk[i] && row[k] == r && tok[k] == tok[i] + r;
+      }
+      if (!whole_tile) {
+        return Error{fmt::format(
+            "vulkan kv_write: a per-channel KV tile is written whole; block {} gets row {} alone",
+            blk[i], row[i])};
+      }
+      jobs.insert(jobs.end(), {blk[i], tok[i]});
+      i += static_cast<size_t>(B);
+    }
     std::vector<int32_t> slot(blk);
     slot.insert(slot.end(), row.begin(), row.end());
     slot.insert(slot.end(), tok.begin(), tok.end());
@@ -679,7 +744,8 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
     if (sb.buffer == nullptr) return error_;
     const size_t base = layer_base(pool, m.layer_in_group, m.n_head_kv);
     const vk::BufferRef pool_ref{&vbuf(pool.memory)};
-    if (is_f16(pool.k_type) && is_f16(pool.v_type) && !pool.round_rows_to_fp16) {
+    if (is_f16(pool.k_type) && is_f16(pool.v_type) && !pool.round_rows_to_fp16 &&
+        !m.rotate_keys) {
       KvWritePush p{static_cast<uint32_t>(n),
                     static_cast<uint32_t>(m.n_head_kv),
                     static_cast<uint32_t>(m.head_dim),
@@ -710,10 +776,35 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
                    off4(m.k),
                    stride4(m.k),
                    off4(m.v),
-                   stride4(m.v)};
+                   stride4(m.v),
+                   m.rotate_keys ? 1u : 0u,
+                   rotation_norm(m.head_dim)};
     const int64_t groups = div_up(static_cast<int64_t>(n) * 2 * m.n_head_kv, 64);
     const auto gx = static_cast<uint32_t>(std::min<int64_t>(groups, 32768));
     run("kv_write_q", {whole(m.k), whole(m.v), sb, pool_ref}, p, gx, div_up(groups, gx));
+    if (!chan) continue;
+    const vk::BufferRef jb = params(bytes_of(jobs))[0];
+    if (jb.buffer == nullptr) return error_;
+    ChanPush c{1u,
+               static_cast<uint32_t>(m.n_head_kv),
+               static_cast<uint32_t>(m.head_dim),
+               static_cast<uint32_t>(B),
+               pool.k_type,
+               pool.v_type,
+               1u,
+               pool.round_rows_to_fp16 ? 1u : 0u,
+               0u,
+               0u,
+               off4(m.k),
+               stride4(m.k),
+               off4(m.v),
+               stride4(m.v),
+               static_cast<uint32_t>(pool.memory.row_bytes),
+               static_cast<uint32_t>(pool.k_tile_bytes),
+               static_cast<uint32_t>(pool.v_tile_bytes),
+               static_cast<uint32_t>(base)};
+    run("kv_chan", {whole(m.k), whole(m.k), whole(m.v), jb, pool_ref}, c,
+        div_up(2 * m.n_head_kv * (m.head_dim / 4), 64), static_cast<uint32_t>(jobs.size() / 2));
   }
   return error_;
 }
@@ -734,13 +825,22 @@ Status VulkanBackend::quantise_blocks(std::span<const KvPoolDesc> pools,
     if (Status s = check_pool(src, block_size, head_dim); !s.ok()) return s;
     if (Status s = check_pool(dst, block_size, head_dim); !s.ok()) return s;
     std::vector<int32_t> jobs;
+    std::vector<int32_t> chan_jobs;  // (destination, source) of the whole per-channel tiles
+    const bool chan = is_chan(dst.k_type) || is_chan(dst.v_type);
     for (size_t j = i; j < moves.size(); ++j) {
       if (moves[j].src.pool != moves[i].src.pool || moves[j].dst.pool != moves[i].dst.pool) {
         continue;
       }
       done[j] = true;
-      jobs.insert(jobs.end(), {moves[j].src.block, moves[j].dst.block,
-                               std::clamp(moves[j].rows, 0, block_size)});
+      const int rows = std::clamp(moves[j].rows, 0, block_size);
+      jobs.insert(jobs.end(), {moves[j].src.block, moves[j].dst.block, rows});
+      if (!chan || rows == 0) continue;  // a block not written yet is stored whole later
+      if (rows != block_size) {
+        return Error{fmt::format(
+            "vulkan quantise_blocks: a per-channel KV tile moves whole; block {} has {} of {} rows",
+            moves[j].src.block, rows, block_size)};
+      }
+      chan_jobs.insert(chan_jobs.end(), {moves[j].dst.block, moves[j].src.block});
     }
     const vk::BufferRef jb = params(bytes_of(jobs))[0];
     if (jb.buffer == nullptr) return error_;
@@ -761,6 +861,31 @@ Status VulkanBackend::quantise_blocks(std::span<const KvPoolDesc> pools,
     run("kv_quantise", {vk::BufferRef{&vbuf(src.memory)}, vk::BufferRef{&vbuf(dst.memory)}, jb}, p,
         div_up(static_cast<int64_t>(n_layers_in_group) * 2 * n_head_kv * block_size, 64),
         static_cast<uint32_t>(jobs.size() / 3));
+    if (chan_jobs.empty()) continue;
+    const vk::BufferRef cb = params(bytes_of(chan_jobs))[0];
+    if (cb.buffer == nullptr) return error_;
+    ChanPush c{static_cast<uint32_t>(n_layers_in_group),
+               static_cast<uint32_t>(n_head_kv),
+               static_cast<uint32_t>(head_dim),
+               static_cast<uint32_t>(block_size),
+               dst.k_type,
+               dst.v_type,
+               0u,
+               0u,
+               static_cast<uint32_t>(src.memory.row_bytes),
+               static_cast<uint32_t>(src.memory.offset),
+               0u,
+               0u,
+               0u,
+               0u,
+               static_cast<uint32_t>(dst.memory.row_bytes),
+               static_cast<uint32_t>(dst.k_tile_bytes),
+               static_cast<uint32_t>(dst.v_tile_bytes),
+               static_cast<uint32_t>(dst.memory.offset)};
+    const vk::BufferRef s16{&vbuf(src.memory)};
+    run("kv_chan", {s16, s16, s16, cb, vk::BufferRef{&vbuf(dst.memory)}}, c,
+        div_up(static_cast<int64_t>(n_layers_in_group) * 2 * n_head_kv * (head_dim / 4), 64),
+        static_cast<uint32_t>(chan_jobs.size() / 2));
   }
   return error_;
 }

@@ -64,9 +64,10 @@ class VulkanBackend final : public Backend {
             int head_dim) override;
   void softcap(const Tensor& x, float cap) override;
 
-  // KV pools of the per-token row formats (f16, fp8_e4m3, int8, int4_asym g32/64/128), blocks
-  // byte-identical to the CPU's (src/backend/vulkan/shaders/kv_codec.glsl); the per-channel tile
-  // formats and rotated keys are refused with an error naming them.
+  // KV pools of BIE's formats (the rows of f16, fp8_e4m3, int8, int4_asym g32/64/128; the tiles
+  // of int4_channel and int8_channel), blocks byte-identical to the CPU's
+  // (src/backend/vulkan/shaders/kv_codec.glsl), keys Hadamard-rotated or not (per-channel keys:
+  // not); the rest is refused with an error naming it.
   [[nodiscard]] bool supports_paged_kv() const override { return true; }
   [[nodiscard]] uint64_t max_kv_pool_bytes() const override { return dev_->max_binding_bytes(); }
   [[nodiscard]] bool supports_kv_types(uint8_t k_type, uint8_t v_type,

@@ -1,12 +1,14 @@
 #version 450
-// Paged causal attention over K/V in any row-wise format (f16, fp8_e4m3, int8, int4_asym;
-// kv_codec.glsl) and over two pools at once (a mixed layout's FP16 sink/window pool and its
+// Paged causal attention over K/V in any KV format (the rows of f16, fp8_e4m3, int8, int4_asym, the
+// tiles of int4_channel and int8_channel; kv_codec.glsl) and over two pools at once (a mixed layout's FP16 sink/window pool and its
 // quantised body pool: each block-table entry names its pool). Codes are decoded in registers
 // as they are read; no dequantised copy of a block is written. Same scheme as attn_paged.comp:
 // one workgroup per (query token, query head), keys 64 at a time (one per lane), online softmax
 // (running max m, sum l), V accumulated per dimension. Scores follow the CPU's kernels: against
 // fp16 keys q is rounded to fp16 (the CPU's f16 path), against quantised keys q stays fp32 and
-// the row scale multiplies the code dot.
+// the row scale multiplies the code dot (a per-channel tile: each channel's scale and zero
+// dequantise its code).
+// rotate: the keys were stored Hadamard-rotated (kv_write_q.comp), so the query is rotated first.
 // meta: [8 s + 0..7] pool slot s's (k_type, v_type, k_group, v_group, block_bytes, k_tile,
 // v_tile, k_base: byte offset of this layer's K tiles in block 0); then, from 16: [t] sequence,
 // [n_tokens + t] position, [2 n_tokens + s] first table entry of sequence s. A table entry is
@@ -20,7 +22,8 @@ layout(std430, binding = 4) readonly buffer M { int meta[]; };
 layout(std430, binding = 5) writeonly buffer O { float o[]; };    // [t][n_head][head_dim]
 layout(push_constant) uniform P {
   uint n_tokens; uint n_head; uint group; uint head_dim; uint block_size; uint n_head_kv;
-  uint window; float scale; uint q_off; uint q_stride; uint o_off; uint o_stride;
+  uint window; float scale; uint q_off; uint q_stride; uint o_off; uint o_stride; uint rotate;
+  float rot_norm;
 } p;
 
 #include "kv_codec.glsl"
@@ -29,6 +32,7 @@ shared float qf[512];  // the query head, fp32
 shared float qh[512];  // the same rounded to fp16 (scores against f16 keys)
 shared float ps[64];    // softmax weights of the chunk's keys (times the V row scale: ps_v)
 shared uint v_at[64];   // byte offset of each key's V row
+shared uint v_tile[64]; // and of its tile (a per-channel tile's scales)
 shared uint v_slot[64]; // and its pool slot
 shared float red[64];
 uint d0[8], d1[8];      // the pool slots' descriptors (meta[0..16)), read once
@@ -39,20 +43,38 @@ uint pb16(uint slot, uint off) { return (pw(slot, off >> 2) >> ((off & 2u) * 8u)
 float ph(uint slot, uint off) { return kv_half_to_float(pb16(slot, off)); }
 uint desc(uint slot, uint i) { return slot == 0u ? d0[i] : d1[i]; }
 
-// Byte offset of row j (a position) of KV head kvh's K tile (v: V tile); *slot = its pool.
-uint row_at(uint tstart, uint j, uint kvh, bool v, out uint slot) {
+// Byte offset of row j (a position) of KV head kvh's K tile (v: V tile); slot = its pool, tile =
+// the tile's byte offset.
+uint row_at(uint tstart, uint j, uint kvh, bool v, out uint slot, out uint tile) {
   const int ref = table[tstart + j / p.block_size];
   slot = uint(ref) & 1u;
   const uint blk = uint(ref) >> 1;
   const uint type = desc(slot, v ? 1u : 0u), g = desc(slot, v ? 3u : 2u);
   const uint kt = desc(slot, 5u), vt = desc(slot, 6u);
-  const uint tile = desc(slot, 7u) + blk * desc(slot, 4u) +
-                    (v ? p.n_head_kv * kt + kvh * vt : kvh * kt);
-  return tile + (j % p.block_size) * kv_row_bytes(type, p.head_dim, g);
+  tile = desc(slot, 7u) + blk * desc(slot, 4u) + (v ? p.n_head_kv * kt + kvh * vt : kvh * kt);
+  return tile + kv_row_offset(type, p.head_dim, g, j % p.block_size);
 }
 
-float key_score(uint slot, uint at) {
+// Channel c of a per-channel tile's row at `at`: the channel's scale and zero applied to its code.
+float chan_value(uint slot, uint type, uint tile, uint at, uint c) {
+  uint code;
+  if (type == KV_INT8_CHAN) {
+    code = pb8(slot, at + c);
+  } else {
+    const uint half_ = p.head_dim / 2u;
+    const uint byte = pb8(slot, at + (c % half_));
+    code = c < half_ ? (byte & 15u) : (byte >> 4);
+  }
+  return ph(slot, tile + 4u * c) * float(code) + ph(slot, tile + 4u * c + 2u);
+}
+
+float key_score(uint slot, uint at, uint tile) {
   const uint D = p.head_dim, type = desc(slot, 0u);
+  if (kv_is_chan(type)) {
+    float dot = 0.0;
+    for (uint c = 0u; c < D; ++c) dot += qf[c] * chan_value(slot, type, tile, at, c);
+    return dot;
+  }
   if (type == KV_F16) {
     float dot = 0.0;
     for (uint c = 0u; c < D; c += 2u) {
@@ -88,9 +110,10 @@ float key_score(uint slot, uint at) {
 }
 
 // V element c of the row at `at`, without the row scale of int8 / fp8 (folded into ps).
-float value_at(uint slot, uint at, uint c) {
+float value_at(uint slot, uint at, uint tile, uint c) {
   const uint type = desc(slot, 1u);
   if (type == KV_F16) return ph(slot, at + 2u * c);
+  if (kv_is_chan(type)) return chan_value(slot, type, tile, at, c);
   if (type == KV_INT8) return float(int(pb8(slot, at + 2u + c) << 24) >> 24);
   if (type == KV_FP8) return kv_e4m3_to_float(pb8(slot, at + 2u + c));
   const uint g = desc(slot, 3u), half_ = g / 2u, i = c % g;
@@ -111,11 +134,28 @@ void main() {
     d0[i] = uint(meta[i]);
     d1[i] = uint(meta[8u + i]);
   }
-  for (uint c = lid; c < D; c += 64u) {
-    const float x = q[p.q_off + t * p.q_stride + qhd * D + c];
-    qf[c] = x;
-    qh[c] = kv_half_to_float(kv_float_to_half(x));
+  for (uint c = lid; c < D; c += 64u) qf[c] = q[p.q_off + t * p.q_stride + qhd * D + c];
+  barrier();
+  if (p.rotate != 0u) {
+    // Keys stored Hadamard-rotated: the query head rotated the same way (the butterflies of
+    // kv::hadamard_rotate, a stage's pairs side by side, then the norm), as the CPU's runner does.
+    for (uint h = 1u; h < D; h *= 2u) {
+      for (uint pr = lid; pr < D / 2u; pr += 64u) {
+        const uint j = (pr / h) * 2u * h + pr % h;
+        const float a = qf[j], b = qf[j + h];
+        precise float s = a + b, d = a - b;
+        qf[j] = s;
+        qf[j + h] = d;
+      }
+      barrier();
+    }
+    for (uint c = lid; c < D; c += 64u) {
+      precise float x = qf[c] * p.rot_norm;
+      qf[c] = x;
+    }
+    barrier();
   }
+  for (uint c = lid; c < D; c += 64u) qh[c] = kv_half_to_float(kv_float_to_half(qf[c]));
   barrier();
   float acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};  // dims lid + 64 i
   float m = -1.0 / 0.0, l = 0.0;
@@ -124,12 +164,13 @@ void main() {
     float s = -1.0 / 0.0;
     float v_scale = 1.0;
     if (j <= pos) {
-      uint slot;
-      const uint at = row_at(tstart, uint(j), kvh, false, slot);
-      s = key_score(slot, at) * p.scale;
-      uint vs;
-      const uint va = row_at(tstart, uint(j), kvh, true, vs);
+      uint slot, kt;
+      const uint at = row_at(tstart, uint(j), kvh, false, slot, kt);
+      s = key_score(slot, at, kt) * p.scale;
+      uint vs, vt0;
+      const uint va = row_at(tstart, uint(j), kvh, true, vs, vt0);
       v_at[lid] = va;
+      v_tile[lid] = vt0;
       v_slot[lid] = vs;
       const uint vt = desc(vs, 1u);
       if (vt == KV_INT8 || vt == KV_FP8) v_scale = ph(vs, va);
@@ -158,7 +199,7 @@ void main() {
       const uint c = lid + 64u * i;
       if (c >= D) break;
       float a = acc[i] * alpha;
-      for (int jj = 0; jj < n_keys; ++jj) a += ps[jj] * value_at(v_slot[jj], v_at[jj], c);
+      for (int jj = 0; jj < n_keys; ++jj) a += ps[jj] * value_at(v_slot[jj], v_at[jj], v_tile[jj], c);
       acc[i] = a;
     }
     barrier();

@@ -1,18 +1,30 @@
-// The row-wise KV formats of bie/kv/kv_format.h (f16, fp8_e4m3, int8, int4_asym_gG), encoded and
-// decoded exactly as the CPU's scalar trait table (src/kv/kv_format.cpp) does, so a block written
-// on the device has the CPU's bytes. Every rounding step the CPU takes is reproduced in integer
+// The KV formats of bie/kv/kv_format.h (the rows of f16, fp8_e4m3, int8, int4_asym_gG; the tiles
+// of int4_channel_tT and int8_channel_tT), encoded and decoded exactly as the CPU's scalar trait
+// table (src/kv/kv_format.cpp) does, so a block written on the device has the CPU's bytes. Every rounding step the CPU takes is reproduced in integer
 // arithmetic: GLSL's packHalf2x16 rounding is implementation-defined and Vulkan lets a division be
 // off by 2.5 ulp, so neither is used on the encode path.
 //
 // Format ids are planner::KvType's. Offsets are bytes; fp16 fields sit at even offsets.
 
-const uint KV_F16 = 0u, KV_FP8 = 1u, KV_INT8 = 2u, KV_INT4 = 3u;
+const uint KV_F16 = 0u, KV_FP8 = 1u, KV_INT8 = 2u, KV_INT4 = 3u, KV_INT4_CHAN = 4u,
+           KV_INT8_CHAN = 7u;
 
-// Bytes of one row of head_dim d (kv::row_bytes_*): group g for int4_asym.
+// The per-channel (KIVI) tiles: d (fp16 scale, fp16 zero) pairs, one per channel over the tile's
+// tokens, then the tile's rows of codes (kv::chan_row_offset, kv::chan8_row_offset).
+bool kv_is_chan(uint type) { return type == KV_INT4_CHAN || type == KV_INT8_CHAN; }
+
+// Bytes of one row of head_dim d (kv::row_bytes_*): group g for int4_asym; a per-channel tile's
+// rows hold codes only.
 uint kv_row_bytes(uint type, uint d, uint g) {
   if (type == KV_F16) return 2u * d;
   if (type == KV_INT4) return (d / g) * (g / 2u + 4u);
+  if (type == KV_INT4_CHAN) return d / 2u;
+  if (type == KV_INT8_CHAN) return d;
   return d + 2u;  // fp8, int8: fp16 scale + d codes
+}
+// Byte offset of row r inside a tile.
+uint kv_row_offset(uint type, uint d, uint g, uint r) {
+  return (kv_is_chan(type) ? 4u * d : 0u) + r * kv_row_bytes(type, d, g);
 }
 
 // fp16 bits -> fp32 (exact), as quant::fp16_to_fp32.
@@ -81,6 +93,11 @@ float kv_div_rn(float a, float b) {
   if ((q & 1u) != 0u && (r != 0u || (mant & 1u) != 0u)) ++mant;
   if (biased <= 0) return 0.0;
   return uintBitsToFloat((uint(biased) << 23) + mant - 0x800000u);  // a carry bumps the exponent
+}
+
+// a / b for any finite a and b > 0 normal: kv_div_rn on |a|, the sign put back.
+float kv_div_signed(float a, float b) {
+  return a < 0.0 ? -kv_div_rn(-a, b) : kv_div_rn(a, b);
 }
 
 // kv::fp32_to_e4m3: round to nearest even, |x| >= 448 saturates, NaN -> 0.

@@ -2,7 +2,8 @@
 // Window exit on the device (Backend::quantise_blocks): the first rows[j] rows of every K and V
 // tile of FP16 block src[j] re-encoded into body block dst[j] in the body pool's row-wise format,
 // as PagedKvStore's host migration does (fp16 -> fp32 exactly, then the format's store). One
-// invocation per (job, layer, K/V, KV head, row). Byte offsets as kv_write_q.comp's, per pool.
+// invocation per (job, layer, K/V, KV head, row). Byte offsets as kv_write_q.comp's, per pool. A
+// per-channel side is left to kv_chan.comp.
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Src { uint src[]; };
 layout(std430, binding = 1) buffer Dst { uint dst[]; };
@@ -36,6 +37,7 @@ void main() {
   src_at = p.src_base + sblk * p.src_block_bytes + il * src_layer + (is_v * H + h) * src_tile +
            row * 2u * p.head_dim;
   const uint type = is_v != 0u ? p.v_type : p.k_type, g = is_v != 0u ? p.v_group : p.k_group;
+  if (kv_is_chan(type)) return;  // a per-channel side: kv_chan.comp
   const uint dst_layer = H * (p.dst_k_tile + p.dst_v_tile);
   const uint dst_tile0 = p.dst_base + dblk * p.dst_block_bytes + il * dst_layer +
                          (is_v != 0u ? H * p.dst_k_tile + h * p.dst_v_tile : h * p.dst_k_tile);
