@@ -110,8 +110,8 @@ TEST(CliPlan, RealSmolLM2) {
 
 // `bie plan --device vulkan:0` (lavapipe in CI) states the budget the engine's start-up report
 // states on that device: the data section as the weights, the exact device workspace, usable =
-// 0.90 x the device-local heaps, the KV budget stopping at one binding (the engine's allocations
-// equal its report: tests/test_vulkan_engine.cpp).
+// 0.90 x the device-local heaps, the KV budget stopping at four bindings per pool (the engine's
+// allocations equal its report: tests/test_vulkan_engine.cpp).
 TEST(CliPlan, VulkanDeviceStatesTheEnginesDeviceBudget) {
   BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   const CliResult r = run_bie(
@@ -134,7 +134,7 @@ TEST(CliPlan, VulkanDeviceStatesTheEnginesDeviceBudget) {
   o.device = DeviceMemoryInfo{"vulkan:0", (*devices)[0].device_local_total(),
                               (*devices)[0].device_local_available()};
   o.workspace_bytes = planner::device_workspace_bytes(*g, 32, 4);
-  o.max_pool_bytes = (*devices)[0].max_binding_bytes();
+  o.max_pool_bytes = (*devices)[0].max_binding_bytes() * kMaxKvPoolParts;
   auto rep = plan_kv_setup(*g, *g->data_bytes, g->n_ctx_train, o);
   ASSERT_TRUE(rep.ok()) << rep.error();
   const auto& b = j["budget"];

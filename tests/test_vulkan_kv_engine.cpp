@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,10 @@ struct Regime {
   const char* dtype_k;
   const char* dtype_v;
   const char* label;  // the layout label the engine reports
+  // > 0: the device holds each KV pool in buffers of at most this many bytes
+  // (BIE_VULKAN_KV_PART_BYTES), so that blocks of one sequence sit in different buffers, as an
+  // 8 GB card's 64k pool does; the context then shrinks to fit four such buffers.
+  size_t part_bytes = 0;
 };
 
 const Regime kRegimes[] = {
@@ -42,6 +47,9 @@ const Regime kRegimes[] = {
     {"int8_recipe", "int8", "", "", "k=int8_channel_t16 v=int8"},
     // the per-token 4-bit recipe: keys Hadamard-rotated on the device, queries rotated to match
     {"int4_asym_g64_rotated", "int4_asym_g64", "", "", "int4_asym_g64 +rotate"},
+    // the int4_asym recipe with pools split: FP16 pool one block per buffer, body 3 per buffer
+    {"int4_asym_recipe_split", "int4_asym", "", "", "k=int4_channel_t16 v=int4_asym_g64",
+     400 << 10},
 };
 
 EngineConfig regime_config(const Regime& rg, const std::string& device) {
@@ -54,7 +62,7 @@ EngineConfig regime_config(const Regime& rg, const std::string& device) {
   cfg.kv.kv.block_size = 16;
   cfg.kv.kv.sink_tokens = 8;
   cfg.kv.kv.window_tokens = 16;
-  cfg.kv.max_model_len = 256;
+  cfg.kv.max_model_len = rg.part_bytes > 0 ? 104 : 256;
   cfg.kv.max_num_seqs = 1;
   cfg.kv.chunked_prefill_size = 32;
   cfg.kv.kv_cache_memory = 32ull << 20;
@@ -75,12 +83,20 @@ TEST_P(VulkanKvEngine, MixedRegimeGivesTheCpuTokensWhereMarginsAllow) {
   BIE_REQUIRE_FILE(test::smollm2_path());
   const Regime& rg = GetParam();
   const auto t0 = std::chrono::steady_clock::now();
+  if (rg.part_bytes > 0) {
+    ::setenv("BIE_VULKAN_KV_PART_BYTES", std::to_string(rg.part_bytes).c_str(), 1);
+  }
   auto gpu = Engine::create(regime_config(rg, "vulkan:0"));
+  ::unsetenv("BIE_VULKAN_KV_PART_BYTES");
   ASSERT_TRUE(gpu.ok()) << gpu.error();
   const KvSetupReport& r = (*gpu)->kv_report();
   EXPECT_EQ(r.layout_label, rg.label) << r.layout_label;
   EXPECT_GT(r.body_blocks, 0);
   EXPECT_GT(r.fp16_blocks, 0);
+  if (rg.part_bytes > 0) {
+    EXPECT_GE(r.pool_buffers(r.fp16_blocks, r.fp16_block_bytes), 3) << format_kv_report(r);
+    EXPECT_GE(r.pool_buffers(r.body_blocks, r.body_block_bytes), 2) << format_kv_report(r);
+  }
   for (const char* p : kPrompts) {
     EXPECT_GT((*gpu)->tokenizer().encode(p).size(), 8u + 16u + 16u) << "prompt shorter than "
                                                                        "sink + window: no body";
@@ -101,6 +117,21 @@ TEST_P(VulkanKvEngine, MixedRegimeGivesTheCpuTokensWhereMarginsAllow) {
                                                             (*cpu)->tokenizer(), kMarginFloor);
   std::printf("vulkan vs cpu engine, %s mixed: %d of %zu request identical for %d tokens\n",
               rg.label, identical, want.size(), kTokens);
+}
+
+// The buffer-size knob is checked: a value that is not a positive byte count is one clear error.
+TEST(VulkanKvEngineConfig, AMalformedKvPartSizeIsRefused) {
+  BIE_REQUIRE_FILE(test::smollm2_path());
+  for (const char* bad : {"12x", "0", "-4"}) {
+    ::setenv("BIE_VULKAN_KV_PART_BYTES", bad, 1);
+    auto e = Engine::create(regime_config(kRegimes[0], "vulkan:0"));
+    ::unsetenv("BIE_VULKAN_KV_PART_BYTES");
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_NE(e.error().find("BIE_VULKAN_KV_PART_BYTES=" + std::string(bad) +
+                             ": expected a positive byte count"),
+              std::string::npos)
+        << e.error();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Regimes, VulkanKvEngine, ::testing::ValuesIn(kRegimes),

@@ -2,9 +2,9 @@
 // table (src/kv/kv_format.cpp): a row kv_write encodes on the device has the CPU store's bytes,
 // bit for bit (ties, zero rows, wide exponent ranges, rows sharing a 32-bit word with a neighbour
 // written in another call), and so has a per-channel tile (int4_channel's fitted grids,
-// int8_channel), written whole, and a Hadamard-rotated key row; paged attention over those blocks, with a table that
-// mixes an FP16 pool and a quantised body pool, matches an fp64 softmax over the CPU's
-// dequantisation of the same bytes; quantise_blocks (window exit) equals the host migration
+// int8_channel), written whole, and a Hadamard-rotated key row; paged attention over those blocks,
+// with a table that mixes an FP16 pool and a quantised body pool, matches an fp64 softmax over the
+// CPU's dequantisation of the same bytes; quantise_blocks (window exit) equals the host migration
 // (fp16 rows -> fp32 -> store) byte for byte.
 #include <gtest/gtest.h>
 
@@ -43,12 +43,15 @@ VulkanBackend& gpu() {
 }
 
 // A K/V format pair for the body pool and the head width it is tested at; rotate: keys stored
-// Hadamard-rotated (every pool's K rows, and the queries rotated to match).
+// Hadamard-rotated (every pool's K rows, and the queries rotated to match); split: every pool
+// held in parts of this many blocks, each its own device buffer (a pool larger than one binding
+// spans, as on an 8 GB card at 64k), 0: one buffer.
 struct FormatCase {
   const char* name;
   KvFormat k, v;
   int head_dim;
   bool rotate = false;
+  int split = 0;
 };
 
 KvFormat fmt(KvType t, int group = 0) {
@@ -74,34 +77,47 @@ const FormatCase kCases[] = {
     // The per-token 4-bit recipe rotates its keys (int4_asym_gN, --kv-rotate by default).
     {"int4_asym_g64_rotated", fmt(KvType::kInt4Asym, 64), fmt(KvType::kInt4Asym, 64), 128, true},
     {"int8_rows_rotated", fmt(KvType::kInt8), fmt(KvType::kInt8), 64, true},
+    // Pools in four buffers of two blocks: every kernel finds each block in its part.
+    {"int8_split", fmt(KvType::kInt8), fmt(KvType::kInt8), 96, false, 2},
+    {"int4_recipe_split", fmt(KvType::kInt4Channel, 16), fmt(KvType::kInt4Asym, 64), 128, false, 2},
+    {"int4_asym_g64_rotated_split", fmt(KvType::kInt4Asym, 64), fmt(KvType::kInt4Asym, 64), 128,
+     true, 2},
 };
 
 bool whole_tiles(const FormatCase& c) {
   return planner::is_per_channel(c.k) || planner::is_per_channel(c.v);
 }
 
-constexpr int kBlock = 16, kHeadsKv = 3, kHeads = 9, kLayers = 2, kLayer = 1, kBlocks = 6;
+constexpr int kBlock = 16, kHeadsKv = 3, kHeads = 9, kLayers = 2, kLayer = 1, kBlocks = 8;
 
 // One pool in device memory with its host twin (what the CPU's store writes).
 struct Pool {
   KvFormat k, v;
   int d = 0;
   size_t k_tile = 0, v_tile = 0, layer_bytes = 0, block_bytes = 0;
-  std::unique_ptr<DeviceBuffer> buf;
+  std::vector<std::unique_ptr<DeviceBuffer>> bufs;  // one per part
   KvPoolDesc desc;
   std::vector<uint8_t> host;
 
   bool rotate = false;  // K rows Hadamard-rotated before they are stored
+  int split = 0;        // blocks per part; 0: one buffer
 
-  Pool(KvFormat kf, KvFormat vf, int head_dim, bool round_rows, bool rotate_keys = false)
-      : k(kf), v(vf), d(head_dim), rotate(rotate_keys) {
+  Pool(KvFormat kf, KvFormat vf, int head_dim, bool round_rows, bool rotate_keys = false,
+       int split_blocks = 0)
+      : k(kf), v(vf), d(head_dim), rotate(rotate_keys), split(split_blocks) {
     k_tile = kv::kv_tile_bytes(k, d, kBlock);
     v_tile = kv::kv_tile_bytes(v, d, kBlock);
     layer_bytes = kHeadsKv * (k_tile + v_tile);
     block_bytes = kLayers * layer_bytes;
-    buf = gpu().alloc(block_bytes * kBlocks).value();
-    desc.memory =
-        Tensor{buf.get(), 0, GgmlType::I8, kBlocks, static_cast<int64_t>(block_bytes), block_bytes};
+    const int per_part = split > 0 ? split : kBlocks;
+    desc.part_blocks = split;
+    for (int first = 0, i = 0; first < kBlocks; first += per_part, ++i) {
+      const int n = std::min(per_part, kBlocks - first);
+      bufs.push_back(gpu().alloc(block_bytes * n).value());
+      const Tensor t{bufs.back().get(), 0, GgmlType::I8, n, static_cast<int64_t>(block_bytes),
+                     block_bytes};
+      (i == 0 ? desc.memory : desc.more_parts.at(static_cast<size_t>(i - 1))) = t;
+    }
     desc.k_type = static_cast<uint8_t>(k.type);
     desc.v_type = static_cast<uint8_t>(v.type);
     desc.k_group = k.group;
@@ -112,15 +128,23 @@ struct Pool {
     // Both start as the same non-zero pattern: bytes a write must not touch stay as they were.
     host.resize(block_bytes * kBlocks);
     for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 37 + 11);
-    gpu().upload(desc.memory, host.data());
+    size_t at = 0;
+    for (int i = 0; i < desc.n_parts(); ++i) {
+      gpu().upload(desc.part(i), host.data() + at);
+      at += desc.part(i).bytes();
+    }
   }
   uint8_t* tile(int block, int head, bool is_v, int layer = kLayer) {
     return host.data() + static_cast<size_t>(block) * block_bytes + layer * layer_bytes +
            (is_v ? kHeadsKv * k_tile + head * v_tile : head * k_tile);
   }
-  std::vector<uint8_t> device_bytes() {
+  std::vector<uint8_t> device_bytes() {  // the parts in block order
     std::vector<uint8_t> b(host.size());
-    gpu().download(desc.memory, b.data());
+    size_t at = 0;
+    for (int i = 0; i < desc.n_parts(); ++i) {
+      gpu().download(desc.part(i), b.data() + at);
+      at += desc.part(i).bytes();
+    }
     return b;
   }
   // The CPU's scalar store of row `row` of (block, head) from x[d], as PagedKvStore::store does;
@@ -266,19 +290,19 @@ TEST_P(VulkanKvFormat, KvWriteIsByteIdenticalToTheCpuStore) {
   const FormatCase& c = GetParam();
   for (const bool round_rows : {false, true}) {
     Holder h;
-    Pool body(c.k, c.v, c.head_dim, round_rows, c.rotate);
+    Pool body(c.k, c.v, c.head_dim, round_rows, c.rotate, c.split);
     const KvPoolDesc pools[] = {body.desc};
     if (whole_tiles(c)) {  // per-channel tiles: whole blocks, two in one call, then one
-      write_rows(h, pools, {&body}, slot_run(0, {4, 1}, 0, 2 * kBlock), c.head_dim, 7);
+      write_rows(h, pools, {&body}, slot_run(0, {7, 1}, 0, 2 * kBlock), c.head_dim, 7);
       write_rows(h, pools, {&body}, slot_run(0, {3}, 0, kBlock), c.head_dim, 9);
       const std::vector<uint8_t> got = body.device_bytes();
       EXPECT_TRUE(got == body.host) << c.name << (round_rows ? " (rows rounded to fp16)" : "")
                                     << ": first difference at " << first_diff(body, got);
       continue;
     }
-    write_rows(h, pools, {&body}, slot_run(0, {4, 1}, 0, 2 * kBlock - 3), c.head_dim, 7);
+    write_rows(h, pools, {&body}, slot_run(0, {7, 1}, 0, 2 * kBlock - 3), c.head_dim, 7);
     write_rows(h, pools, {&body}, slot_run(0, {3}, 5, 7), c.head_dim, 9);  // neighbours' words
-    write_rows(h, pools, {&body}, slot_run(0, {4, 1}, 2 * kBlock - 3, 3), c.head_dim, 11);
+    write_rows(h, pools, {&body}, slot_run(0, {7, 1}, 2 * kBlock - 3, 3), c.head_dim, 11);
     const std::vector<uint8_t> got = body.device_bytes();
     EXPECT_TRUE(got == body.host) << c.name << (round_rows ? " (rows rounded to fp16)" : "")
                                   << ": first difference at " << first_diff(body, got);
@@ -302,8 +326,8 @@ TEST_P(VulkanKvFormat, PagedAttentionOverMixedPoolsMatchesFp64OverTheCpuBlocks) 
   const FormatCase& c = GetParam();
   const int d = c.head_dim;
   Holder h;
-  Pool f16(fmt(KvType::kF16), fmt(KvType::kF16), d, false, c.rotate);
-  Pool body(c.k, c.v, d, true, c.rotate);
+  Pool f16(fmt(KvType::kF16), fmt(KvType::kF16), d, false, c.rotate, c.split);
+  Pool body(c.k, c.v, d, true, c.rotate, c.split);
   const KvPoolDesc pools[] = {f16.desc, body.desc};
   // Three sequences; each logical block names its pool (sink block in FP16, body quantised,
   // the last block FP16 again as a window would be): A 40 tokens, B 20, C 7 (FP16 only).
@@ -410,8 +434,8 @@ TEST_P(VulkanKvFormat, QuantiseBlocksIsByteIdenticalToTheHostMigration) {
   const FormatCase& c = GetParam();
   const int d = c.head_dim;
   Holder h;
-  Pool f16(fmt(KvType::kF16), fmt(KvType::kF16), d, false, c.rotate);
-  Pool body(c.k, c.v, d, true, c.rotate);
+  Pool f16(fmt(KvType::kF16), fmt(KvType::kF16), d, false, c.rotate, c.split);
+  Pool body(c.k, c.v, d, true, c.rotate, c.split);
   const KvPoolDesc pools[] = {f16.desc, body.desc};
   // FP16 blocks 1 (full) and 4 (5 rows written; full for per-channel tiles, which move whole)
   // leave the window into body blocks 2 and 0.
@@ -454,6 +478,28 @@ TEST_P(VulkanKvFormat, QuantiseBlocksIsByteIdenticalToTheHostMigration) {
 
 INSTANTIATE_TEST_SUITE_P(KvFormats, VulkanKvFormat, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// copy_blocks (copy-on-write of a shared prefix block) between and within the buffers of split
+// pools, byte for byte; nothing else changes.
+TEST(VulkanKvFormat, CopyBlocksMovesBlocksBetweenThePartsOfASplitPool) {
+  Pool f16(fmt(KvType::kF16), fmt(KvType::kF16), 64, false, false, 2);    // parts of 2 blocks
+  Pool int8(fmt(KvType::kInt8), fmt(KvType::kInt8), 64, true, false, 3);  // 3, 3 and 2
+  ASSERT_EQ(f16.desc.n_parts(), 4);
+  ASSERT_EQ(int8.desc.n_parts(), 3);
+  const KvPoolDesc pools[] = {f16.desc, int8.desc};
+  const KvBlockCopy copies[] = {
+      {{0, 1}, {0, 6}}, {{0, 2}, {0, 3}}, {{1, 7}, {1, 0}}, {{1, 4}, {1, 5}}};
+  ASSERT_TRUE(gpu().copy_blocks(pools, copies).ok()) << gpu().status().error();
+  for (const KvBlockCopy& c : copies) {
+    Pool& p = c.src.pool == 0 ? f16 : int8;
+    std::memcpy(p.host.data() + static_cast<size_t>(c.dst.block) * p.block_bytes,
+                p.host.data() + static_cast<size_t>(c.src.block) * p.block_bytes, p.block_bytes);
+  }
+  for (Pool* p : {&f16, &int8}) {
+    const std::vector<uint8_t> got = p->device_bytes();
+    EXPECT_TRUE(got == p->host) << "first difference at " << first_diff(*p, got);
+  }
+}
 
 // A per-channel tile's scales span the block: a write that gives a block only some of its rows
 // (or rows out of order) is refused with the block named, and writes nothing; so is a write of

@@ -32,6 +32,18 @@ Status Backend::paged_attention(const AttnMetadata& /*meta*/) {
 Status Backend::kv_write(const KvWriteMetadata& /*meta*/) {
   return unsupported(*this, "kv_write");
 }
+int KvPoolDesc::n_parts() const {
+  if (part_blocks <= 0) return 1;
+  int n = 1;
+  while (n < kMaxKvPoolParts && !more_parts[static_cast<size_t>(n - 1)].empty()) ++n;
+  return n;
+}
+
+uint64_t Backend::max_kv_pool_bytes() const {
+  const uint64_t part = kv_pool_part_bytes();
+  return part > UINT64_MAX / kMaxKvPoolParts ? UINT64_MAX : part * kMaxKvPoolParts;
+}
+
 Status Backend::copy_blocks(std::span<const KvPoolDesc> /*pools*/,
                             std::span<const KvBlockCopy> /*copies*/) {
   return unsupported(*this, "copy_blocks");

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "bie/backend/backend.h"
 #include "bie/backend/device.h"
 #include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
@@ -64,7 +65,7 @@ Result<planner::DeviceProfile> vulkan_device_profile(const std::string& name) {
   p.kind = planner::DeviceKind::kVulkan;
   p.memory_gib = static_cast<double>(d.device_local_total()) / static_cast<double>(1ull << 30);
   p.available_bytes = d.device_local_available();
-  p.max_pool_bytes = d.max_binding_bytes();
+  p.max_pool_bytes = d.max_binding_bytes() * kMaxKvPoolParts;    // a pool: up to 4 bindings
   p.usable_fraction = KvEngineOptions{}.gpu_memory_utilization;  // the engine's default
   p.tuned_fraction = p.usable_fraction;
   const auto lower = [](std::string t) {

@@ -143,8 +143,9 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
     r.kv_budget_bytes = r.usable_bytes - fixed;
   }
   if (o.max_pool_bytes > 0 && r.kv_budget_bytes > o.max_pool_bytes) {
-    // Each pool is one device buffer bound whole by the attention shader: the KV budget stops at
-    // what one binding spans (the pools of every group together, so each one fits).
+    // A pool is at most kMaxKvPoolParts device buffers, each bound whole by the attention shader:
+    // the KV budget stops at what those bindings span (the pools of every group together, so
+    // each one fits).
     r.kv_budget_bytes = o.max_pool_bytes;
     r.kv_binding_capped = true;
   }
@@ -155,9 +156,9 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
     const std::string way_out =
         r.kv_binding_capped
             ? fmt::format(
-                  " (the KV budget stops at what one device binding spans: {} on this "
-                  "device, each KV pool being one buffer)",
-                  bytes(o.max_pool_bytes))
+                  " (the KV budget stops at what {} device bindings span: {} on this "
+                  "device, each KV pool being at most that many buffers)",
+                  kMaxKvPoolParts, bytes(o.max_pool_bytes))
             : fmt::format(", or raise {}", r.explicit_kv_memory
                                                ? "--kv-cache-memory"
                                                : "--gpu-memory-utilization / --device-memory");
@@ -220,6 +221,18 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
             ? static_cast<int64_t>((r.kv_budget_bytes - fp16_total) / r.body_block_bytes)
             : 0;
   }
+  if (o.max_pool_bytes > 0) {
+    // The device holds a pool in kMaxKvPoolParts bindings of whole blocks each.
+    r.pool_part_bytes = o.max_pool_bytes / kMaxKvPoolParts;
+    const auto fits = [&](uint64_t block_bytes) {
+      return block_bytes > 0
+                 ? static_cast<int64_t>(o.max_pool_bytes / kMaxKvPoolParts / block_bytes) *
+                       kMaxKvPoolParts
+                 : INT64_MAX;
+    };
+    r.fp16_blocks = std::min(r.fp16_blocks, fits(r.fp16_block_bytes));
+    r.body_blocks = std::min(r.body_blocks, fits(r.body_block_bytes));
+  }
   r.groups[0].fp16_blocks = r.fp16_blocks;
   r.groups[0].body_blocks = r.body_blocks;
   return r;
@@ -270,7 +283,7 @@ std::string format_kv_report(const KvSetupReport& r) {
         "memory{}: weights {} + workspace {} (chunk {}){} + KV pools {} (--kv-cache-memory {}{})\n",
         r.device.empty() ? "" : " on " + r.device, bytes(r.weights_bytes), bytes(r.workspace_bytes),
         r.chunked_prefill_size, draft, bytes(r.kv_pool_bytes()), bytes(r.kv_budget_bytes),
-        r.kv_binding_capped ? ", what one device binding spans" : "");
+        r.kv_binding_capped ? ", what the device's KV bindings span" : "");
   } else if (!r.device.empty()) {
     // On a device: every byte named here is a device buffer (the weights as uploaded).
     const std::string avail =
@@ -282,7 +295,7 @@ std::string format_kv_report(const KvSetupReport& r) {
         "{}){} + KV {}{} (pools {})\n",
         r.device, bytes(r.usable_bytes), r.utilization, bytes(r.device_bytes), avail,
         bytes(r.weights_bytes), bytes(r.workspace_bytes), r.chunked_prefill_size, draft,
-        bytes(r.kv_budget_bytes), r.kv_binding_capped ? ", what one device binding spans" : "",
+        bytes(r.kv_budget_bytes), r.kv_binding_capped ? ", what the device's KV bindings span" : "",
         bytes(r.kv_pool_bytes()));
   } else {
     s += fmt::format(
@@ -324,6 +337,17 @@ std::string format_kv_report(const KvSetupReport& r) {
   } else {
     s += fmt::format("pool {} x {} = {}\n", r.body_blocks, bytes(r.body_block_bytes),
                      bytes(static_cast<uint64_t>(r.body_blocks) * r.body_block_bytes));
+  }
+  if (r.groups.size() == 1) {
+    const int64_t n16 = r.pool_buffers(r.fp16_blocks, r.fp16_block_bytes);
+    const int64_t nb = r.pool_buffers(r.body_blocks, r.body_block_bytes);
+    if (n16 > 1 || nb > 1) {
+      s += fmt::format(
+          "kv: pools larger than one device binding ({}) are held in several buffers: {}{} "
+          "buffer(s)\n",
+          bytes(r.pool_part_bytes),
+          r.layout.mixed() ? fmt::format("FP16 pool {}, body pool ", n16) : "pool ", nb);
+    }
   }
   s += fmt::format(
       "kv: {} per token; max-model-len {} needs {} per sequence; the KV budget fits {}{} tokens "

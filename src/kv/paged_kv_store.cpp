@@ -153,24 +153,41 @@ Status PagedKvStore::alloc_device_pools() {
       d.round_rows_to_fp16 = l.mixed() && kv::PoolKind(p) == kv::PoolKind::kBody;  // as store()
       if (pool.n_blocks() == 0) continue;
       const size_t bytes = static_cast<size_t>(pool.n_blocks()) * pool.block_bytes();
-      if (bytes > be.max_kv_pool_bytes()) {
+      // A pool larger than one binding is allocated in parts of whole blocks (KvPoolDesc).
+      const uint64_t part_bytes = be.kv_pool_part_bytes();
+      const auto part_blocks = static_cast<int64_t>(
+          std::min<uint64_t>(part_bytes / pool.block_bytes(), static_cast<uint64_t>(INT32_MAX)));
+      const int64_t n_parts =
+          part_blocks > 0 ? (pool.n_blocks() + part_blocks - 1) / part_blocks : kMaxKvPoolParts + 1;
+      if (n_parts > kMaxKvPoolParts) {
         return Error{fmt::format(
-            "a KV pool of {} blocks ({} MiB) is larger than the {} device binds at once ({} MiB); "
-            "lower --max-model-len or --kv-cache-memory",
-            pool.n_blocks(), bytes >> 20, be.name(), be.max_kv_pool_bytes() >> 20)};
+            "a KV pool of {} blocks ({} MiB) is larger than the {} device binds in {} parts "
+            "({} MiB); lower --max-model-len or --kv-cache-memory",
+            pool.n_blocks(), bytes >> 20, be.name(), kMaxKvPoolParts,
+            be.max_kv_pool_bytes() >> 20)};
       }
-      auto buf = be.alloc(bytes);
-      if (!buf) {
-        return Error{fmt::format("KV pool of {} blocks ({} bytes) on the {} device: {}",
-                                 pool.n_blocks(), bytes, be.name(), buf.error())};
+      d.part_blocks = n_parts > 1 ? static_cast<int32_t>(part_blocks) : 0;
+      for (int64_t i = 0; i < n_parts; ++i) {
+        const int64_t rows = n_parts > 1 ? std::min(part_blocks, pool.n_blocks() - i * part_blocks)
+                                         : pool.n_blocks();
+        auto buf = be.alloc(static_cast<size_t>(rows) * pool.block_bytes());
+        if (!buf) {
+          return Error{fmt::format("KV pool of {} blocks ({} bytes) on the {} device: {}",
+                                   pool.n_blocks(), bytes, be.name(), buf.error())};
+        }
+        const Tensor t{buf->get(),
+                       0,
+                       quant::GgmlType::I8,
+                       rows,
+                       static_cast<int64_t>(pool.block_bytes()),
+                       pool.block_bytes()};
+        if (i == 0) {
+          d.memory = t;
+        } else {
+          d.more_parts[static_cast<size_t>(i - 1)] = t;
+        }
+        device_buffers_.push_back(std::move(buf).value());
       }
-      d.memory = Tensor{buf->get(),
-                        0,
-                        quant::GgmlType::I8,
-                        pool.n_blocks(),
-                        static_cast<int64_t>(pool.block_bytes()),
-                        pool.block_bytes()};
-      device_buffers_.push_back(std::move(buf).value());
     }
   }
   return {};

@@ -171,8 +171,8 @@ std::string render_plan_text(const Plan& p) {
         b.margin_bytes > 0 ? fmt::format(" beyond the {} GiB margin", gib(b.margin_bytes)) : ""));
   } else if (r.headroom_bytes >= 0) {
     line(fmt::format(
-        "          DOES NOT FIT: the KV pools need {} MiB, more than the {} MiB one device "
-        "binding spans",
+        "          DOES NOT FIT: the KV pools need {} MiB, more than the {} MiB the device's "
+        "bindings span (four per pool)",
         r.kv_bytes >> 20, p.device.max_pool_bytes >> 20));
   } else {
     line(fmt::format("          DOES NOT FIT: needs {} GiB, {} GiB more than the {} GiB usable",

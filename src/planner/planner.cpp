@@ -204,8 +204,8 @@ Result<Plan> make_plan(const PlanRequest& req) {
       b.kv_budget_bytes > static_cast<int64_t>(req.device.max_pool_bytes)) {
     b.kv_budget_bytes = static_cast<int64_t>(req.device.max_pool_bytes);
     plan.notes.push_back(fmt::format(
-        "the KV budget stops at {} MiB: each KV pool is one device buffer that one shader "
-        "binding spans (the device's maxStorageBufferRange)",
+        "the KV budget stops at {} MiB: each KV pool is at most four device buffers, each of "
+        "which one shader binding spans (the device's maxStorageBufferRange)",
         req.device.max_pool_bytes >> 20));
   }
 

@@ -23,12 +23,14 @@
 // src/backend/backend_registry.cpp (create_backend); docs/architecture.md §"A new backend".
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bie/backend/matmul_path.h"
@@ -111,12 +113,28 @@ struct RopeConfig {
 };
 
 // ---- KV data path (paged KV pools in backend memory) -----------------------------------------
-// A KV pool: `n_blocks` blocks of `block_bytes` bytes in one buffer. Within a block, per layer of
-// its layer group (in layer order): the K tiles of KV heads 0..n_head_kv-1, then the V tiles; a
-// tile holds block_size rows of head_dim values in the K / V format (planner::KvType's id and the
-// format's group, the kv/ format table's row), k_tile_bytes / v_tile_bytes long.
+// A KV pool: `n_blocks` blocks of `block_bytes` bytes in one buffer, or, when that is more than
+// the backend binds at once (Backend::kv_pool_part_bytes), in up to kMaxKvPoolParts buffers of
+// `part_blocks` blocks each (the last may hold fewer). Within a block, per layer of its layer
+// group (in layer order): the K tiles of KV heads 0..n_head_kv-1, then the V tiles; a tile holds
+// block_size rows of head_dim values in the K / V format (planner::KvType's id and the format's
+// group, the kv/ format table's row), k_tile_bytes / v_tile_bytes long.
+inline constexpr int kMaxKvPoolParts = 4;
+
 struct KvPoolDesc {
-  Tensor memory;  // U8 view of the whole pool: rows = n_blocks, row_bytes = block_bytes
+  // U8 view of the pool's first part (of the whole pool when it is not split): rows = its blocks,
+  // row_bytes = block_bytes. Every part has this offset and row_bytes.
+  Tensor memory;
+  int32_t part_blocks = 0;  // blocks per part when split; 0: one part, `memory`
+  std::array<Tensor, kMaxKvPoolParts - 1> more_parts{};  // parts 1.. of a split pool
+
+  [[nodiscard]] int n_parts() const;
+  [[nodiscard]] const Tensor& part(int i) const { return i == 0 ? memory : more_parts[i - 1]; }
+  // Block b of the pool as (part, block within the part).
+  [[nodiscard]] std::pair<int, int32_t> locate(int32_t b) const {
+    if (part_blocks <= 0) return {0, b};
+    return {b / part_blocks, b % part_blocks};
+  }
   uint8_t k_type = 0;
   uint8_t v_type = 0;
   int32_t k_group = 0;
@@ -281,8 +299,10 @@ class Backend {
   // jobs on its host pools) answers an error naming the operation; the KV storage calls them only
   // on a backend that supports_paged_kv().
   [[nodiscard]] virtual bool supports_paged_kv() const { return false; }
-  // Bytes one KV pool may span (a device binds a pool as one shader binding).
-  [[nodiscard]] virtual uint64_t max_kv_pool_bytes() const { return UINT64_MAX; }
+  // Bytes one part of a KV pool may span (a device binds each part as one shader binding), and a
+  // whole pool (kMaxKvPoolParts parts).
+  [[nodiscard]] virtual uint64_t kv_pool_part_bytes() const { return UINT64_MAX; }
+  [[nodiscard]] uint64_t max_kv_pool_bytes() const;
   // Whether the KV operations take pools of these K / V formats (planner::KvType ids), keys
   // Hadamard-rotated or not.
   [[nodiscard]] virtual bool supports_kv_types(uint8_t /*k_type*/, uint8_t /*v_type*/,

@@ -53,6 +53,7 @@ struct GpuDeviceInfo {
   uint64_t max_storage_buffer_range = 0;      // bytes one shader binding may span
   uint64_t min_storage_buffer_alignment = 0;  // a binding's offset is a multiple of this
   uint32_t max_compute_shared_memory = 0;
+  uint32_t max_storage_buffers_per_stage = 0;  // storage-buffer bindings one compute shader may use
 
   // Bytes of the device-local heaps (budget when the extension reports one, else size).
   [[nodiscard]] uint64_t device_local_bytes() const;

@@ -5,6 +5,7 @@
 // cannot disagree. Pure functions except setup_kv_cache (allocates the pools); thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -77,6 +78,8 @@ struct KvSetupReport {
   uint64_t draft_bytes = 0;        // speculative draft model (KvEngineOptions::draft_bytes)
   uint64_t kv_budget_bytes = 0;    // usable - weights - workspace, or --kv-cache-memory
   bool kv_binding_capped = false;  // kv_budget_bytes stopped at KvEngineOptions::max_pool_bytes
+  // Bytes of one device buffer of a KV pool (max_pool_bytes / kMaxKvPoolParts); 0: no limit.
+  uint64_t pool_part_bytes = 0;
   // The pools, one entry per layer group (planner::kv_pool_plan's order: one for a model without
   // sliding windows; Gemma 3: its local layers, then its global layers).
   std::vector<planner::KvGroupPool> groups;
@@ -94,6 +97,13 @@ struct KvSetupReport {
   // Sliding-window layers of the model (their group keeps only the window).
   int64_t swa_layers = 0;
 
+  // Device buffers a pool of `blocks` blocks of `block_bytes` takes (whole blocks per buffer, as
+  // PagedKvStore allocates them): 1 without a part limit.
+  [[nodiscard]] int64_t pool_buffers(int64_t blocks, uint64_t block_bytes) const {
+    if (pool_part_bytes == 0 || block_bytes == 0 || blocks == 0) return 1;
+    const auto per = std::max<int64_t>(1, static_cast<int64_t>(pool_part_bytes / block_bytes));
+    return (blocks + per - 1) / per;
+  }
   [[nodiscard]] uint64_t kv_pool_bytes() const {
     uint64_t sum = 0;
     for (const planner::KvGroupPool& p : groups) sum += p.bytes();

@@ -16,7 +16,7 @@ namespace bie::vk {
 namespace {
 
 constexpr uint32_t kDescriptorSetsPerPool = 1024;
-constexpr uint32_t kMaxBuffersPerSet = 8;
+constexpr uint32_t kMaxBuffersPerSet = 12;  // attn_paged_kv: q, 8 KV pool parts, table, meta, out
 
 std::string version_string(uint32_t v) {
   return fmt::format("{}.{}.{}", VK_API_VERSION_MAJOR(v), VK_API_VERSION_MINOR(v),
@@ -146,6 +146,7 @@ GpuDeviceInfo Instance::describe(int index) const {
   d.max_storage_buffer_range = p.limits.maxStorageBufferRange;
   d.min_storage_buffer_alignment = p.limits.minStorageBufferOffsetAlignment;
   d.max_compute_shared_memory = p.limits.maxComputeSharedMemorySize;
+  d.max_storage_buffers_per_stage = p.limits.maxPerStageDescriptorStorageBuffers;
 
   VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
   VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
@@ -459,6 +460,12 @@ Result<const Pipeline*> Device::pipeline(const std::string& name, uint32_t n_buf
   }
   if (mod == nullptr) return Error{"no embedded shader named " + name};
   if (n_buffers > kMaxBuffersPerSet) return Error{"too many buffers for shader " + name};
+  if (n_buffers > info_.max_storage_buffers_per_stage) {
+    return Error{fmt::format(
+        "the Vulkan device {} binds at most {} storage buffers per shader; shader {} needs {} "
+        "(use --device cpu)",
+        info_.name, info_.max_storage_buffers_per_stage, name, n_buffers)};
+  }
   const Fns& f = *f_;
   Pipeline p;
   p.n_buffers = n_buffers;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <array>
 #include <cctype>
 #include <cmath>
@@ -138,6 +139,9 @@ VulkanBackend::VulkanBackend(std::unique_ptr<vk::Device> dev, const VulkanBacken
   if (o.max_weight_window_bytes > 0) {
     weight_window_bytes_ = std::min(weight_window_bytes_, o.max_weight_window_bytes);
   }
+  kv_part_bytes_ = dev_->max_binding_bytes();
+  if (o.max_kv_part_bytes > 0)
+    kv_part_bytes_ = std::min<uint64_t>(kv_part_bytes_, o.max_kv_part_bytes);
 }
 
 VulkanBackend::~VulkanBackend() {
@@ -502,9 +506,8 @@ size_t kv_tile_bytes(uint8_t type, int d, int g, int block_size) {
     return dd * static_cast<size_t>(s.group_meta_bytes) +
            static_cast<size_t>(block_size) * dd * static_cast<size_t>(s.value_bits) / 8;
   }
-  return static_cast<size_t>(block_size) *
-         static_cast<size_t>(
-             planner::bytes_per_head_token(planner::KvFormat{static_cast<KvType>(type), g}, d));
+  return static_cast<size_t>(block_size) * static_cast<size_t>(planner::bytes_per_head_token(
+                                               planner::KvFormat{static_cast<KvType>(type), g}, d));
 }
 
 Status check_pool(const KvPoolDesc& pool, int block_size, int head_dim) {
@@ -524,13 +527,20 @@ Status check_pool(const KvPoolDesc& pool, int block_size, int head_dim) {
     // A per-channel tile spans the block; its codes are written four channels (int4_channel:
     // with their partners d/2 apart) to a 32-bit word.
     if (is_chan(type) && (group != block_size || head_dim % 8 != 0)) {
-      return Error{fmt::format("vulkan: a per-channel KV tile of {} tokens in blocks of {}, head "
-                               "width {} (the block and a multiple of 8)",
-                               group, block_size, head_dim)};
+      return Error{
+          fmt::format("vulkan: a per-channel KV tile of {} tokens in blocks of {}, head "
+                      "width {} (the block and a multiple of 8)",
+                      group, block_size, head_dim)};
     }
     if ((int4 && head_dim % group != 0) ||
         tile != kv_tile_bytes(type, head_dim, group, block_size)) {
       return Error{"vulkan: unexpected KV tile layout"};
+    }
+  }
+  for (int i = 1; i < pool.n_parts(); ++i) {
+    if (pool.part(i).row_bytes != pool.memory.row_bytes ||
+        pool.part(i).offset != pool.memory.offset) {
+      return Error{"vulkan: the parts of a KV pool differ in layout"};
     }
   }
   if (pool.memory.row_bytes % 4 != 0 || pool.memory.offset % 4 != 0 || head_dim % 4 != 0 ||
@@ -609,8 +619,8 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
   }
   const KvPoolDesc& pool0 = m.pools[static_cast<size_t>(slot_pool[0])];
   if (pool0.memory.empty()) return Error{"vulkan attention: no KV pool holds the table's blocks"};
-  const bool plain_f16 =
-      n_slots <= 1 && is_f16(pool0.k_type) && is_f16(pool0.v_type) && !m.rotate_keys;
+  const bool plain_f16 = n_slots <= 1 && is_f16(pool0.k_type) && is_f16(pool0.v_type) &&
+                         !m.rotate_keys && pool0.n_parts() == 1;
   const int64_t n_tokens = m.query_start[n_seq];
   // meta: [t] sequence, [n_tokens + t] position, [2 n_tokens + s] first table entry of s (after
   // the pool slots' descriptors for attn_paged_kv).
@@ -640,7 +650,8 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
   for (size_t i = 0; i < m.block_table.size(); ++i) {
     const KvBlockRef& r = m.block_table[i];
     const int32_t slot = r.pool == slot_pool[1] ? 1 : 0;
-    table[i] = plain_f16 ? r.block : r.block * 2 + slot;
+    const auto [part, blk] = m.pools[static_cast<size_t>(r.pool)].locate(r.block);
+    table[i] = plain_f16 ? r.block : blk * 8 + slot * kMaxKvPoolParts + part;
   }
   // One ring allocation for both (a wrap between two could let later parameters overwrite the
   // first before the dispatch runs).
@@ -648,8 +659,17 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
   if (tb.buffer == nullptr || mb.buffer == nullptr) return error_;
   const vk::BufferRef p0{&vbuf(pool0.memory)};
   if (!plain_f16) {
-    const vk::BufferRef p1 =
-        n_slots == 2 ? vk::BufferRef{&vbuf(m.pools[static_cast<size_t>(slot_pool[1])].memory)} : p0;
+    // Each slot's parts; a part a pool does not have is bound to its first (never read).
+    static_assert(kMaxKvPoolParts == 4, "attn_paged_kv.comp binds four parts per pool slot");
+    std::array<vk::BufferRef, 2 * kMaxKvPoolParts> pb{};
+    for (int s = 0; s < 2; ++s) {
+      const KvPoolDesc& pool =
+          s < n_slots ? m.pools[static_cast<size_t>(slot_pool[static_cast<size_t>(s)])] : pool0;
+      for (int i = 0; i < kMaxKvPoolParts; ++i) {
+        pb[static_cast<size_t>(s * kMaxKvPoolParts + i)] =
+            vk::BufferRef{&vbuf(pool.part(i < pool.n_parts() ? i : 0))};
+      }
+    }
     AttnKvPush p{static_cast<uint32_t>(n_tokens),
                  static_cast<uint32_t>(m.n_head),
                  static_cast<uint32_t>(m.n_head / m.n_head_kv),
@@ -664,8 +684,9 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
                  stride4(m.out),
                  m.rotate_keys ? 1u : 0u,
                  rotation_norm(m.head_dim)};
-    run("attn_paged_kv", {whole(m.q), p0, p1, tb, mb, whole(m.out)}, p,
-        static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(m.n_head));
+    run("attn_paged_kv",
+        {whole(m.q), pb[0], pb[1], pb[2], pb[3], pb[4], pb[5], pb[6], pb[7], tb, mb, whole(m.out)},
+        p, static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(m.n_head));
     return error_;
   }
   const size_t k_off = layer_base(pool0, m.layer_in_group, m.n_head_kv) / 2;
@@ -697,23 +718,31 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
     return Error{"vulkan kv_write: rotated keys need a power-of-two head_dim up to 512"};
   }
   const size_t n_all = m.slots.size();
-  // One dispatch per pool the slots name (a prefill in a mixed layout writes FP16 and body
+  // One dispatch per pool part the slots name (a prefill in a mixed layout writes FP16 and body
   // blocks); each slot carries its source token.
-  std::vector<bool> done(m.pools.size(), false);
+  const auto part_key = [&](const KvSlot& sl) {
+    const KvPoolDesc& pool = m.pools[static_cast<size_t>(sl.block.pool)];
+    return static_cast<size_t>(sl.block.pool) * kMaxKvPoolParts +
+           static_cast<size_t>(pool.locate(sl.block.block).first);
+  };
+  std::vector<bool> done(m.pools.size() * kMaxKvPoolParts, false);
   for (const KvSlot& first : m.slots) {
-    const auto pool_id = static_cast<size_t>(first.block.pool);
-    if (done[pool_id]) continue;
-    done[pool_id] = true;
-    const KvPoolDesc& pool = m.pools[pool_id];
+    const size_t key = part_key(first);
+    if (done[key]) continue;
+    done[key] = true;
+    const KvPoolDesc& pool = m.pools[static_cast<size_t>(first.block.pool)];
     if (Status s = check_pool(pool, m.block_size, m.head_dim); !s.ok()) return s;
-    if (pool.memory.empty()) return Error{"vulkan kv_write: a slot in a pool without memory"};
+    const int part = pool.locate(first.block.block).first;
+    if (part >= pool.n_parts() || pool.part(part).empty()) {
+      return Error{"vulkan kv_write: a slot in a pool without memory"};
+    }
     if (m.rotate_keys && is_chan(pool.k_type)) {
       return Error{"vulkan kv_write: per-channel keys are stored unrotated on the device"};
     }
     std::vector<int32_t> blk, row, tok;
     for (size_t i = 0; i < n_all; ++i) {
-      if (static_cast<size_t>(m.slots[i].block.pool) != pool_id) continue;
-      blk.push_back(m.slots[i].block.block);
+      if (part_key(m.slots[i]) != key) continue;
+      blk.push_back(pool.locate(m.slots[i].block.block).second);
       row.push_back(m.slots[i].row);
       tok.push_back(static_cast<int32_t>(i));
     }
@@ -743,9 +772,8 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
     const vk::BufferRef sb = params(bytes_of(slot))[0];
     if (sb.buffer == nullptr) return error_;
     const size_t base = layer_base(pool, m.layer_in_group, m.n_head_kv);
-    const vk::BufferRef pool_ref{&vbuf(pool.memory)};
-    if (is_f16(pool.k_type) && is_f16(pool.v_type) && !pool.round_rows_to_fp16 &&
-        !m.rotate_keys) {
+    const vk::BufferRef pool_ref{&vbuf(pool.part(part))};
+    if (is_f16(pool.k_type) && is_f16(pool.v_type) && !pool.round_rows_to_fp16 && !m.rotate_keys) {
       KvWritePush p{static_cast<uint32_t>(n),
                     static_cast<uint32_t>(m.n_head_kv),
                     static_cast<uint32_t>(m.head_dim),
@@ -813,12 +841,20 @@ Status VulkanBackend::quantise_blocks(std::span<const KvPoolDesc> pools,
                                       std::span<const KvBlockQuantise> moves, int n_layers_in_group,
                                       int n_head_kv, int head_dim, int block_size) {
   if (!error_.ok()) return error_;
-  // One dispatch per (source pool, destination pool) pair.
+  // One dispatch per (source pool part, destination pool part) pair.
+  const auto parts_of = [&](const KvBlockQuantise& mv) {
+    return std::pair{pools[static_cast<size_t>(mv.src.pool)].locate(mv.src.block).first +
+                         kMaxKvPoolParts * mv.src.pool,
+                     pools[static_cast<size_t>(mv.dst.pool)].locate(mv.dst.block).first +
+                         kMaxKvPoolParts * mv.dst.pool};
+  };
   std::vector<bool> done(moves.size(), false);
   for (size_t i = 0; i < moves.size(); ++i) {
     if (done[i]) continue;
     const KvPoolDesc& src = pools[static_cast<size_t>(moves[i].src.pool)];
     const KvPoolDesc& dst = pools[static_cast<size_t>(moves[i].dst.pool)];
+    const Tensor& src_part = src.part(src.locate(moves[i].src.block).first);
+    const Tensor& dst_part = dst.part(dst.locate(moves[i].dst.block).first);
     if (!is_f16(src.k_type) || !is_f16(src.v_type)) {
       return Error{"vulkan quantise_blocks: the source pool is not fp16"};
     }
@@ -828,19 +864,19 @@ Status VulkanBackend::quantise_blocks(std::span<const KvPoolDesc> pools,
     std::vector<int32_t> chan_jobs;  // (destination, source) of the whole per-channel tiles
     const bool chan = is_chan(dst.k_type) || is_chan(dst.v_type);
     for (size_t j = i; j < moves.size(); ++j) {
-      if (moves[j].src.pool != moves[i].src.pool || moves[j].dst.pool != moves[i].dst.pool) {
-        continue;
-      }
+      if (parts_of(moves[j]) != parts_of(moves[i])) continue;
       done[j] = true;
       const int rows = std::clamp(moves[j].rows, 0, block_size);
-      jobs.insert(jobs.end(), {moves[j].src.block, moves[j].dst.block, rows});
+      const int32_t sb = src.locate(moves[j].src.block).second;
+      const int32_t db = dst.locate(moves[j].dst.block).second;
+      jobs.insert(jobs.end(), {sb, db, rows});
       if (!chan || rows == 0) continue;  // a block not written yet is stored whole later
       if (rows != block_size) {
         return Error{fmt::format(
             "vulkan quantise_blocks: a per-channel KV tile moves whole; block {} has {} of {} rows",
             moves[j].src.block, rows, block_size)};
       }
-      chan_jobs.insert(chan_jobs.end(), {moves[j].dst.block, moves[j].src.block});
+      chan_jobs.insert(chan_jobs.end(), {db, sb});
     }
     const vk::BufferRef jb = params(bytes_of(jobs))[0];
     if (jb.buffer == nullptr) return error_;
@@ -858,7 +894,7 @@ Status VulkanBackend::quantise_blocks(std::span<const KvPoolDesc> pools,
                    dst.v_type,
                    static_cast<uint32_t>(dst.k_group),
                    static_cast<uint32_t>(dst.v_group)};
-    run("kv_quantise", {vk::BufferRef{&vbuf(src.memory)}, vk::BufferRef{&vbuf(dst.memory)}, jb}, p,
+    run("kv_quantise", {vk::BufferRef{&vbuf(src_part)}, vk::BufferRef{&vbuf(dst_part)}, jb}, p,
         div_up(static_cast<int64_t>(n_layers_in_group) * 2 * n_head_kv * block_size, 64),
         static_cast<uint32_t>(jobs.size() / 3));
     if (chan_jobs.empty()) continue;
@@ -882,8 +918,8 @@ Status VulkanBackend::quantise_blocks(std::span<const KvPoolDesc> pools,
                static_cast<uint32_t>(dst.k_tile_bytes),
                static_cast<uint32_t>(dst.v_tile_bytes),
                static_cast<uint32_t>(dst.memory.offset)};
-    const vk::BufferRef s16{&vbuf(src.memory)};
-    run("kv_chan", {s16, s16, s16, cb, vk::BufferRef{&vbuf(dst.memory)}}, c,
+    const vk::BufferRef s16{&vbuf(src_part)};
+    run("kv_chan", {s16, s16, s16, cb, vk::BufferRef{&vbuf(dst_part)}}, c,
         div_up(static_cast<int64_t>(n_layers_in_group) * 2 * n_head_kv * (head_dim / 4), 64),
         static_cast<uint32_t>(chan_jobs.size() / 2));
   }
@@ -897,9 +933,12 @@ Status VulkanBackend::copy_blocks(std::span<const KvPoolDesc> pools,
     if (c.src.pool != c.dst.pool) return Error{"vulkan copy_blocks: across pools"};
     const KvPoolDesc& p = pools[static_cast<size_t>(c.src.pool)];
     const size_t bb = p.memory.row_bytes;
-    if (Status s =
-            dev_->copy(vbuf(p.memory), p.memory.offset + static_cast<size_t>(c.src.block) * bb,
-                       vbuf(p.memory), p.memory.offset + static_cast<size_t>(c.dst.block) * bb, bb);
+    const auto [sp, sb] = p.locate(c.src.block);
+    const auto [dp, db] = p.locate(c.dst.block);
+    const Tensor& st = p.part(sp);
+    const Tensor& dt = p.part(dp);
+    if (Status s = dev_->copy(vbuf(st), st.offset + static_cast<size_t>(sb) * bb, vbuf(dt),
+                              dt.offset + static_cast<size_t>(db) * bb, bb);
         !s.ok()) {
       fail(s.error());
     }
@@ -920,6 +959,14 @@ Result<std::unique_ptr<Backend>> create_vulkan_backend(const BackendConfig& cfg)
   VulkanBackendOptions o;
   o.device_index = chosen->vulkan_index;
   o.n_host_threads = cfg.n_threads > 0 ? cfg.n_threads : 1;
+  if (const char* e = std::getenv("BIE_VULKAN_KV_PART_BYTES"); e != nullptr && *e != '\0') {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(e, &end, 10);
+    if (*e < '0' || *e > '9' || end == nullptr || *end != '\0' || v == 0) {
+      return Error{fmt::format("BIE_VULKAN_KV_PART_BYTES={}: expected a positive byte count", e)};
+    }
+    o.max_kv_part_bytes = static_cast<size_t>(v);
+  }
   auto be = VulkanBackend::create(o);
   if (!be.ok()) return Error{be.error()};
   return std::unique_ptr<Backend>(std::move(*be));

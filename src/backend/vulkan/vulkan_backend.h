@@ -29,6 +29,10 @@ struct VulkanBackendOptions {
   // > 0: bind weights in windows of at most this many bytes (tests use it to exercise the split
   // that weights larger than the device's maxStorageBufferRange take).
   size_t max_weight_window_bytes = 0;
+  // > 0: hold each KV pool in buffers of at most this many bytes (whole blocks), below the
+  // device's binding limit; the environment variable BIE_VULKAN_KV_PART_BYTES sets it for the
+  // engine (tests and debugging: the split an 8 GB card's 64k pool takes, on small contexts).
+  size_t max_kv_part_bytes = 0;
 };
 
 class VulkanBackend final : public Backend {
@@ -69,7 +73,7 @@ class VulkanBackend final : public Backend {
   // (src/backend/vulkan/shaders/kv_codec.glsl), keys Hadamard-rotated or not (per-channel keys:
   // not); the rest is refused with an error naming it.
   [[nodiscard]] bool supports_paged_kv() const override { return true; }
-  [[nodiscard]] uint64_t max_kv_pool_bytes() const override { return dev_->max_binding_bytes(); }
+  [[nodiscard]] uint64_t kv_pool_part_bytes() const override { return kv_part_bytes_; }
   [[nodiscard]] bool supports_kv_types(uint8_t k_type, uint8_t v_type,
                                        bool rotate_keys) const override;
   [[nodiscard]] Status paged_attention(const AttnMetadata& meta) override;
@@ -103,6 +107,7 @@ class VulkanBackend final : public Backend {
   vk::Buffer ring_;
   size_t ring_used_ = 0;
   size_t weight_window_bytes_ = 0;
+  uint64_t kv_part_bytes_ = 0;
   uint32_t subgroup_size_ = 0;  // the device's reported subgroup size (matvec rows per group)
 };
 

@@ -1,7 +1,8 @@
 #version 450
-// Paged causal attention over K/V in any KV format (the rows of f16, fp8_e4m3, int8, int4_asym, the
-// tiles of int4_channel and int8_channel; kv_codec.glsl) and over two pools at once (a mixed layout's FP16 sink/window pool and its
-// quantised body pool: each block-table entry names its pool). Codes are decoded in registers
+// Paged causal attention over K/V in any KV format (the rows of f16, fp8_e4m3, int8, int4_asym,
+// the tiles of int4_channel and int8_channel; kv_codec.glsl) and over two pools at once (a mixed
+// layout's FP16 sink/window pool and its quantised body pool: each block-table entry names its
+// pool), each pool bound as up to four parts (a pool larger than one binding is split). Codes are decoded in registers
 // as they are read; no dequantised copy of a block is written. Same scheme as attn_paged.comp:
 // one workgroup per (query token, query head), keys 64 at a time (one per lane), online softmax
 // (running max m, sum l), V accumulated per dimension. Scores follow the CPU's kernels: against
@@ -12,14 +13,21 @@
 // meta: [8 s + 0..7] pool slot s's (k_type, v_type, k_group, v_group, block_bytes, k_tile,
 // v_tile, k_base: byte offset of this layer's K tiles in block 0); then, from 16: [t] sequence,
 // [n_tokens + t] position, [2 n_tokens + s] first table entry of sequence s. A table entry is
-// block * 2 + pool slot. Token t sees positions max(0, pos - window + 1) .. pos (window 0: all).
+// block * 8 + binding, binding = pool slot * 4 + part (block: within the part). Token t sees
+// positions max(0, pos - window + 1) .. pos (window 0: all).
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Q { float q[]; };     // [t][n_head][head_dim]
-layout(std430, binding = 1) readonly buffer P0 { uint p0[]; };    // pool slot 0
-layout(std430, binding = 2) readonly buffer P1 { uint p1[]; };    // pool slot 1
-layout(std430, binding = 3) readonly buffer BT { int table[]; };
-layout(std430, binding = 4) readonly buffer M { int meta[]; };
-layout(std430, binding = 5) writeonly buffer O { float o[]; };    // [t][n_head][head_dim]
+layout(std430, binding = 1) readonly buffer P0 { uint p0[]; };    // pool slot 0, parts 0..3
+layout(std430, binding = 2) readonly buffer P1 { uint p1[]; };
+layout(std430, binding = 3) readonly buffer P2 { uint p2[]; };
+layout(std430, binding = 4) readonly buffer P3 { uint p3[]; };
+layout(std430, binding = 5) readonly buffer P4 { uint p4[]; };    // pool slot 1, parts 0..3
+layout(std430, binding = 6) readonly buffer P5 { uint p5[]; };
+layout(std430, binding = 7) readonly buffer P6 { uint p6[]; };
+layout(std430, binding = 8) readonly buffer P7 { uint p7[]; };
+layout(std430, binding = 9) readonly buffer BT { int table[]; };
+layout(std430, binding = 10) readonly buffer M { int meta[]; };
+layout(std430, binding = 11) writeonly buffer O { float o[]; };   // [t][n_head][head_dim]
 layout(push_constant) uniform P {
   uint n_tokens; uint n_head; uint group; uint head_dim; uint block_size; uint n_head_kv;
   uint window; float scale; uint q_off; uint q_stride; uint o_off; uint o_stride; uint rotate;
@@ -33,22 +41,34 @@ shared float qh[512];  // the same rounded to fp16 (scores against f16 keys)
 shared float ps[64];    // softmax weights of the chunk's keys (times the V row scale: ps_v)
 shared uint v_at[64];   // byte offset of each key's V row
 shared uint v_tile[64]; // and of its tile (a per-channel tile's scales)
-shared uint v_slot[64]; // and its pool slot
+shared uint v_slot[64]; // and its binding
 shared float red[64];
 uint d0[8], d1[8];      // the pool slots' descriptors (meta[0..16)), read once
 
-uint pw(uint slot, uint w) { return slot == 0u ? p0[w] : p1[w]; }
+// Word w of binding b (pool slot b / 4, part b % 4). The "slot" arguments below are bindings.
+uint pw(uint b, uint w) {
+  switch (b) {
+    case 0u: return p0[w];
+    case 1u: return p1[w];
+    case 2u: return p2[w];
+    case 3u: return p3[w];
+    case 4u: return p4[w];
+    case 5u: return p5[w];
+    case 6u: return p6[w];
+    default: return p7[w];
+  }
+}
 uint pb8(uint slot, uint off) { return (pw(slot, off >> 2) >> ((off & 3u) * 8u)) & 0xFFu; }
 uint pb16(uint slot, uint off) { return (pw(slot, off >> 2) >> ((off & 2u) * 8u)) & 0xFFFFu; }
 float ph(uint slot, uint off) { return kv_half_to_float(pb16(slot, off)); }
-uint desc(uint slot, uint i) { return slot == 0u ? d0[i] : d1[i]; }
+uint desc(uint slot, uint i) { return slot < 4u ? d0[i] : d1[i]; }
 
-// Byte offset of row j (a position) of KV head kvh's K tile (v: V tile); slot = its pool, tile =
-// the tile's byte offset.
+// Byte offset of row j (a position) of KV head kvh's K tile (v: V tile); slot = its binding,
+// tile = the tile's byte offset there.
 uint row_at(uint tstart, uint j, uint kvh, bool v, out uint slot, out uint tile) {
   const int ref = table[tstart + j / p.block_size];
-  slot = uint(ref) & 1u;
-  const uint blk = uint(ref) >> 1;
+  slot = uint(ref) & 7u;
+  const uint blk = uint(ref) >> 3;
   const uint type = desc(slot, v ? 1u : 0u), g = desc(slot, v ? 3u : 2u);
   const uint kt = desc(slot, 5u), vt = desc(slot, 6u);
   tile = desc(slot, 7u) + blk * desc(slot, 4u) + (v ? p.n_head_kv * kt + kvh * vt : kvh * kt);
