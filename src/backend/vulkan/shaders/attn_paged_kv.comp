@@ -2,8 +2,8 @@
 // Paged causal attention over K/V in any KV format (the rows of f16, fp8_e4m3, int8, int4_asym,
 // the tiles of int4_channel and int8_channel; kv_codec.glsl) and over two pools at once (a mixed
 // layout's FP16 sink/window pool and its quantised body pool: each block-table entry names its
-// pool), each pool bound as up to four parts (a pool larger than one binding is split). Codes are decoded in registers
-// as they are read; no dequantised copy of a block is written. Same scheme as attn_paged.comp:
+// pool), each pool bound as up to four parts (a pool larger than one binding is split). Codes
+// are decoded in registers as they are read; no dequantised copy of a block is written. Same scheme as attn_paged.comp:
 // one workgroup per (query token, query head), keys 64 at a time (one per lane), online softmax
 // (running max m, sum l), V accumulated per dimension. Scores follow the CPU's kernels: against
 // fp16 keys q is rounded to fp16 (the CPU's f16 path), against quantised keys q stays fp32 and
