@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -147,6 +148,45 @@ TEST(VulkanEngine, OneKvRegimePerEngineOnTheDeviceAllocatedAsPlanned) {
   ASSERT_FALSE(two.ok());
   EXPECT_NE(two.error().find("an engine holds one regime there for now"), std::string::npos)
       << two.error();
+}
+
+// Weights longer than one buffer the driver allocates (maxMemoryAllocationSize: 2 GiB on
+// lavapipe, 4 GiB on several GPU drivers, less than an 8B model's 4.5 GB) are uploaded in pieces
+// of whole tensors: with SmolLM2's 92 MiB cut into pieces of at most 32 MiB (its largest tensor,
+// the token embeddings, is 28 MiB) the engine gives the
+// tokens it gives from one buffer (same kernels, same bytes), the pieces add up to the report's
+// weights exactly, and a cap below one tensor's size is refused with the sizes.
+TEST(VulkanEngine, WeightsLargerThanOneBufferAreUploadedInPiecesOfWholeTensors) {
+  BIE_REQUIRE_FILE(test::smollm2_path());
+  const std::span<const char* const> prompts(kPrompts, 2);
+  std::vector<std::vector<int32_t>> whole;
+  {
+    auto e = Engine::create(config("vulkan:0"));
+    ASSERT_TRUE(e.ok()) << e.error();
+    whole = test::run_greedy(**e, prompts, kTokens);
+  }
+  ::setenv("BIE_VULKAN_MAX_BUFFER_BYTES", std::to_string(32 << 20).c_str(), 1);
+  auto e = Engine::create(config("vulkan:0"));
+  ::unsetenv("BIE_VULKAN_MAX_BUFFER_BYTES");
+  ASSERT_TRUE(e.ok()) << e.error();
+  EXPECT_GT((*e)->kv_report().weights_bytes, 2u * (32u << 20));  // at least three pieces
+  EXPECT_EQ((*e)->metrics().device_bytes, planned_device_bytes((*e)->kv_report()));
+  EXPECT_EQ(test::run_greedy(**e, prompts, kTokens), whole);
+  e->reset();
+
+  // 1 MiB buffers also cap the KV pools at four of them: a context that fits there, so that the
+  // weights are what is refused.
+  EngineConfig small = config("vulkan:0");
+  small.kv.max_model_len = 64;
+  small.kv.max_num_seqs = 1;
+  small.kv.kv_cache_memory = 2ull << 20;
+  ::setenv("BIE_VULKAN_MAX_BUFFER_BYTES", std::to_string(1 << 20).c_str(), 1);
+  auto tiny = Engine::create(small);
+  ::unsetenv("BIE_VULKAN_MAX_BUFFER_BYTES");
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.error().find("is larger than one buffer the vulkan:0 backend allocates (1 MiB)"),
+            std::string::npos)
+      << tiny.error();
 }
 
 // Speculative verify on the device: n-gram drafts verified in one pass give the tokens plain

@@ -122,15 +122,16 @@ TEST_P(VulkanKvEngine, MixedRegimeGivesTheCpuTokensWhereMarginsAllow) {
 // The buffer-size knob is checked: a value that is not a positive byte count is one clear error.
 TEST(VulkanKvEngineConfig, AMalformedKvPartSizeIsRefused) {
   BIE_REQUIRE_FILE(test::smollm2_path());
-  for (const char* bad : {"12x", "0", "-4"}) {
-    ::setenv("BIE_VULKAN_KV_PART_BYTES", bad, 1);
-    auto e = Engine::create(regime_config(kRegimes[0], "vulkan:0"));
-    ::unsetenv("BIE_VULKAN_KV_PART_BYTES");
-    ASSERT_FALSE(e.ok()) << bad;
-    EXPECT_NE(e.error().find("BIE_VULKAN_KV_PART_BYTES=" + std::string(bad) +
-                             ": expected a positive byte count"),
-              std::string::npos)
-        << e.error();
+  for (const char* var : {"BIE_VULKAN_KV_PART_BYTES", "BIE_VULKAN_MAX_BUFFER_BYTES"}) {
+    for (const char* bad : {"12x", "0", "-4"}) {
+      ::setenv(var, bad, 1);
+      auto e = Engine::create(regime_config(kRegimes[0], "vulkan:0"));
+      ::unsetenv(var);
+      ASSERT_FALSE(e.ok()) << var << "=" << bad;
+      EXPECT_NE(e.error().find(std::string(var) + "=" + bad + ": expected a positive byte count"),
+                std::string::npos)
+          << e.error();
+    }
   }
 }
 

@@ -46,14 +46,14 @@ class DecoderModel final : public Model {
 
   Result<std::span<float>> forward_batch(std::span<const BatchSequence> seqs, Backend& be) override;
   Status bind(Backend& be) override;
+  Status upload_weights(Backend& be);
 
  private:
   // The attention entropy of the token at `pos` of kv's sequence (query row q) at layer il, into
   // out[il * n_head, + n_head) (BatchSequence::attn_entropy).
   [[nodiscard]] Status last_token_entropy(KvCache& kv, int il, int64_t pos, const Tensor& q,
                                           float scale, int64_t window,
-                                          std::span<attention::HeadEntropy> out,
-                                          Backend& be) const;
+                                          std::span<attention::HeadEntropy> out, Backend& be) const;
   // Weights are tensors of the backend buffer that holds the file's data section (offsets from
   // its start); norm weights and biases are F32 [1, n].
   struct Layer {
@@ -112,7 +112,11 @@ class DecoderModel final : public Model {
   std::vector<Tensor*> weights_;  // every weight tensor above (bind() points them at the buffer)
 
   uint64_t bound_backend_ = 0;  // Backend::id() of the bound backend; 0: none
-  std::unique_ptr<DeviceBuffer> weight_buf_;
+  // The weights on the bound backend: one buffer, or pieces of whole tensors when the data
+  // section is longer than the backend's max_buffer_bytes(); weight_file_offsets_: each weights_
+  // tensor's offset in the data section (its offset in its piece is relative to the piece).
+  std::vector<std::unique_ptr<DeviceBuffer>> weight_bufs_;
+  std::vector<size_t> weight_file_offsets_;
   Workspace ws_;
   std::vector<int32_t> out_ids_;    // logits rows of the pass, as I32
   std::vector<float> host_logits_;  // logits of a backend whose memory is not host-visible
@@ -216,6 +220,48 @@ Result<Tensor> DecoderModel::alloc(Backend& be, quant::GgmlType type, int64_t ro
   return t;
 }
 
+// The data section in one buffer, or cut at tensor starts into pieces of at most
+// be.max_buffer_bytes() (an 8B model's 4.5 GB is more than many drivers allocate at once:
+// maxMemoryAllocationSize is 2 GiB on lavapipe, 4 GiB on several GPU drivers). The pieces cover
+// the whole section, so the device holds exactly its bytes.
+Status DecoderModel::upload_weights(Backend& be) {
+  if (weight_file_offsets_.empty()) {
+    for (const Tensor* t : weights_) weight_file_offsets_.push_back(t->offset);
+  }
+  const std::span<const uint8_t> data = file_->data_section();
+  const uint64_t cap = be.max_buffer_bytes();
+  std::vector<size_t> starts(weight_file_offsets_);
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  std::vector<size_t> cuts = {0};  // piece i is [cuts[i], cuts[i + 1]), the last to the end
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const size_t end = i + 1 < starts.size() ? starts[i + 1] : data.size();
+    if (end - cuts.back() <= cap) continue;
+    if (starts[i] > cuts.back()) cuts.push_back(starts[i]);
+    if (end - cuts.back() > cap) {
+      return Error{fmt::format(
+          "a weight tensor of {} MiB (at byte {} of the model's data) is larger than one buffer "
+          "the {} backend allocates ({} MiB); run it with --device cpu",
+          (end - starts[i]) >> 20, starts[i], be.name(), cap >> 20)};
+    }
+  }
+  weight_bufs_.clear();
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    const size_t end = i + 1 < cuts.size() ? cuts[i + 1] : data.size();
+    auto wb = be.upload_weights(data.subspan(cuts[i], end - cuts[i]));
+    if (!wb.ok()) return Error{wb.error()};
+    weight_bufs_.push_back(std::move(wb).value());
+  }
+  for (size_t i = 0; i < weights_.size(); ++i) {
+    const size_t off = weight_file_offsets_[i];
+    const auto piece =
+        static_cast<size_t>(std::upper_bound(cuts.begin(), cuts.end(), off) - cuts.begin() - 1);
+    weights_[i]->buffer = weight_bufs_[piece].get();
+    weights_[i]->offset = off - cuts[piece];
+  }
+  return {};
+}
+
 Status DecoderModel::bind(Backend& be) {
   if (bound_backend_ == be.id()) return {};
   bound_backend_ = 0;
@@ -231,10 +277,7 @@ Status DecoderModel::bind(Backend& be) {
           n, quant::type_name(t->type), be.name())};
     }
   }
-  auto wb = be.upload_weights(file_->data_section());
-  if (!wb.ok()) return Error{wb.error()};
-  weight_buf_ = std::move(wb).value();
-  for (Tensor* t : weights_) t->buffer = weight_buf_.get();
+  if (Status s = upload_weights(be); !s.ok()) return s;
 
   const ModelHParams& hp = hp_;
   const int64_t n = max_batch_;
@@ -280,18 +323,19 @@ Status DecoderModel::bind(Backend& be) {
 
 Status DecoderModel::last_token_entropy(KvCache& kv, int il, int64_t pos, const Tensor& q,
                                         float scale, int64_t window,
-                                          std::span<attention::HeadEntropy> out,
-                                        Backend& be) const {
+                                        std::span<attention::HeadEntropy> out, Backend& be) const {
   const size_t n_head = static_cast<size_t>(hp_.n_head);
   if (out.size() != static_cast<size_t>(hp_.n_layer) * n_head) {
-    return Error{fmt::format("attention entropy: {} values asked for, the model has {} layers x {} "
-                             "heads",
-                             out.size(), hp_.n_layer, n_head)};
+    return Error{
+        fmt::format("attention entropy: {} values asked for, the model has {} layers x {} "
+                    "heads",
+                    out.size(), hp_.n_layer, n_head)};
   }
   const kv::HostKvBlocks blocks = kv.host_blocks(il, pos + 1);
   if (blocks.empty()) {
-    return Error{"attention entropy is measured over KV blocks in host memory; this cache keeps "
-                 "none (run with --device cpu)"};
+    return Error{
+        "attention entropy is measured over KV blocks in host memory; this cache keeps "
+        "none (run with --device cpu)"};
   }
   float *qp = nullptr, *unused = nullptr;
   if (Status st = host_rows(be, q, q, "queries", &qp, &unused); !st) return st;

@@ -248,9 +248,12 @@ class Backend {
   [[nodiscard]] virtual Result<std::unique_ptr<DeviceBuffer>> alloc(size_t bytes) = 0;
   // Weights in their file formats, uploaded once: a device backend copies the bytes into device
   // memory; the CPU backend returns a view of `bytes` itself (no copy; the mapping must outlive the
-  // buffer).
+  // buffer). A model whose weights are longer than max_buffer_bytes() uploads them in several
+  // pieces, each a run of whole tensors.
   [[nodiscard]] virtual Result<std::unique_ptr<DeviceBuffer>> upload_weights(
       std::span<const uint8_t> bytes) = 0;
+  // Bytes one buffer (alloc, upload_weights) may hold.
+  [[nodiscard]] virtual uint64_t max_buffer_bytes() const { return UINT64_MAX; }
   // Host <-> device copies of dst.bytes() / src.bytes() bytes (contiguous views).
   virtual void upload(const Tensor& dst, const void* src) = 0;
   virtual void download(const Tensor& src, void* dst) = 0;

@@ -54,6 +54,8 @@ struct GpuDeviceInfo {
   uint64_t min_storage_buffer_alignment = 0;  // a binding's offset is a multiple of this
   uint32_t max_compute_shared_memory = 0;
   uint32_t max_storage_buffers_per_stage = 0;  // storage-buffer bindings one compute shader may use
+  // Bytes one buffer may hold: maxMemoryAllocationSize and maxBufferSize (0: not reported).
+  uint64_t max_buffer_bytes = 0;
 
   // Bytes of the device-local heaps (budget when the extension reports one, else size).
   [[nodiscard]] uint64_t device_local_bytes() const;

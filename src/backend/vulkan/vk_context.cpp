@@ -124,7 +124,10 @@ GpuDeviceInfo Instance::describe(int index) const {
   d.cooperative_matrix = has_ext("VK_KHR_cooperative_matrix");
   d.cooperative_matrix_nv = has_ext("VK_NV_cooperative_matrix");
 
+  VkPhysicalDeviceMaintenance3Properties maint3{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
   VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+  driver.pNext = &maint3;
   VkPhysicalDeviceSubgroupProperties subgroup{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
   subgroup.pNext = &driver;
@@ -147,6 +150,7 @@ GpuDeviceInfo Instance::describe(int index) const {
   d.min_storage_buffer_alignment = p.limits.minStorageBufferOffsetAlignment;
   d.max_compute_shared_memory = p.limits.maxComputeSharedMemorySize;
   d.max_storage_buffers_per_stage = p.limits.maxPerStageDescriptorStorageBuffers;
+  d.max_buffer_bytes = maint3.maxMemoryAllocationSize;
 
   VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
   VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};

@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <tuple>
@@ -139,7 +139,12 @@ VulkanBackend::VulkanBackend(std::unique_ptr<vk::Device> dev, const VulkanBacken
   if (o.max_weight_window_bytes > 0) {
     weight_window_bytes_ = std::min(weight_window_bytes_, o.max_weight_window_bytes);
   }
-  kv_part_bytes_ = dev_->max_binding_bytes();
+  max_buffer_bytes_ =
+      dev_->info().max_buffer_bytes > 0 ? dev_->info().max_buffer_bytes : UINT64_MAX;
+  if (o.max_buffer_bytes > 0) {
+    max_buffer_bytes_ = std::min<uint64_t>(max_buffer_bytes_, o.max_buffer_bytes);
+  }
+  kv_part_bytes_ = std::min<uint64_t>(dev_->max_binding_bytes(), max_buffer_bytes_);
   if (o.max_kv_part_bytes > 0)
     kv_part_bytes_ = std::min<uint64_t>(kv_part_bytes_, o.max_kv_part_bytes);
 }
@@ -959,13 +964,17 @@ Result<std::unique_ptr<Backend>> create_vulkan_backend(const BackendConfig& cfg)
   VulkanBackendOptions o;
   o.device_index = chosen->vulkan_index;
   o.n_host_threads = cfg.n_threads > 0 ? cfg.n_threads : 1;
-  if (const char* e = std::getenv("BIE_VULKAN_KV_PART_BYTES"); e != nullptr && *e != '\0') {
+  for (const auto& [name, field] :
+       {std::pair{"BIE_VULKAN_KV_PART_BYTES", &o.max_kv_part_bytes},
+        std::pair{"BIE_VULKAN_MAX_BUFFER_BYTES", &o.max_buffer_bytes}}) {
+    const char* e = std::getenv(name);
+    if (e == nullptr || *e == '\0') continue;
     char* end = nullptr;
     const unsigned long long v = std::strtoull(e, &end, 10);
     if (*e < '0' || *e > '9' || end == nullptr || *end != '\0' || v == 0) {
-      return Error{fmt::format("BIE_VULKAN_KV_PART_BYTES={}: expected a positive byte count", e)};
+      return Error{fmt::format("{}={}: expected a positive byte count", name, e)};
     }
-    o.max_kv_part_bytes = static_cast<size_t>(v);
+    *field = static_cast<size_t>(v);
   }
   auto be = VulkanBackend::create(o);
   if (!be.ok()) return Error{be.error()};

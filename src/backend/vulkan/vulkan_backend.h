@@ -33,6 +33,10 @@ struct VulkanBackendOptions {
   // device's binding limit; the environment variable BIE_VULKAN_KV_PART_BYTES sets it for the
   // engine (tests and debugging: the split an 8 GB card's 64k pool takes, on small contexts).
   size_t max_kv_part_bytes = 0;
+  // > 0: allocate no buffer larger than this (below the device's maxMemoryAllocationSize); the
+  // environment variable BIE_VULKAN_MAX_BUFFER_BYTES sets it for the engine (tests: a small
+  // model's weights in pieces, as an 8B model's are on most drivers).
+  size_t max_buffer_bytes = 0;
 };
 
 class VulkanBackend final : public Backend {
@@ -74,6 +78,7 @@ class VulkanBackend final : public Backend {
   // not); the rest is refused with an error naming it.
   [[nodiscard]] bool supports_paged_kv() const override { return true; }
   [[nodiscard]] uint64_t kv_pool_part_bytes() const override { return kv_part_bytes_; }
+  [[nodiscard]] uint64_t max_buffer_bytes() const override { return max_buffer_bytes_; }
   [[nodiscard]] bool supports_kv_types(uint8_t k_type, uint8_t v_type,
                                        bool rotate_keys) const override;
   [[nodiscard]] Status paged_attention(const AttnMetadata& meta) override;
@@ -108,6 +113,7 @@ class VulkanBackend final : public Backend {
   size_t ring_used_ = 0;
   size_t weight_window_bytes_ = 0;
   uint64_t kv_part_bytes_ = 0;
+  uint64_t max_buffer_bytes_ = 0;
   uint32_t subgroup_size_ = 0;  // the device's reported subgroup size (matvec rows per group)
 };
 
