@@ -221,17 +221,6 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     plan_opts.draft_bytes = (*d)->bytes().total();
     drafter_ = std::move(d).value();
   }
-  kind = CreateError::kOutOfBudget;          // what plan_kv_setup can still refuse
-  plan_opts.chunked_prefill_size = batched;  // the workspace holds one step's tokens
-  plan_opts.require_all_seqs = false;
-  const uint64_t weights = apply_backend_memory(plan_opts, *g, *model_, *backend_, out_rows);
-  auto rep = plan_kv_setup(*g, weights, model_->hparams().n_ctx_train, plan_opts);
-  if (!rep) return Error{rep.error()};
-  report_ = std::move(rep).value();
-  max_model_len_ = report_.max_model_len;
-  kind = CreateError::kModel;
-  auto sha = file_sha256(*path);
-  if (!sha) return Error{sha.error()};
   kind = CreateError::kInvalidConfig;
   KvRegimesConfig rc;
   rc.base = o.kv;
@@ -239,8 +228,8 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   rc.policy = cfg.kv_policy;
   if (cfg.kv_fallback_entropy != 0) {
     if (!(cfg.kv_fallback_entropy > 0 && cfg.kv_fallback_entropy <= 1)) {
-      return Error{fmt::format("--kv-fallback-entropy must be in (0, 1], got {}",
-                               cfg.kv_fallback_entropy)};
+      return Error{
+          fmt::format("--kv-fallback-entropy must be in (0, 1], got {}", cfg.kv_fallback_entropy)};
     }
     if (plan_opts.device) {
       return Error{fmt::format(
@@ -253,6 +242,33 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   rc.enable_prefix_caching = cfg.enable_prefix_caching;
   rc.kill_switch = cfg.f16_kill_switch;
   rc.events = cfg.kv_events;
+  kind = CreateError::kOutOfBudget;          // what plan_kv_setup can still refuse
+  plan_opts.chunked_prefill_size = batched;  // the workspace holds one step's tokens
+  plan_opts.require_all_seqs = false;
+  const uint64_t weights = apply_backend_memory(plan_opts, *g, *model_, *backend_, out_rows);
+  if (backend_->supports_paged_kv()) {
+    // Each regime's pools are allocated up front on the device: one share of the KV memory each.
+    kind = CreateError::kInvalidConfig;
+    auto n = KvRegimes::device_regime_count(rc, *g);
+    if (!n) return Error{n.error()};
+    plan_opts.kv_regime_shares = *n;
+    const int64_t n_ctx_train = model_->hparams().n_ctx_train;
+    rc.plan_device_pools = [g = *g, weights, n_ctx_train,
+                            plan_opts](const planner::KvLayoutFlags& f) -> Result<KvSetupReport> {
+      KvEngineOptions o = plan_opts;
+      o.kv = f;
+      return plan_kv_setup(g, weights, n_ctx_train, o);
+    };
+    kind = CreateError::kOutOfBudget;
+  }
+  auto rep = plan_kv_setup(*g, weights, model_->hparams().n_ctx_train, plan_opts);
+  if (!rep) return Error{rep.error()};
+  report_ = std::move(rep).value();
+  max_model_len_ = report_.max_model_len;
+  kind = CreateError::kModel;
+  auto sha = file_sha256(*path);
+  if (!sha) return Error{sha.error()};
+  kind = CreateError::kInvalidConfig;
   auto regimes =
       KvRegimes::create(rc, *g, model_->hparams().kv_geometry(), *sha, *backend_, report_);
   if (!regimes) return Error{regimes.error()};

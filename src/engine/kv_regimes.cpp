@@ -27,6 +27,58 @@ uint64_t page_bytes(const std::vector<planner::KvGroupPool>& groups) {
 
 }  // namespace
 
+// The regimes cfg asks for, one per layout (the first asker names it); on a device the automatic
+// kill switch is left out (its pools would take a share of the budget up front).
+Result<std::vector<KvRegimes::Wanted>> KvRegimes::wanted(const KvRegimesConfig& cfg,
+                                                         std::span<const KvLengthRule> policy,
+                                                         const planner::ModelGeometry& g,
+                                                         bool on_device) {
+  const planner::KvLayoutFlags& base = cfg.base;
+  std::vector<std::pair<std::string, std::string>> asked;  // (name, what asked for it)
+  const bool split_kv = !base.dtype_k.empty() || !base.dtype_v.empty();
+  asked.emplace_back(split_kv ? std::string() : base.dtype, "default");
+  if (cfg.kill_switch) asked.emplace_back("f16", "kill switch");
+  for (const std::string& n : cfg.extra) asked.emplace_back(n, "--kv-regimes");
+  for (const KvLengthRule& r : policy) asked.emplace_back(r.regime, "--kv-policy");
+  if (!cfg.fallback.empty()) asked.emplace_back(cfg.fallback, "--kv-fallback-entropy");
+  std::vector<Wanted> out;
+  for (const auto& [name, why] : asked) {
+    planner::KvLayoutFlags f = base;
+    if (!name.empty() || !split_kv) {
+      f.dtype = name;
+      f.dtype_k.clear();
+      f.dtype_v.clear();
+    }
+    if (why != std::string("default")) f.layer_map.clear();  // a layer map refines the default only
+    auto layout = kv_layout_for_model(g, f);
+    if (!layout) return Error{fmt::format("{} regime '{}': {}", why, name, layout.error())};
+    const std::string label = planner::kv_layout_label(*layout);
+    const auto same =
+        std::find_if(out.begin(), out.end(), [&](const Wanted& w) { return w.label == label; });
+    if (same != out.end()) {
+      same->also_f16 = same->also_f16 || name == "f16";
+      same->also_fallback = same->also_fallback || why == "--kv-fallback-entropy";
+      continue;
+    }
+    if (on_device && why == "kill switch") continue;
+    out.push_back({name, why, f, *layout, label, name == "f16", why == "--kv-fallback-entropy"});
+  }
+  return out;
+}
+
+Result<int64_t> KvRegimes::device_regime_count(const KvRegimesConfig& cfg,
+                                               const planner::ModelGeometry& g) {
+  std::vector<KvLengthRule> policy;
+  if (!cfg.policy.empty()) {
+    auto rules = parse_kv_policy(cfg.policy);
+    if (!rules) return Error{rules.error()};
+    policy = std::move(rules).value();
+  }
+  auto w = wanted(cfg, policy, g, true);
+  if (!w) return Error{w.error()};
+  return static_cast<int64_t>(w->size());
+}
+
 Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
                                                      const planner::ModelGeometry& g,
                                                      const KvGeometry& geo,
@@ -38,86 +90,85 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
     if (!rules) return Error{rules.error()};
     rs->policy_ = std::move(rules).value();
   }
-  const planner::KvLayoutFlags& base = cfg.base;
-  std::vector<std::pair<std::string, std::string>> wanted;  // (name, what asked for it)
-  const bool split_kv = !base.dtype_k.empty() || !base.dtype_v.empty();
-  wanted.emplace_back(split_kv ? std::string() : base.dtype, "default");
-  if (cfg.kill_switch) wanted.emplace_back("f16", "kill switch");
-  for (const std::string& n : cfg.extra) wanted.emplace_back(n, "--kv-regimes");
-  for (const KvLengthRule& r : rs->policy_) wanted.emplace_back(r.regime, "--kv-policy");
-  if (!cfg.fallback.empty()) wanted.emplace_back(cfg.fallback, "--kv-fallback-entropy");
-  // The report's pools (local layer groups with their pass headroom), within the KV budget:
-  // --kv-cache-memory is never exceeded.
-  uint64_t limit = std::min(page_bytes(report.groups), report.kv_budget_bytes);
-  // A device binds each pool as one buffer: its budget stops at what one pool may span.
-  if (backend.supports_paged_kv()) limit = std::min(limit, backend.max_kv_pool_bytes());
+  const bool on_device = backend.supports_paged_kv();
+  auto asked = wanted(cfg, rs->policy_, g, on_device);
+  if (!asked) return Error{asked.error()};
+  if (on_device && static_cast<int64_t>(asked->size()) != report.kv_regime_shares) {
+    return Error{
+        fmt::format("KV regimes on {}: {} asked for, the plan has {} share(s) of the KV memory "
+                    "(KvEngineOptions::kv_regime_shares must be KvRegimes::device_regime_count)",
+                    backend.name(), asked->size(), report.kv_regime_shares)};
+  }
+  // Each regime's pools: the report's for the default; on a device each other regime's planned
+  // in its own share of the KV memory (allocated up front, so the plan stays what is allocated);
+  // on the host every regime sizes its pools to the whole budget and commits pages on demand.
+  // limits[i]: the bytes regime i may hold (its pools with page-aligned blocks, within its budget).
+  std::vector<std::vector<planner::KvGroupPool>> pools(asked->size());
+  std::vector<uint64_t> limits(asked->size());
+  report.other_regime_pool_bytes = 0;
+  for (size_t i = 0; i < asked->size(); ++i) {
+    uint64_t budget = report.kv_budget_bytes;
+    if (i == 0 || !on_device) {
+      pools[i] = report.groups;
+    } else {
+      const Wanted& w = (*asked)[i];
+      if (!cfg.plan_device_pools) return Error{"KV regimes on a device need plan_device_pools"};
+      auto sub = cfg.plan_device_pools(w.flags);
+      if (!sub) return Error{fmt::format("{} regime '{}': {}", w.why, w.name, sub.error())};
+      pools[i] = sub->groups;
+      budget = sub->kv_budget_bytes;
+      report.other_regime_pool_bytes += sub->kv_pool_bytes();
+    }
+    limits[i] = std::min(page_bytes(pools[i]), budget);
+    // A device binds each pool as at most kMaxKvPoolParts buffers: what one pool may span.
+    if (on_device) limits[i] = std::min(limits[i], backend.max_kv_pool_bytes());
+  }
+  uint64_t limit = limits[0];
+  if (on_device) {
+    for (size_t i = 1; i < limits.size(); ++i) limit += limits[i];
+  }
   rs->budget_ = std::make_unique<kv::MemoryBudget>(limit);
   std::vector<KvRegime>& regimes = rs->regimes_;
   std::string line;
-  for (const auto& [name, why] : wanted) {
-    planner::KvLayoutFlags f = base;
-    if (!name.empty() || !split_kv) {
-      f.dtype = name;
-      f.dtype_k.clear();
-      f.dtype_v.clear();
-    }
-    if (why != std::string("default")) f.layer_map.clear();  // a layer map refines the default only
-    auto layout = kv_layout_for_model(g, f);
-    if (!layout) return Error{fmt::format("{} regime '{}': {}", why, name, layout.error())};
-    const std::string label = planner::kv_layout_label(*layout);
-    const auto same = std::find_if(regimes.begin(), regimes.end(),
-                                   [&](const KvRegime& r) { return r.label == label; });
-    if (same != regimes.end()) {
-      const auto i = static_cast<size_t>(same - regimes.begin());
-      if (name == "f16") rs->f16_ = i;
-      if (why == "--kv-fallback-entropy" && i != 0) rs->fallback_ = i;
-      continue;
-    }
-    if (!regimes.empty() && backend.supports_paged_kv()) {
-      // A device allocates each regime's pools up front (no shared arena yet): one regime per
-      // engine there, so the plan stays what is allocated. The automatic f16 kill switch is left
-      // out (set_force_f16 then keeps the default regime, docs/gpu.md).
-      if (why == "kill switch") continue;
-      return Error{fmt::format(
-          "{} regime '{}': on {} every KV regime's pools are allocated up front in device "
-          "memory, and an engine holds one regime there for now; drop --kv-regimes / "
-          "--kv-policy, or run with --device cpu",
-          why, name, backend.name())};
-    }
+  for (size_t i = 0; i < asked->size(); ++i) {
+    const Wanted& w = (*asked)[i];
     PagedKvStoreConfig sc;
     sc.geometry = geo;
-    sc.layout = *layout;
+    sc.layout = w.layout;
     sc.model_id = model_id;
     sc.enable_prefix_caching = cfg.enable_prefix_caching;
     sc.budget = rs->budget_.get();
     sc.events = cfg.events;
-    sc.events_medium = name.empty() ? label : name;
-    if (backend.supports_paged_kv()) {
-      sc.device = &backend;  // pools on the device
-      if (label == report.layout_label) {
-        sc.groups = report.groups;  // allocated as the report plans them
-        sc.pools_as_given = true;
-      }
+    sc.events_medium = w.name.empty() ? w.label : w.name;
+    if (on_device) {
+      sc.device = &backend;  // pools on the device, allocated as planned
+      sc.groups = pools[i];
+      sc.pools_as_given = true;
     }
     auto store = PagedKvStore::create(sc);
     if (!store) return Error{store.error()};
-    // The longest single sequence the budget holds in this regime (page-rounded blocks).
+    // The longest single sequence this regime's bytes hold (page-rounded blocks).
+    const uint64_t mine = on_device ? limits[i] : limit;
     const auto bytes_for = [&](int64_t n) {
       return page_bytes(
-          planner::kv_pool_plan(g, *layout, n, 1, report.chunked_prefill_size).groups);
+          planner::kv_pool_plan(g, w.layout, n, 1, report.chunked_prefill_size).groups);
     };
     int64_t lo = 0, hi = planner::kMaxPlanContext;
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (bytes_for(mid) <= limit)
+      if (bytes_for(mid) <= mine)
         lo = mid;
       else
         hi = mid - 1;
     }
-    if (name == "f16") rs->f16_ = regimes.size();
-    if (why == "--kv-fallback-entropy") rs->fallback_ = regimes.size();
-    regimes.push_back({name.empty() ? label : name, label, std::move(store).value(), lo});
-    line += fmt::format("{}{} ({}, {} tokens)", line.empty() ? "" : "; ", label, why, lo);
+    if (w.also_f16) rs->f16_ = i;
+    if (w.also_fallback && i != 0) rs->fallback_ = i;
+    regimes.push_back({w.name.empty() ? w.label : w.name, w.label, std::move(store).value(), lo});
+    uint64_t held = 0;
+    for (const planner::KvGroupPool& p : pools[i]) held += p.bytes();
+    line +=
+        fmt::format("{}{} ({}, {} tokens{})", line.empty() ? "" : "; ", w.label, w.why, lo,
+                    on_device ? ", pools " + planner::format_bytes(static_cast<double>(held)) : "");
   }
   if (regimes[0].tokens_fit < report.max_model_len) {
     return Error{fmt::format(
@@ -127,8 +178,14 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
         report.max_model_len)};
   }
   if (regimes.size() > 1) {
-    report.regimes = fmt::format("kv regimes sharing the {} of KV (page-aligned blocks): {}",
-                                 planner::format_bytes(static_cast<double>(limit)), line);
+    report.regimes =
+        on_device ? fmt::format(
+                        "kv regimes on {}, each with its own pools in a {} share of the KV "
+                        "memory (allocated up front): {}",
+                        backend.name(),
+                        planner::format_bytes(static_cast<double>(report.kv_budget_bytes)), line)
+                  : fmt::format("kv regimes sharing the {} of KV (page-aligned blocks): {}",
+                                planner::format_bytes(static_cast<double>(limit)), line);
   }
   return rs;
 }

@@ -8,8 +8,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,18 +43,28 @@ struct KvRegimesConfig {
   // without it set_force_f16 keeps the default regime, as on a device).
   bool kill_switch = true;
   kv::KvEventSink* events = nullptr;
+  // On a device: the pools of a regime other than the default, planned in its share of the KV
+  // memory as the default's were (plan_kv_setup with the regime's flags and the same options).
+  std::function<Result<KvSetupReport>(const planner::KvLayoutFlags&)> plan_device_pools;
 };
 
 class KvRegimes {
  public:
-  // Builds the regimes over one budget: the report's pools with each block rounded up to whole
-  // pages, within the report's KV budget (and, on a device, what one pool may span). Refuses a
-  // bad policy, a regime the model cannot hold, a second regime on a device, and a default regime
-  // that holds fewer than report.max_model_len tokens; sets report.regimes when there are
-  // several.
+  // Builds the regimes over one budget: on the host every regime's pools span the report's KV
+  // budget (blocks rounded up to whole pages) and commit pages on demand; on a device, where
+  // pools are allocated up front, the default holds the report's pools and each other regime
+  // its own, planned by cfg.plan_device_pools in an equal share of the KV memory
+  // (report.kv_regime_shares must be device_regime_count; report.other_regime_pool_bytes is set).
+  // Refuses a bad policy, a regime the model cannot hold, and a default regime that holds fewer
+  // than report.max_model_len tokens; sets report.regimes when there are several.
   [[nodiscard]] static Result<std::unique_ptr<KvRegimes>> create(
       const KvRegimesConfig& cfg, const planner::ModelGeometry& g, const KvGeometry& geo,
       const std::string& model_id, Backend& backend, KvSetupReport& report);
+
+  // How many regimes cfg asks for on a device (distinct layouts; the automatic kill switch is
+  // left out there): KvEngineOptions::kv_regime_shares.
+  [[nodiscard]] static Result<int64_t> device_regime_count(const KvRegimesConfig& cfg,
+                                                           const planner::ModelGeometry& g);
 
   [[nodiscard]] size_t size() const { return regimes_.size(); }
   [[nodiscard]] const KvRegime& operator[](size_t i) const { return regimes_[i]; }
@@ -80,6 +92,20 @@ class KvRegimes {
 
  private:
   KvRegimes() = default;
+
+  struct Wanted {
+    std::string name;  // as asked for; empty for a default K/V split
+    std::string why;   // what asked for it ("default", "kill switch", "--kv-regimes", ...)
+    planner::KvLayoutFlags flags;
+    planner::KvLayout layout;
+    std::string label;
+    bool also_f16 = false;       // the kill switch's regime
+    bool also_fallback = false;  // --kv-fallback-entropy's
+  };
+  [[nodiscard]] static Result<std::vector<Wanted>> wanted(const KvRegimesConfig& cfg,
+                                                          std::span<const KvLengthRule> policy,
+                                                          const planner::ModelGeometry& g,
+                                                          bool on_device);
 
   std::unique_ptr<kv::MemoryBudget> budget_;
   std::vector<KvRegime> regimes_;  // regimes_[0] is the default

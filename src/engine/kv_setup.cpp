@@ -142,6 +142,9 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
     }
     r.kv_budget_bytes = r.usable_bytes - fixed;
   }
+  if (o.kv_regime_shares < 1) return Error{"KV regime shares must be >= 1"};
+  r.kv_regime_shares = o.kv_regime_shares;
+  r.kv_budget_bytes /= static_cast<uint64_t>(o.kv_regime_shares);
   if (o.max_pool_bytes > 0 && r.kv_budget_bytes > o.max_pool_bytes) {
     // A pool is at most kMaxKvPoolParts device buffers, each bound whole by the attention shader:
     // the KV budget stops at what those bindings span (the pools of every group together, so
@@ -162,11 +165,18 @@ Result<KvSetupReport> plan_kv_setup(const planner::ModelGeometry& g, uint64_t we
             : fmt::format(", or raise {}", r.explicit_kv_memory
                                                ? "--kv-cache-memory"
                                                : "--gpu-memory-utilization / --device-memory");
+    const std::string shares =
+        r.kv_regime_shares > 1
+            ? fmt::format(
+                  " (one of {} equal shares: each KV regime's pools are allocated up front "
+                  "on the device; fewer --kv-regimes / --kv-policy regimes leave each more)",
+                  r.kv_regime_shares)
+            : "";
     return Error{fmt::format(
-        "the KV budget {} holds {} of the {} sequence(s) of --max-model-len {} asked for at {} "
+        "the KV budget {}{} holds {} of the {} sequence(s) of --max-model-len {} asked for at {} "
         "(one needs {}); the largest context that fits is {} tokens per sequence; lower "
         "--max-model-len or the KV dtype{}",
-        bytes(r.kv_budget_bytes), r.max_concurrency, r.max_num_seqs, r.max_model_len,
+        bytes(r.kv_budget_bytes), shares, r.max_concurrency, r.max_num_seqs, r.max_model_len,
         r.layout_label, bytes(r.seq_bytes),
         // The serving engine needs one sequence to fit (require_all_seqs false).
         o.require_all_seqs && r.max_num_seqs > 1
@@ -276,13 +286,18 @@ uint64_t kv_held_bytes(const PagedKvCache& kv) {
 
 std::string format_kv_report(const KvSetupReport& r) {
   std::string s;
+  // Several regimes' pools on a device: the KV memory is their shares, the pools all of theirs.
+  const std::string kv_budget = r.kv_regime_shares > 1
+                                    ? fmt::format("{} x {} (a share per KV regime)",
+                                                  r.kv_regime_shares, bytes(r.kv_budget_bytes))
+                                    : bytes(r.kv_budget_bytes);
   const std::string draft =
       r.draft_bytes > 0 ? fmt::format(" + draft model {}", bytes(r.draft_bytes)) : "";
   if (r.explicit_kv_memory) {
     s += fmt::format(
         "memory{}: weights {} + workspace {} (chunk {}){} + KV pools {} (--kv-cache-memory {}{})\n",
         r.device.empty() ? "" : " on " + r.device, bytes(r.weights_bytes), bytes(r.workspace_bytes),
-        r.chunked_prefill_size, draft, bytes(r.kv_pool_bytes()), bytes(r.kv_budget_bytes),
+        r.chunked_prefill_size, draft, bytes(r.all_kv_pool_bytes()), kv_budget,
         r.kv_binding_capped ? ", what the device's KV bindings span" : "");
   } else if (!r.device.empty()) {
     // On a device: every byte named here is a device buffer (the weights as uploaded).
@@ -294,9 +309,9 @@ std::string format_kv_report(const KvSetupReport& r) {
         "memory on {}: budget {} ({:.2f} x {} device-local{}) = weights {} + workspace {} (chunk "
         "{}){} + KV {}{} (pools {})\n",
         r.device, bytes(r.usable_bytes), r.utilization, bytes(r.device_bytes), avail,
-        bytes(r.weights_bytes), bytes(r.workspace_bytes), r.chunked_prefill_size, draft,
-        bytes(r.kv_budget_bytes), r.kv_binding_capped ? ", what the device's KV bindings span" : "",
-        bytes(r.kv_pool_bytes()));
+        bytes(r.weights_bytes), bytes(r.workspace_bytes), r.chunked_prefill_size, draft, kv_budget,
+        r.kv_binding_capped ? ", what the device's KV bindings span" : "",
+        bytes(r.all_kv_pool_bytes()));
   } else {
     s += fmt::format(
         "memory: budget {} ({:.2f} x {}) = weights {} + workspace {} (chunk {}){} + KV {} (pools "

@@ -57,6 +57,10 @@ struct KvEngineOptions {
   // A speculative draft model's weights + workspace + KV pools (DraftModelBytes::total), taken
   // from the budget before the KV pools are sized.
   uint64_t draft_bytes = 0;
+  // KV regimes whose pools a device allocates up front (the default first): the KV budget is
+  // split into this many equal shares and the pools planned here fill the first (KvRegimes plans
+  // the others' the same way, each in its own share).
+  int64_t kv_regime_shares = 1;
 };
 
 // Everything the start-up report prints; also what tests compare with the planner.
@@ -78,6 +82,10 @@ struct KvSetupReport {
   uint64_t draft_bytes = 0;        // speculative draft model (KvEngineOptions::draft_bytes)
   uint64_t kv_budget_bytes = 0;    // usable - weights - workspace, or --kv-cache-memory
   bool kv_binding_capped = false;  // kv_budget_bytes stopped at KvEngineOptions::max_pool_bytes
+  // KvEngineOptions::kv_regime_shares: kv_budget_bytes is one share of the KV memory, and
+  // other_regime_pool_bytes the pools the other regimes' shares hold on the device.
+  int64_t kv_regime_shares = 1;
+  uint64_t other_regime_pool_bytes = 0;
   // Bytes of one device buffer of a KV pool (max_pool_bytes / kMaxKvPoolParts); 0: no limit.
   uint64_t pool_part_bytes = 0;
   // The pools, one entry per layer group (planner::kv_pool_plan's order: one for a model without
@@ -104,10 +112,13 @@ struct KvSetupReport {
     const auto per = std::max<int64_t>(1, static_cast<int64_t>(pool_part_bytes / block_bytes));
     return (blocks + per - 1) / per;
   }
-  [[nodiscard]] uint64_t kv_pool_bytes() const {
+  [[nodiscard]] uint64_t kv_pool_bytes() const {  // the default regime's pools
     uint64_t sum = 0;
     for (const planner::KvGroupPool& p : groups) sum += p.bytes();
     return sum;
+  }
+  [[nodiscard]] uint64_t all_kv_pool_bytes() const {  // every regime's (what a device holds)
+    return kv_pool_bytes() + other_regime_pool_bytes;
   }
 };
 
