@@ -25,6 +25,12 @@ uint64_t page_bytes(const std::vector<planner::KvGroupPool>& groups) {
   return sum;
 }
 
+// The rules of --kv-policy (none when it is empty).
+Result<std::vector<KvLengthRule>> policy_rules(const std::string& policy) {
+  if (policy.empty()) return std::vector<KvLengthRule>{};
+  return parse_kv_policy(policy);
+}
+
 }  // namespace
 
 // The regimes cfg asks for, one per layout (the first asker names it); on a device the automatic
@@ -68,13 +74,9 @@ Result<std::vector<KvRegimes::Wanted>> KvRegimes::wanted(const KvRegimesConfig& 
 
 Result<int64_t> KvRegimes::device_regime_count(const KvRegimesConfig& cfg,
                                                const planner::ModelGeometry& g) {
-  std::vector<KvLengthRule> policy;
-  if (!cfg.policy.empty()) {
-    auto rules = parse_kv_policy(cfg.policy);
-    if (!rules) return Error{rules.error()};
-    policy = std::move(rules).value();
-  }
-  auto w = wanted(cfg, policy, g, true);
+  auto policy = policy_rules(cfg.policy);
+  if (!policy) return Error{policy.error()};
+  auto w = wanted(cfg, *policy, g, true);
   if (!w) return Error{w.error()};
   return static_cast<int64_t>(w->size());
 }
@@ -85,11 +87,9 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
                                                      const std::string& model_id, Backend& backend,
                                                      KvSetupReport& report) {
   std::unique_ptr<KvRegimes> rs(new KvRegimes());
-  if (!cfg.policy.empty()) {
-    auto rules = parse_kv_policy(cfg.policy);
-    if (!rules) return Error{rules.error()};
-    rs->policy_ = std::move(rules).value();
-  }
+  auto policy = policy_rules(cfg.policy);
+  if (!policy) return Error{policy.error()};
+  rs->policy_ = std::move(policy).value();
   const bool on_device = backend.supports_paged_kv();
   auto asked = wanted(cfg, rs->policy_, g, on_device);
   if (!asked) return Error{asked.error()};
@@ -101,14 +101,16 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
   }
   // Each regime's pools: the report's for the default; on a device each other regime's planned
   // in its own share of the KV memory (allocated up front, so the plan stays what is allocated);
-  // on the host every regime sizes its pools to the whole budget and commits pages on demand.
-  // limits[i]: the bytes regime i may hold (its pools with page-aligned blocks, within its budget).
-  std::vector<std::vector<planner::KvGroupPool>> pools(asked->size());
-  std::vector<uint64_t> limits(asked->size());
+  // on the host every regime sizes its pools to the whole budget and commits pages on demand, so
+  // all share the default's limit. limits[i]: the bytes regime i may hold (its pools with
+  // page-aligned blocks, within its budget).
+  const size_t planned = on_device ? asked->size() : 1;
+  std::vector<std::vector<planner::KvGroupPool>> pools(planned);
+  std::vector<uint64_t> limits(planned);
   report.other_regime_pool_bytes = 0;
-  for (size_t i = 0; i < asked->size(); ++i) {
+  for (size_t i = 0; i < planned; ++i) {
     uint64_t budget = report.kv_budget_bytes;
-    if (i == 0 || !on_device) {
+    if (i == 0) {
       pools[i] = report.groups;
     } else {
       const Wanted& w = (*asked)[i];
@@ -123,10 +125,8 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
     // A device binds each pool as at most kMaxKvPoolParts buffers: what one pool may span.
     if (on_device) limits[i] = std::min(limits[i], backend.max_kv_pool_bytes());
   }
-  uint64_t limit = limits[0];
-  if (on_device) {
-    for (size_t i = 1; i < limits.size(); ++i) limit += limits[i];
-  }
+  uint64_t limit = 0;
+  for (uint64_t l : limits) limit += l;
   rs->budget_ = std::make_unique<kv::MemoryBudget>(limit);
   std::vector<KvRegime>& regimes = rs->regimes_;
   std::string line;
@@ -164,11 +164,14 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
     if (w.also_f16) rs->f16_ = i;
     if (w.also_fallback && i != 0) rs->fallback_ = i;
     regimes.push_back({w.name.empty() ? w.label : w.name, w.label, std::move(store).value(), lo});
-    uint64_t held = 0;
-    for (const planner::KvGroupPool& p : pools[i]) held += p.bytes();
-    line +=
-        fmt::format("{}{} ({}, {} tokens{})", line.empty() ? "" : "; ", w.label, w.why, lo,
-                    on_device ? ", pools " + planner::format_bytes(static_cast<double>(held)) : "");
+    std::string held;
+    if (on_device) {
+      uint64_t bytes = 0;
+      for (const planner::KvGroupPool& p : pools[i]) bytes += p.bytes();
+      held = ", pools " + planner::format_bytes(static_cast<double>(bytes));
+    }
+    line += fmt::format("{}{} ({}, {} tokens{})", line.empty() ? "" : "; ", w.label, w.why, lo,
+                        held);
   }
   if (regimes[0].tokens_fit < report.max_model_len) {
     return Error{fmt::format(
