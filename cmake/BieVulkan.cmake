@@ -22,8 +22,8 @@ if(BIE_VULKAN)
   set(_variants
       "add|add.comp" "silu_mul|glu.comp|OP_SILU" "gelu_mul|glu.comp|OP_GELU" "softcap|softcap.comp"
       "rms_norm|rms_norm.comp" "rope|rope.comp" "scale|scale.comp"
-      "attn_paged_f16|attn_paged.comp" "kv_write_f16|kv_write.comp"
-      "attn_paged_kv|attn_paged_kv.comp" "kv_write_q|kv_write_q.comp" "kv_quantise|kv_quantise.comp"
+      "kv_write_f16|kv_write.comp"
+      "attn_paged_kv|attn_paged_kv.comp" "attn_split_merge|attn_split_merge.comp" "kv_write_q|kv_write_q.comp" "kv_quantise|kv_quantise.comp"
       "kv_chan|kv_chan.comp")
   foreach(t F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)
     string(TOLOWER ${t} tl)

@@ -102,17 +102,21 @@ struct Pool {
   bool rotate = false;  // K rows Hadamard-rotated before they are stored
   int split = 0;        // blocks per part; 0: one buffer
 
+  int n_blocks = kBlocks;
+
   Pool(KvFormat kf, KvFormat vf, int head_dim, bool round_rows, bool rotate_keys = false,
-       int split_blocks = 0)
-      : k(kf), v(vf), d(head_dim), rotate(rotate_keys), split(split_blocks) {
+       int split_blocks = 0, int blocks = kBlocks)
+      : k(kf), v(vf), d(head_dim), rotate(rotate_keys), split(split_blocks), n_blocks(blocks) {
     k_tile = kv::kv_tile_bytes(k, d, kBlock);
     v_tile = kv::kv_tile_bytes(v, d, kBlock);
     layer_bytes = kHeadsKv * (k_tile + v_tile);
     block_bytes = kLayers * layer_bytes;
-    const int per_part = split > 0 ? split : kBlocks;
-    desc.part_blocks = split;
-    for (int first = 0, i = 0; first < kBlocks; first += per_part, ++i) {
-      const int n = std::min(per_part, kBlocks - first);
+    // A split pool has kMaxKvPoolParts parts at most: longer pools take longer parts.
+    const int per_part =
+        split > 0 ? std::max(split, (n_blocks + kMaxKvPoolParts - 1) / kMaxKvPoolParts) : n_blocks;
+    desc.part_blocks = split > 0 ? per_part : 0;
+    for (int first = 0, i = 0; first < n_blocks; first += per_part, ++i) {
+      const int n = std::min(per_part, n_blocks - first);
       bufs.push_back(gpu().alloc(block_bytes * n).value());
       const Tensor t{bufs.back().get(), 0, GgmlType::I8, n, static_cast<int64_t>(block_bytes),
                      block_bytes};
@@ -126,7 +130,7 @@ struct Pool {
     desc.v_tile_bytes = v_tile;
     desc.round_rows_to_fp16 = round_rows;
     // Both start as the same non-zero pattern: bytes a write must not touch stay as they were.
-    host.resize(block_bytes * kBlocks);
+    host.resize(block_bytes * static_cast<size_t>(n_blocks));
     for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 37 + 11);
     size_t at = 0;
     for (int i = 0; i < desc.n_parts(); ++i) {
@@ -322,6 +326,60 @@ std::vector<float> deq_row(Pool& p, int block, int row, int head, bool is_v) {
   return y;
 }
 
+// The largest difference between the device's attention output `got` ([token][head][d]) and an
+// fp64 softmax over the CPU's dequantisation of the same blocks (relative above magnitude 1).
+// qr: the queries as the CPU's runner reads them (rotated when the keys are); tables: each
+// sequence's logical blocks (pool 0: f16, 1: body).
+double worst_vs_fp64(const std::vector<float>& got, const std::vector<float>& qr,
+                     const std::vector<std::vector<KvBlockRef>>& tables,
+                     const std::vector<int32_t>& query_start, const std::vector<int64_t>& q_pos0,
+                     int64_t window, int d, Pool& f16, Pool& body) {
+  const int qw = kHeads * d;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const auto f16r = [](float x) { return quant::fp16_to_fp32(quant::fp32_to_fp16(x)); };
+  double worst = 0;
+  for (size_t s = 0; s < tables.size(); ++s) {
+    for (int32_t t = query_start[s]; t < query_start[s + 1]; ++t) {
+      const int64_t pos = q_pos0[s] + (t - query_start[s]);
+      const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      for (int kvh = 0; kvh < kHeadsKv; ++kvh) {
+        std::vector<std::vector<float>> keys, vals;
+        std::vector<bool> kf16;  // the CPU's f16 path rounds q
+        for (int64_t j = first; j <= pos; ++j) {
+          const KvBlockRef r = tables[s][static_cast<size_t>(j / kBlock)];
+          Pool& p = r.pool == 0 ? f16 : body;
+          const int row = static_cast<int>(j % kBlock);
+          keys.push_back(deq_row(p, r.block, row, kvh, false));
+          vals.push_back(deq_row(p, r.block, row, kvh, true));
+          kf16.push_back(p.k.type == KvType::kF16);
+        }
+        for (int qh = kvh * (kHeads / kHeadsKv); qh < (kvh + 1) * (kHeads / kHeadsKv); ++qh) {
+          std::vector<double> sc;
+          double mx = -1e300;
+          for (size_t j = 0; j < keys.size(); ++j) {
+            double dot = 0;
+            for (int i = 0; i < d; ++i) {
+              const float qx = qr[static_cast<size_t>(t) * qw + qh * d + i];
+              dot += static_cast<double>(kf16[j] ? f16r(qx) : qx) * keys[j][static_cast<size_t>(i)];
+            }
+            sc.push_back(dot * scale);
+            mx = std::max(mx, sc.back());
+          }
+          double l = 0;
+          for (double& x : sc) l += (x = std::exp(x - mx));
+          for (int i = 0; i < d; ++i) {
+            double o = 0;
+            for (size_t j = 0; j < sc.size(); ++j) o += sc[j] * vals[j][static_cast<size_t>(i)];
+            const double g = got[static_cast<size_t>(t) * qw + qh * d + i];
+            worst = std::max(worst, std::fabs(g - o / l) / std::max(1.0, std::fabs(o / l)));
+          }
+        }
+      }
+    }
+  }
+  return worst;
+}
+
 TEST_P(VulkanKvFormat, PagedAttentionOverMixedPoolsMatchesFp64OverTheCpuBlocks) {
   const FormatCase& c = GetParam();
   const int d = c.head_dim;
@@ -365,7 +423,6 @@ TEST_P(VulkanKvFormat, PagedAttentionOverMixedPoolsMatchesFp64OverTheCpuBlocks) 
     for (size_t r = 0; r < qr.size() / d; ++r) kv::hadamard_rotate_scalar(qr.data() + r * d, d);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const auto f16r = [](float x) { return quant::fp16_to_fp32(quant::fp32_to_fp16(x)); };
   for (int64_t window : {int64_t{0}, int64_t{5}}) {
     AttnMetadata am;
     am.q = h.f32(qv, 7, qw);
@@ -385,47 +442,89 @@ TEST_P(VulkanKvFormat, PagedAttentionOverMixedPoolsMatchesFp64OverTheCpuBlocks) 
     am.block_table_start = table_start;
     am.block_table = table;
     ASSERT_TRUE(gpu().paged_attention(am).ok()) << gpu().status().error();
-    const std::vector<float> got = h.read(am.out);
-    double worst = 0;
-    for (size_t s = 0; s < tables.size(); ++s) {
-      for (int32_t t = query_start[s]; t < query_start[s + 1]; ++t) {
-        const int64_t pos = q_pos0[s] + (t - query_start[s]);
-        const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-        for (int qh = 0; qh < kHeads; ++qh) {
-          const int kvh = qh / (kHeads / kHeadsKv);
-          std::vector<double> sc;
-          std::vector<std::vector<float>> vals;
-          double mx = -1e300;
-          for (int64_t j = first; j <= pos; ++j) {
-            const KvBlockRef r = tables[s][static_cast<size_t>(j / kBlock)];
-            Pool& p = r.pool == 0 ? f16 : body;
-            const int row = static_cast<int>(j % kBlock);
-            const std::vector<float> kr = deq_row(p, r.block, row, kvh, false);
-            const bool kf16 = p.k.type == KvType::kF16;  // the CPU's f16 path rounds q
-            double dot = 0;
-            for (int i = 0; i < d; ++i) {
-              const float qx = qr[static_cast<size_t>(t) * qw + qh * d + i];
-              dot += static_cast<double>(kf16 ? f16r(qx) : qx) * kr[static_cast<size_t>(i)];
-            }
-            sc.push_back(dot * scale);
-            mx = std::max(mx, sc.back());
-            vals.push_back(deq_row(p, r.block, row, kvh, true));
-          }
-          double l = 0;
-          for (double& x : sc) l += (x = std::exp(x - mx));
-          for (int i = 0; i < d; ++i) {
-            double o = 0;
-            for (size_t j = 0; j < sc.size(); ++j) o += sc[j] * vals[j][static_cast<size_t>(i)];
-            const double g = got[static_cast<size_t>(t) * qw + qh * d + i];
-            worst = std::max(worst, std::fabs(g - o / l));
-            ASSERT_NEAR(g, o / l, kAttnAbsTol * std::max(1.0, std::fabs(o / l)))
-                << c.name << " seq " << s << " token " << t << " head " << qh << " dim " << i
-                << " window " << window;
-          }
-        }
-      }
-    }
+    const double worst = worst_vs_fp64(h.read(am.out), qr, tables, query_start, q_pos0, window,
+                                       d, f16, body);
+    EXPECT_LE(worst, kAttnAbsTol) << c.name << " window " << window;
     std::printf("%s window %lld: max |device - fp64| = %.3g\n", c.name,
+                static_cast<long long>(window), worst);
+  }
+}
+
+// A long context cut into splits (attn_split.glsl; the shortest split lowered to 64 keys, so 640
+// keys make 10 splits and a 300-key window 5): the split pass (a workgroup per split, merged by
+// attn_split_merge.comp) gives the bits one workgroup per token gives, a token decoded alone
+// gives the bits it gets inside a batch, and both stay within the fp64 reference's tolerance.
+TEST_P(VulkanKvFormat, AttentionSplitsGiveTheSameBitsInOneWorkgroupOrManyAndInAnyBatch) {
+  const FormatCase& c = GetParam();
+  const int d = c.head_dim;
+  constexpr int kLongBlocks = 40, kLen = kLongBlocks * kBlock, kQ = 4;
+  Holder h;
+  Pool f16(fmt(KvType::kF16), fmt(KvType::kF16), d, false, c.rotate, c.split, kLongBlocks);
+  Pool body(c.k, c.v, d, true, c.rotate, c.split, kLongBlocks);
+  const KvPoolDesc pools[] = {f16.desc, body.desc};
+  // Sink block and the last two blocks FP16, the body quantised (as a mixed regime lays it out).
+  std::vector<KvBlockRef> seq;
+  for (int b = 0; b < kLongBlocks; ++b) seq.push_back({b == 0 || b >= kLongBlocks - 2 ? 0 : 1, b});
+  std::vector<KvSlot> slots;
+  for (int j = 0; j < kLen; ++j) slots.push_back({seq[j / kBlock], j % kBlock});
+  write_rows(h, pools, {&f16, &body}, slots, d, 51, true);
+  const std::vector<int32_t> table_start = {0, kLongBlocks};
+
+  const int qw = kHeads * d;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> qv(static_cast<size_t>(kQ) * qw);
+  for (float& x : qv) x = nd(rng);
+  std::vector<float> qr = qv;
+  if (c.rotate) {
+    for (size_t r = 0; r < qr.size() / d; ++r) kv::hadamard_rotate_scalar(qr.data() + r * d, d);
+  }
+  struct Restore {
+    ~Restore() { gpu().set_attention_splits(256, true); }
+  } restore;
+  // Query rows [t0, t0 + n) at positions kLen - kQ + t0 ..: the output rows and the dispatches.
+  const auto attend = [&](int t0, int n, int64_t window, bool split_pass) {
+    gpu().set_attention_splits(64, split_pass);
+    const std::vector<int32_t> query_start = {0, n};
+    const std::vector<int64_t> q_pos0 = {kLen - kQ + t0};
+    AttnMetadata am;
+    am.q = h.f32(std::vector<float>(qv.begin() + t0 * qw, qv.begin() + (t0 + n) * qw), n, qw);
+    am.out = h.f32(std::vector<float>(static_cast<size_t>(n) * qw, 0.0f), n, qw);
+    am.layer_in_group = kLayer;
+    am.n_layers_in_group = kLayers;
+    am.n_head = kHeads;
+    am.n_head_kv = kHeadsKv;
+    am.head_dim = d;
+    am.block_size = kBlock;
+    am.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    am.window = window;
+    am.rotate_keys = c.rotate;
+    am.pools = pools;
+    am.query_start = query_start;
+    am.q_pos0 = q_pos0;
+    am.block_table_start = table_start;
+    am.block_table = seq;
+    const uint64_t before = gpu().device().dispatch_count();
+    EXPECT_TRUE(gpu().paged_attention(am).ok()) << gpu().status().error();
+    const uint64_t dispatches = gpu().device().dispatch_count() - before;
+    return std::make_pair(h.read(am.out), dispatches);
+  };
+  for (int64_t window : {int64_t{0}, int64_t{300}}) {
+    const auto [one, one_dispatches] = attend(0, kQ, window, false);
+    const auto [many, many_dispatches] = attend(0, kQ, window, true);
+    EXPECT_EQ(one_dispatches, 1u);   // one workgroup per (token, heads)
+    EXPECT_EQ(many_dispatches, 2u);  // the splits, then their merge
+    EXPECT_EQ(0, std::memcmp(one.data(), many.data(), one.size() * sizeof(float)))
+        << c.name << " window " << window << ": the split pass changed the output";
+    for (int t = 0; t < kQ; ++t) {  // each token alone, as a decode step runs it
+      const std::vector<float> alone = attend(t, 1, window, true).first;
+      EXPECT_EQ(0, std::memcmp(alone.data(), many.data() + static_cast<size_t>(t) * qw,
+                               alone.size() * sizeof(float)))
+          << c.name << " window " << window << " token " << t << ": alone differs from the batch";
+    }
+    const double worst = worst_vs_fp64(many, qr, {seq}, {0, kQ}, {kLen - kQ}, window, d, f16, body);
+    EXPECT_LE(worst, kAttnAbsTol) << c.name << " window " << window;
+    std::printf("%s %d keys window %lld: max |device - fp64| = %.3g\n", c.name, kLen,
                 static_cast<long long>(window), worst);
   }
 }

@@ -125,7 +125,8 @@ uint64_t device_workspace_bytes(const ModelGeometry& g, int64_t batch_tokens, in
   // x, xn, proj; q, attn; k, v; gate, up; cos/sin; ids, pos (4-byte values throughout).
   const int64_t values = 3 * g.n_embd + 2 * q + 2 * kv + 2 * g.n_ff + rope_tables * n_rot + 2;
   return 4 * (static_cast<uint64_t>(batch_tokens) * static_cast<uint64_t>(values) +
-              static_cast<uint64_t>(out_rows) * static_cast<uint64_t>(g.n_vocab));
+              static_cast<uint64_t>(out_rows) * static_cast<uint64_t>(g.n_vocab)) +
+         kDeviceAttnScratchBytes;
 }
 
 double decode_tok_s_bound(double bandwidth_gbs, uint64_t bytes_per_token) {

@@ -20,6 +20,10 @@ constexpr uint64_t kGiB = uint64_t{1} << 30;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 // Largest context the planner searches; larger answers are reported as "at least" this.
 constexpr int64_t kMaxPlanContext = int64_t{1} << 24;
+// The scratch a device backend's paged attention keeps the partial results of a token's context
+// splits in (decode spreads a token's keys over several workgroups; the Vulkan backend allocates
+// it when it is created). A pass whose splits would not fit runs each token in one workgroup.
+constexpr uint64_t kDeviceAttnScratchBytes = 4 * kMiB;
 
 struct PlanRequest {
   ModelGeometry model;
@@ -108,7 +112,8 @@ struct Plan {
 // Gemma 3), exactly as the model allocates it when it binds to the device: per token of one pass
 // (batch_tokens) the residual, normed and projected rows, q and the attention output, k, v, gate
 // and up, one cos/sin row per RoPE table (two with sliding-window layers), the token id and the
-// position; plus `out_rows` rows of f32 logits.
+// position; plus `out_rows` rows of f32 logits; plus the attention scratch the device backend
+// holds from its creation (kDeviceAttnScratchBytes).
 [[nodiscard]] uint64_t device_workspace_bytes(const ModelGeometry& g, int64_t batch_tokens,
                                               int64_t out_rows);
 

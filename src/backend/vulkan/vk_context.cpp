@@ -16,7 +16,7 @@ namespace bie::vk {
 namespace {
 
 constexpr uint32_t kDescriptorSetsPerPool = 1024;
-constexpr uint32_t kMaxBuffersPerSet = 12;  // attn_paged_kv: q, 8 KV pool parts, table, meta, out
+constexpr uint32_t kMaxBuffersPerSet = 13;  // attn_paged_kv: q, 8 KV pool parts, table, meta, out, scratch
 
 std::string version_string(uint32_t v) {
   return fmt::format("{}.{}.{}", VK_API_VERSION_MAJOR(v), VK_API_VERSION_MINOR(v),

@@ -14,6 +14,7 @@
 
 #include "bie/backend/ops.h"
 #include "bie/planner/kv_format.h"
+#include "bie/planner/planner.h"
 #include "bie/quant/types.h"
 
 namespace bie {
@@ -110,11 +111,6 @@ struct UnaryPush {
 struct RopePush {
   uint32_t n_tokens, n_heads, head_dim, n_rot, neox, x_off, x_stride, cs_off, cs_stride;
 };
-struct AttnPush {
-  uint32_t n_tokens, n_head, group, head_dim, block_size, block_stride, head_stride, unused, window;
-  float scale;
-  uint32_t q_off, q_stride, o_off, o_stride, k_off, v_off;
-};
 struct KvWritePush {
   uint32_t n_tokens, n_head_kv, head_dim, block_stride, head_stride, k_off, v_off, k_src_off,
       k_src_stride, v_src_off, v_src_stride;
@@ -129,7 +125,13 @@ Result<std::unique_ptr<VulkanBackend>> VulkanBackend::create(const VulkanBackend
     return Error{(*dev)->info().name +
                  ": no subgroup arithmetic in compute shaders (the matrix-vector kernels need it)"};
   }
-  return std::unique_ptr<VulkanBackend>(new VulkanBackend(std::move(*dev), o));
+  std::unique_ptr<VulkanBackend> be(new VulkanBackend(std::move(*dev), o));
+  // Held from creation, so the device memory in use is the plan from the start
+  // (planner::device_workspace_bytes counts it).
+  auto scratch = be->dev_->create_buffer(planner::kDeviceAttnScratchBytes);
+  if (!scratch.ok()) return Error{scratch.error()};
+  be->attn_scratch_ = *scratch;
+  return be;
 }
 
 VulkanBackend::VulkanBackend(std::unique_ptr<vk::Device> dev, const VulkanBackendOptions& o)
@@ -152,6 +154,7 @@ VulkanBackend::VulkanBackend(std::unique_ptr<vk::Device> dev, const VulkanBacken
 VulkanBackend::~VulkanBackend() {
   (void)dev_->sync();
   dev_->destroy(ring_);
+  dev_->destroy(attn_scratch_);
 }
 
 std::string VulkanBackend::name() const {
@@ -571,6 +574,10 @@ struct AttnKvPush {
   float scale;
   uint32_t q_off, q_stride, o_off, o_stride, rotate;
   float rot_norm;
+  uint32_t heads_per_wg, head_chunks, n_split_max, split_min, split_wg;
+};
+struct SplitMergePush {
+  uint32_t n_tokens, n_head, head_dim, window, n_split_max, split_min, o_off, o_stride;
 };
 
 // kv::hadamard_rotate's normalisation, computed as the CPU computes it.
@@ -624,14 +631,12 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
   }
   const KvPoolDesc& pool0 = m.pools[static_cast<size_t>(slot_pool[0])];
   if (pool0.memory.empty()) return Error{"vulkan attention: no KV pool holds the table's blocks"};
-  const bool plain_f16 = n_slots <= 1 && is_f16(pool0.k_type) && is_f16(pool0.v_type) &&
-                         !m.rotate_keys && pool0.n_parts() == 1;
   const int64_t n_tokens = m.query_start[n_seq];
-  // meta: [t] sequence, [n_tokens + t] position, [2 n_tokens + s] first table entry of s (after
-  // the pool slots' descriptors for attn_paged_kv).
-  const size_t head = plain_f16 ? 0 : 16;
+  // meta: the pool slots' descriptors, then [t] sequence, [n_tokens + t] position,
+  // [2 n_tokens + s] first table entry of s.
+  constexpr size_t head = 16;
   std::vector<int32_t> meta(head + static_cast<size_t>(2 * n_tokens) + n_seq, 0);
-  for (int s = 0; s < n_slots && !plain_f16; ++s) {
+  for (int s = 0; s < std::max(n_slots, 1); ++s) {
     const KvPoolDesc& pool = m.pools[static_cast<size_t>(slot_pool[static_cast<size_t>(s)])];
     const int32_t d[8] = {pool.k_type,
                           pool.v_type,
@@ -643,11 +648,19 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
                           static_cast<int32_t>(layer_base(pool, m.layer_in_group, m.n_head_kv))};
     std::copy(d, d + 8, meta.begin() + 8 * s);
   }
+  // The split grid of the longest context (attn_split.glsl's split_grid): how many workgroups
+  // the split pass gives its token.
+  int64_t max_splits = 1;
   for (size_t s = 0; s < n_seq; ++s) {
     for (int32_t t = m.query_start[s]; t < m.query_start[s + 1]; ++t) {
+      const int64_t pos = m.q_pos0[s] + (t - m.query_start[s]);
       meta[head + static_cast<size_t>(t)] = static_cast<int32_t>(s);
-      meta[head + static_cast<size_t>(n_tokens + t)] =
-          static_cast<int32_t>(m.q_pos0[s] + (t - m.query_start[s]));
+      meta[head + static_cast<size_t>(n_tokens + t)] = static_cast<int32_t>(pos);
+      const int64_t first = m.window > 0 ? std::max<int64_t>(0, pos - m.window + 1) : 0;
+      const int64_t span = pos - first + 1;
+      const int64_t per = (span + kAttnSplitsMax - 1) / kAttnSplitsMax;
+      const int64_t len = std::max<int64_t>(attn_split_min_, (per + 63) / 64 * 64);
+      max_splits = std::max(max_splits, (span + len - 1) / len);
     }
     meta[head + static_cast<size_t>(2 * n_tokens) + s] = m.block_table_start[s];
   }
@@ -656,64 +669,71 @@ Status VulkanBackend::paged_attention(const AttnMetadata& m) {
     const KvBlockRef& r = m.block_table[i];
     const int32_t slot = r.pool == slot_pool[1] ? 1 : 0;
     const auto [part, blk] = m.pools[static_cast<size_t>(r.pool)].locate(r.block);
-    table[i] = plain_f16 ? r.block : blk * 8 + slot * kMaxKvPoolParts + part;
+    table[i] = blk * 8 + slot * kMaxKvPoolParts + part;
   }
   // One ring allocation for both (a wrap between two could let later parameters overwrite the
   // first before the dispatch runs).
   const auto [tb, mb] = params(bytes_of(table), bytes_of(meta));
   if (tb.buffer == nullptr || mb.buffer == nullptr) return error_;
-  const vk::BufferRef p0{&vbuf(pool0.memory)};
-  if (!plain_f16) {
-    // Each slot's parts; a part a pool does not have is bound to its first (never read).
-    static_assert(kMaxKvPoolParts == 4, "attn_paged_kv.comp binds four parts per pool slot");
-    std::array<vk::BufferRef, 2 * kMaxKvPoolParts> pb{};
-    for (int s = 0; s < 2; ++s) {
-      const KvPoolDesc& pool =
-          s < n_slots ? m.pools[static_cast<size_t>(slot_pool[static_cast<size_t>(s)])] : pool0;
-      for (int i = 0; i < kMaxKvPoolParts; ++i) {
-        pb[static_cast<size_t>(s * kMaxKvPoolParts + i)] =
-            vk::BufferRef{&vbuf(pool.part(i < pool.n_parts() ? i : 0))};
-      }
+  // Each slot's parts; a part a pool does not have is bound to its first (never read).
+  static_assert(kMaxKvPoolParts == 4, "attn_paged_kv.comp binds four parts per pool slot");
+  std::array<vk::BufferRef, 2 * kMaxKvPoolParts> pb{};
+  for (int s = 0; s < 2; ++s) {
+    const KvPoolDesc& pool =
+        s < n_slots ? m.pools[static_cast<size_t>(slot_pool[static_cast<size_t>(s)])] : pool0;
+    for (int i = 0; i < kMaxKvPoolParts; ++i) {
+      pb[static_cast<size_t>(s * kMaxKvPoolParts + i)] =
+          vk::BufferRef{&vbuf(pool.part(i < pool.n_parts() ? i : 0))};
     }
-    AttnKvPush p{static_cast<uint32_t>(n_tokens),
-                 static_cast<uint32_t>(m.n_head),
-                 static_cast<uint32_t>(m.n_head / m.n_head_kv),
-                 static_cast<uint32_t>(m.head_dim),
-                 static_cast<uint32_t>(m.block_size),
-                 static_cast<uint32_t>(m.n_head_kv),
-                 static_cast<uint32_t>(m.window),
-                 m.scale,
-                 off4(m.q),
-                 stride4(m.q),
-                 off4(m.out),
-                 stride4(m.out),
-                 m.rotate_keys ? 1u : 0u,
-                 rotation_norm(m.head_dim)};
-    run("attn_paged_kv",
-        {whole(m.q), pb[0], pb[1], pb[2], pb[3], pb[4], pb[5], pb[6], pb[7], tb, mb, whole(m.out)},
-        p, static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(m.n_head));
-    return error_;
   }
-  const size_t k_off = layer_base(pool0, m.layer_in_group, m.n_head_kv) / 2;
-  AttnPush p{
-      static_cast<uint32_t>(n_tokens),
-      static_cast<uint32_t>(m.n_head),
-      static_cast<uint32_t>(m.n_head / m.n_head_kv),
-      static_cast<uint32_t>(m.head_dim),
-      static_cast<uint32_t>(m.block_size),
-      static_cast<uint32_t>(pool0.memory.row_bytes / 2),
-      static_cast<uint32_t>(pool0.k_tile_bytes / 2),
-      0u,
-      static_cast<uint32_t>(m.window),
-      m.scale,
-      off4(m.q),
-      stride4(m.q),
-      off4(m.out),
-      stride4(m.out),
-      static_cast<uint32_t>(k_off),
-      static_cast<uint32_t>(k_off + static_cast<size_t>(m.n_head_kv) * pool0.k_tile_bytes / 2)};
-  run("attn_paged_f16", {whole(m.q), p0, p0, tb, mb, whole(m.out)}, p,
-      static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(m.n_head));
+  // GQA: a workgroup serves up to 8 query heads of one KV head (its registers hold
+  // heads x ceil(head_dim / 64) <= 16 output values per lane).
+  const int group = m.n_head / m.n_head_kv;
+  const int per_lane = (m.head_dim + 63) / 64;
+  const int heads_per_wg = std::min({group, 8, 16 / per_lane});
+  const int head_chunks = (group + heads_per_wg - 1) / heads_per_wg;
+  // The split pass when a token's context spans several splits and the partials fit the
+  // scratch: a decode step's few tokens then fill the device with n_head_kv x splits workgroups.
+  const uint64_t part_bytes = static_cast<uint64_t>(n_tokens) * m.n_head * kAttnSplitsMax *
+                              (m.head_dim + 2) * sizeof(float);
+  const bool split_wg = attn_split_pass_ && max_splits > 1 && part_bytes <= attn_scratch_.size;
+  AttnKvPush p{static_cast<uint32_t>(n_tokens),
+               static_cast<uint32_t>(m.n_head),
+               static_cast<uint32_t>(group),
+               static_cast<uint32_t>(m.head_dim),
+               static_cast<uint32_t>(m.block_size),
+               static_cast<uint32_t>(m.n_head_kv),
+               static_cast<uint32_t>(m.window),
+               m.scale,
+               off4(m.q),
+               stride4(m.q),
+               off4(m.out),
+               stride4(m.out),
+               m.rotate_keys ? 1u : 0u,
+               rotation_norm(m.head_dim),
+               static_cast<uint32_t>(heads_per_wg),
+               static_cast<uint32_t>(head_chunks),
+               static_cast<uint32_t>(kAttnSplitsMax),
+               static_cast<uint32_t>(attn_split_min_),
+               split_wg ? 1u : 0u};
+  const vk::BufferRef scratch{&attn_scratch_};
+  run("attn_paged_kv",
+      {whole(m.q), pb[0], pb[1], pb[2], pb[3], pb[4], pb[5], pb[6], pb[7], tb, mb, whole(m.out),
+       scratch},
+      p, static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(m.n_head_kv * head_chunks),
+      split_wg ? static_cast<uint32_t>(max_splits) : 1u);
+  if (split_wg) {
+    const SplitMergePush mp{static_cast<uint32_t>(n_tokens),
+                            static_cast<uint32_t>(m.n_head),
+                            static_cast<uint32_t>(m.head_dim),
+                            static_cast<uint32_t>(m.window),
+                            static_cast<uint32_t>(kAttnSplitsMax),
+                            static_cast<uint32_t>(attn_split_min_),
+                            off4(m.out),
+                            stride4(m.out)};
+    run("attn_split_merge", {scratch, mb, whole(m.out)}, mp, static_cast<uint32_t>(n_tokens),
+        static_cast<uint32_t>(m.n_head));
+  }
   return error_;
 }
 

@@ -82,6 +82,14 @@ class VulkanBackend final : public Backend {
   [[nodiscard]] bool supports_kv_types(uint8_t k_type, uint8_t v_type,
                                        bool rotate_keys) const override;
   [[nodiscard]] Status paged_attention(const AttnMetadata& meta) override;
+  // Paged attention's splits: the shortest split of a token's context (a multiple of 64 keys;
+  // default 256), and whether a pass whose partials fit the scratch may spread a token's splits
+  // over several workgroups (default true; false: one workgroup per token). Tests lower the
+  // first so that short contexts are split, and compare the two ways bit for bit.
+  void set_attention_splits(int min_keys, bool split_pass) {
+    attn_split_min_ = min_keys;
+    attn_split_pass_ = split_pass;
+  }
   [[nodiscard]] Status kv_write(const KvWriteMetadata& meta) override;
   [[nodiscard]] Status copy_blocks(std::span<const KvPoolDesc> pools,
                                    std::span<const KvBlockCopy> copies) override;
@@ -115,6 +123,12 @@ class VulkanBackend final : public Backend {
   uint64_t kv_part_bytes_ = 0;
   uint64_t max_buffer_bytes_ = 0;
   uint32_t subgroup_size_ = 0;  // the device's reported subgroup size (matvec rows per group)
+  // Paged attention's split pass: at most kAttnSplitsMax splits per token, each at least
+  // attn_split_min_ keys, their partials in attn_scratch_ (planner::kDeviceAttnScratchBytes).
+  static constexpr int kAttnSplitsMax = 32;
+  int attn_split_min_ = 256;
+  bool attn_split_pass_ = true;
+  vk::Buffer attn_scratch_;
 };
 
 // The backend `cfg.device` ("vulkan", "vulkan:N") names; create_backend's Vulkan branch.
