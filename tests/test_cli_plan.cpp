@@ -39,6 +39,7 @@ CliResult run_bie(const std::string& args) {
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = test::read_file((dir / "out").string());
   r.err = test::read_file((dir / "err").string());
+  fs::remove_all(dir);
   return r;
 }
 
@@ -191,9 +192,14 @@ TEST_P(CliPlanBadInput, OneLineAndExitCode2) {
   EXPECT_EQ(r.err.rfind("bie plan: error: ", 0), 0u) << r.err;
 }
 
+// Written when the test binary starts (every ctest process does), so one fixed path per file,
+// replaced atomically (a process reading it never sees another's half-written copy) instead of a
+// new file per process left behind in the temp directory.
 std::string write_temp(const std::string& name, const std::string& text) {
-  const fs::path p = fs::temp_directory_path() / (std::to_string(::getpid()) + "_" + name);
-  std::ofstream(p, std::ios::binary) << text;
+  const fs::path p = fs::temp_directory_path() / ("bie_cli_plan_" + name);
+  const fs::path tmp = fs::temp_directory_path() / (std::to_string(::getpid()) + "_" + name);
+  std::ofstream(tmp, std::ios::binary) << text;
+  fs::rename(tmp, p);
   return p.string();
 }
 
