@@ -129,7 +129,8 @@ TEST(Engine, WindowExitsDuringDecodeMatchSingleSequenceGenerate) {
     c.wait();
     ASSERT_EQ(c.finish->finish_reason, "length") << c.finish->error;
 
-    EXPECT_EQ(c.tokens, single_sequence_greedy(cfg.kv, req.prompt, 48, 64, 64, cfg.kv.kv.block_size))
+    EXPECT_EQ(c.tokens,
+              single_sequence_greedy(cfg.kv, req.prompt, 48, 64, 64, cfg.kv.kv.block_size))
         << dtype;
     eng.wait_idle();
     EXPECT_EQ(used_blocks(eng), 0);
@@ -278,6 +279,51 @@ void prefix_cache_with_quantised_body(EngineConfig cfg, const std::string& label
   cold_longer.wait();
   EXPECT_EQ(cold_longer.finish->metrics.cached_tokens, 0);
   EXPECT_EQ(longer.tokens, cold_longer.tokens);
+}
+
+// EngineRequest::synthetic_kv_prefix (`bie bench --fill synthetic`): the prefix's K/V are
+// written without a forward pass (only the prompt's last token runs), window exits happen as after
+// a pass, the blocks enter the prefix cache like computed ones, and a value outside
+// [0, prompt length) is refused.
+TEST(Engine, SyntheticKvPrefixSkipsItsPrefillAndIsCachedLikeAComputedOne) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  EngineConfig cfg = base_config();
+  cfg.kv.kv.dtype = "int4_asym";  // sink, window and quantised body blocks
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  const int64_t B = eng.kv_report().layout.block_size;
+  EngineRequest r;
+  for (int i = 0; i < 400; ++i) r.prompt.push_back(100 + (i * 7919) % 20000);
+  r.sampling.temperature = 0;
+  r.max_tokens = 2;
+  r.ignore_eos = true;
+  r.synthetic_kv_prefix = 399;
+  const int64_t before = eng.metrics().computed_prompt_tokens;
+  Collected a;
+  ASSERT_FALSE(eng.submit(1, r, collect(a)));
+  a.wait();
+  EXPECT_EQ(a.finish->finish_reason, "length") << a.finish->error;
+  EXPECT_EQ(a.tokens.size(), 2u);
+  eng.wait_idle();
+  EXPECT_EQ(eng.metrics().computed_prompt_tokens - before, 1);  // the last prompt token alone
+  EngineRequest again = r;
+  again.synthetic_kv_prefix = 0;
+  Collected b;
+  ASSERT_FALSE(eng.submit(2, again, collect(b)));
+  b.wait();
+  EXPECT_EQ(b.finish->metrics.cached_tokens, (400 - 1) / B * B);
+  for (const int64_t bad : {int64_t{-1}, int64_t{400}}) {
+    EngineRequest x = r;
+    x.synthetic_kv_prefix = bad;
+    Collected c;
+    const auto refused = eng.submit(3, x, collect(c));
+    ASSERT_TRUE(refused.has_value());
+    EXPECT_EQ(refused->kind, SubmitError::kInvalid);
+    EXPECT_NE(refused->message.find("synthetic_kv_prefix"), std::string::npos) << refused->message;
+  }
+  eng.wait_idle();
+  EXPECT_EQ(used_blocks(eng), 0);
 }
 
 TEST(Engine, PrefixCacheWithQuantisedBody) {

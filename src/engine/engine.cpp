@@ -364,6 +364,12 @@ std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
                   fmt::format("logprobs must be at most 20, got {}", req.logprobs));
   }
   const auto n_prompt = static_cast<int64_t>(req.prompt.size());
+  if (req.synthetic_kv_prefix < 0 || req.synthetic_kv_prefix >= n_prompt) {
+    return refuse(SubmitError::kInvalid,
+                  fmt::format("synthetic_kv_prefix must be in [0, {}) (the prompt's last token is "
+                              "computed), got {}",
+                              n_prompt, req.synthetic_kv_prefix));
+  }
   if (n_prompt >= max_model_len_) {
     return refuse(SubmitError::kTooLong,
                   fmt::format("the prompt has {} tokens; --max-model-len is {}, which leaves no "
@@ -515,6 +521,7 @@ void EngineImpl::loop() {
       const kv::SeqId sid = r->sid;
       sched_->add(sid, r->req.prompt, (*regimes_)[r->regime].store.get());
       sched_->find(sid)->forks = r->forks_pending;
+      sched_->find(sid)->synthetic_prefix = r->req.synthetic_kv_prefix;
       m_.prompt_tokens += static_cast<int64_t>(r->req.prompt.size());
       reqs_.emplace(sid, std::move(r));
     }

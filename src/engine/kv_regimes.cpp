@@ -170,8 +170,8 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
       for (const planner::KvGroupPool& p : pools[i]) bytes += p.bytes();
       held = ", pools " + planner::format_bytes(static_cast<double>(bytes));
     }
-    line += fmt::format("{}{} ({}, {} tokens{})", line.empty() ? "" : "; ", w.label, w.why, lo,
-                        held);
+    line +=
+        fmt::format("{}{} ({}, {} tokens{})", line.empty() ? "" : "; ", w.label, w.why, lo, held);
   }
   if (regimes[0].tokens_fit < report.max_model_len) {
     return Error{fmt::format(
@@ -235,7 +235,9 @@ void KvRegimes::fill_metrics(EngineMetrics& m) const {
   // Pools by storage format across regimes; totals are what the whole budget holds in it.
   std::map<std::string, EngineMetrics::Pool> by_format;
   int64_t queried = 0, hits = 0;
+  m.kv_held_bytes = 0;
   for (const KvRegime& rg : regimes_) {
+    m.kv_held_bytes += rg.store->coordinator().held_bytes();
     const kv::BlockManager& mgr = rg.store->coordinator().manager();
     // Blocks of every layer group count as used; totals are in the lead group's blocks.
     for (int gi = 0; gi < rg.store->coordinator().n_groups(); ++gi) {

@@ -6,6 +6,7 @@
 #include <deque>
 #include <vector>
 
+#include "bie/engine/synthetic_kv.h"
 #include "bie/kv/sequence_kv.h"
 
 namespace bie {
@@ -33,7 +34,22 @@ Result<RunOutput> ModelRunner::run(SchedulerOutput& out, EngineMetrics& m,
   batch.reserve(out.scheduled.size());
   for (const ScheduledSeq& sc : out.scheduled) {
     Sequence& s = *sc.seq;
-    views.emplace_back(*s.store, s.id, s.computed, max_model_len_, sc.n_draft == 0);
+    int64_t computed = s.computed, n_tokens = sc.n_tokens;
+    if (sc.n_draft == 0 && computed < s.synthetic_prefix) {
+      // Measurements: the chunk's tokens inside the synthetic prefix get synthetic K/V, written
+      // as a pass would write them (then its window exits); the rest of the chunk runs.
+      const int64_t n_syn = std::min(n_tokens, s.synthetic_prefix - computed);
+      SequenceKv view(*s.store, s.id, computed, max_model_len_);
+      if (Status st = view.append(n_syn); !st) return Error{st.error()};
+      if (!synthetic_)
+        synthetic_ = std::make_unique<SyntheticKv>(view.geometry(), SyntheticKvOptions{});
+      synthetic_->store(view, computed, n_syn);
+      view.finish_pass();
+      computed += n_syn;
+      n_tokens -= n_syn;
+      if (n_tokens == 0) continue;  // never the chunk that samples: the last prompt token runs
+    }
+    views.emplace_back(*s.store, s.id, computed, max_model_len_, sc.n_draft == 0);
     BatchSequence b;
     if (sc.n_draft > 0) {  // the decode token and its drafts, contiguous
       verify_tokens.emplace_back();
@@ -42,23 +58,23 @@ Result<RunOutput> ModelRunner::run(SchedulerOutput& out, EngineMetrics& m,
       v.insert(v.end(), s.draft.begin(), s.draft.begin() + sc.n_draft);
       b.tokens = v;
     } else {
-      b.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.computed),
-                                                            static_cast<size_t>(sc.n_tokens));
+      b.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(computed),
+                                                            static_cast<size_t>(n_tokens));
     }
     b.kv = &views.back();
     b.logits = sc.n_draft > 0 ? BatchSequence::Logits::kAll
                : sc.sample    ? BatchSequence::Logits::kLast
                               : BatchSequence::Logits::kNone;
-    b.decode_from = std::max<int64_t>(0, s.n_prompt - s.computed);
+    b.decode_from = std::max<int64_t>(0, s.n_prompt - computed);
     if (probe) b.attn_entropy = probe(sc);
     batch.push_back(b);
-    if (s.in_prompt()) {
-      m.computed_prompt_tokens += std::min(sc.n_tokens, s.n_prompt - s.computed);
-    }
+    if (computed < s.n_prompt)
+      m.computed_prompt_tokens += std::min(n_tokens, s.n_prompt - computed);
   }
   ++m.steps;
   m.batched_tokens += out.n_tokens();
   m.batched_seqs += static_cast<int64_t>(out.scheduled.size());
+  if (batch.empty()) return ro;  // every chunk was synthetic: no pass, no logits
   const auto fwd0 = std::chrono::steady_clock::now();
   auto fwd = model_.forward_batch(batch, backend_);
   if (!fwd) return Error{fwd.error()};

@@ -1,17 +1,20 @@
 // The model runner: executes the KV data work the scheduler's block decisions imply, turns one
 // step's scheduled sequences into the model's batch (a SequenceKv view per sequence, its tokens:
 // a prompt chunk, a decode token, or a decode token and its drafts to verify) and runs the
-// forward pass. Holds no state between steps. Not thread-safe (engine thread).
+// forward pass. Holds no state between steps but the synthetic K/V source of
+// EngineRequest::synthetic_kv_prefix. Not thread-safe (engine thread).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 
 #include "bie/backend/backend.h"
 #include "bie/common/result.h"
 #include "bie/engine/engine.h"
 #include "bie/engine/scheduler.h"
+#include "bie/engine/synthetic_kv.h"
 #include "bie/model/model.h"
 
 namespace bie {
@@ -48,6 +51,7 @@ class ModelRunner {
   Model& model_;
   Backend& backend_;
   int64_t max_model_len_ = 0;
+  std::unique_ptr<SyntheticKv> synthetic_;  // made on first use
 };
 
 }  // namespace bie

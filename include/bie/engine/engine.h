@@ -170,6 +170,12 @@ struct EngineRequest {
   // Choices (OpenAI's n): the prompt is computed once, then n - 1 sequences fork from it and
   // share its KV blocks copy-on-write. Choice i samples with seed + i. 1..max_num_seqs.
   int32_t n = 1;
+  // Measurements only (`bie bench --fill synthetic`): the K/V of the first synthetic_kv_prefix
+  // prompt tokens are written as synthetic values of realistic statistics (synthetic_kv.h)
+  // instead of being computed, so a model reaches a depth without its prefill. The prefix cache
+  // keeps those blocks under the prompt's token ids like any others: an engine that serves real
+  // requests must never set it (the server and the SDK do not). 0 <= it < the prompt's length.
+  int64_t synthetic_kv_prefix = 0;
 };
 
 using RequestId = uint64_t;
@@ -198,15 +204,15 @@ struct EngineMetrics {
   int64_t preemptions = 0;
   int64_t admission_refusals = 0;  // submit() refusals (queue full, too long)
   int64_t steps = 0;
-  int64_t batched_tokens = 0;   // sum over steps of tokens in the step (mean batch = / steps)
-  int64_t batched_seqs = 0;     // sum over steps of sequences in the step
-  int64_t spec_steps = 0;       // sequence-steps that verified drafts
-  int64_t draft_tokens = 0;     // draft tokens verified
-  int64_t accepted_tokens = 0;  // accepted (mean accepted per spec step = / spec_steps)
-  double drafter_seconds = 0;   // time spent proposing
+  int64_t batched_tokens = 0;     // sum over steps of tokens in the step (mean batch = / steps)
+  int64_t batched_seqs = 0;       // sum over steps of sequences in the step
+  int64_t spec_steps = 0;         // sequence-steps that verified drafts
+  int64_t draft_tokens = 0;       // draft tokens verified
+  int64_t accepted_tokens = 0;    // accepted (mean accepted per spec step = / spec_steps)
+  double drafter_seconds = 0;     // time spent proposing
   int64_t kv_entropy_probes = 0;  // requests whose attention entropy was measured
   int64_t kv_fallbacks = 0;       // of which recomputed in the fallback regime (spiky)
-  bool force_f16 = false;       // the KV kill switch is on
+  bool force_f16 = false;         // the KV kill switch is on
   // KV budget held by running sequences (active blocks' pages, every pool) / the budget: 0..1.
   double kv_usage = 0;
   int32_t kv_block_size = 0;      // tokens per block
@@ -215,6 +221,8 @@ struct EngineMetrics {
   // (kv::MemoryBudget's counter: pages of freed blocks stay committed until reclaimed).
   uint64_t kv_budget_bytes = 0;
   uint64_t kv_committed_bytes = 0;
+  // Bytes of the blocks sequences hold now, in every regime (cached blocks not counted).
+  uint64_t kv_held_bytes = 0;
   // On a device (Backend::device_memory_use): bytes of its device-local buffers now and at most
   // (weights, workspace, KV pools: what the start-up report plans). 0 on the CPU.
   uint64_t device_bytes = 0;

@@ -28,6 +28,9 @@ struct Sequence {
   // Choices still to fork from this sequence once its prompt is computed (n > 1); admission
   // counts them as running.
   int32_t forks = 0;
+  // Leading prompt tokens whose K/V the model runner writes as synthetic values instead of
+  // computing them (EngineRequest::synthetic_kv_prefix; measurements only).
+  int64_t synthetic_prefix = 0;
   SeqStatus status = SeqStatus::kWaiting;
   [[nodiscard]] int64_t n_generated() const {
     return static_cast<int64_t>(tokens.size()) - n_prompt;

@@ -8,6 +8,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <random>
+#include <utility>
+#include <vector>
 
 #include "bie/common/result.h"
 #include "bie/kv/paged_kv_cache.h"
@@ -22,6 +25,25 @@ struct SyntheticKvOptions {
   int64_t chunk = 512;  // tokens appended and stored per step
   // Called after each chunk with tokens filled so far and the target.
   std::function<void(int64_t done, int64_t total)> progress;
+};
+
+// The synthetic rows: a table of standard normal samples read at random offsets (Gaussian rows
+// at memcpy speed: a 64k-token fill of an 8B model writes ~4e9 values), and per layer and KV head
+// the key channels that are outliers and their factors, drawn once from the seed.
+class SyntheticKv {
+ public:
+  SyntheticKv(const KvGeometry& g, const SyntheticKvOptions& opts);
+  // Stores synthetic K/V for positions [pos0, pos0 + n) of every layer of kv (positions the
+  // cache has already appended; KvCache::store).
+  void store(KvCache& kv, int64_t pos0, int64_t n);
+
+ private:
+  KvGeometry g_;
+  std::mt19937_64 rng_;
+  std::vector<float> table_;
+  std::vector<std::pair<size_t, float>> outliers_;  // [n_layer][n_head_kv][n_out] (index, scale)
+  size_t per_layer_ = 0;
+  std::vector<float> k_, v_;  // [n, kv_dim] rows of one store
 };
 
 // Appends n_tokens positions to kv (after what it holds) with synthetic K/V in every layer.
