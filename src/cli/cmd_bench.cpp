@@ -2,28 +2,31 @@
 // at context depths (-d: the cache holds that many tokens first), for one or more KV regimes
 // (--kv-cache-dtype f16,int8,...), median over repetitions, plus KV bytes and peak resident
 // memory. Regimes run interleaved within each repetition so machine noise hits them equally.
-// The depth is reached by a real prefill of random tokens (--fill prefill, the default) or by
-// writing synthetic K/V straight into the cache (--fill synthetic: no forward passes, so an 8B
-// model reaches 64k in seconds; for memory and speed only).
+// Every test is a request to the Engine the server drives (its scheduler, prefix cache and KV
+// regimes): the depth is reached by a request whose prompt is that many random tokens, computed
+// (--fill prefill, the default) or written as synthetic K/V (--fill synthetic,
+// EngineRequest::synthetic_kv_prefix: no forward passes, so an 8B model reaches 64k in seconds;
+// for memory and speed only), and the test's request then finds it in the prefix cache. pp N:
+// N tokens after the depth over their prefill time (first token minus queueing); tg N: the
+// N - 1 decode steps after the depth's prompt (whose pass gives the first token) over their time.
 #include <fmt/format.h>
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <thread>
 
-#include "bie/backend/backend.h"
-#include "bie/backend/thread_pool.h"
-#include "bie/engine/generate.h"
+#include "bie/engine/engine.h"
 #include "bie/engine/kv_setup.h"
-#include "bie/engine/model_path.h"
-#include "bie/engine/synth_model.h"
-#include "bie/engine/synthetic_kv.h"
-#include "bie/model/model.h"
+#include "bie/planner/kv_bytes.h"
+#include "bie/planner/kv_layout_flags.h"
+#include "bie/planner/model_geometry.h"
 #include "bie/planner/plan_report.h"
 #include "cli/bench_spec.h"
 #include "cli/commands.h"
@@ -48,21 +51,25 @@ struct BenchArgs {
   bool speculative_always = false;
 };
 
-// One regime's cache and what the report says about it.
-struct Regime {
-  std::string name;  // as given in the --kv-cache-dtype list
-  KvSetup setup;
+// One row of the results: a regime of the bench's engine (a --kv-cache-dtype format, or the
+// --kv-layer-map map).
+struct Row {
+  std::string name;   // as given in the --kv-cache-dtype list, or "layer-map"
+  std::string label;  // planner::kv_layout_label: what requests name it by
+  planner::KvLayout layout;
+  int64_t tokens_fit = 0;
 };
 
 // One (regime, depth, test) cell of the results.
 struct Cell {
-  size_t regime = 0;
+  size_t row = 0;
   int32_t depth = 0;
   std::string test;  // "pp512", "tg128"
   int32_t n = 0;
   bool decode = false;
-  uint64_t kv_bytes_at_depth = 0;  // blocks held after filling `depth` tokens
-  double fill_seconds = 0;         // the last fill to `depth` (0 when it was reused)
+  uint64_t kv_bytes_at_depth = 0;  // blocks a sequence of `depth` tokens holds
+  double fill_seconds = 0;         // the last fill to `depth` that computed it (0: from cache)
+  int64_t cached_tokens = 0;       // of the timed request's prompt, from the prefix cache
   std::vector<double> tps;
 };
 
@@ -74,6 +81,40 @@ std::vector<std::string> split_list(const std::string& s) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
+}
+
+// A request's finish, and the KV the engine's sequences held after the pass that completed its
+// prompt (the snapshot the engine published after that step, read at the second token).
+struct Ran {
+  FinishEvent fin;
+  uint64_t held_after_prompt = 0;
+};
+
+Ran run_request(Engine& eng, RequestId id, EngineRequest req) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  int tokens = 0;
+  Ran r;
+  RequestCallbacks cb;
+  cb.on_token = [&](const TokenEvent&) {  // the engine thread
+    if (tokens++ == 1) r.held_after_prompt = eng.metrics().kv_held_bytes;
+    return true;
+  };
+  cb.on_finish = [&](const FinishEvent& f) {
+    std::lock_guard lk(mu);
+    r.fin = f;
+    done = true;
+    cv.notify_all();
+  };
+  if (auto refused = eng.submit(id, std::move(req), cb)) {
+    r.fin.finish_reason = "error";
+    r.fin.error = refused->message;
+    return r;
+  }
+  std::unique_lock lk(mu);
+  cv.wait(lk, [&] { return done; });
+  return r;
 }
 
 int bench(const BenchArgs& a) {
@@ -110,185 +151,241 @@ int bench(const BenchArgs& a) {
   const int32_t max_depth = *std::max_element(a.depths.begin(), a.depths.end());
   const int32_t max_pp =
       prompt_lengths.empty() ? 0 : *std::max_element(prompt_lengths.begin(), prompt_lengths.end());
-  if (base->max_model_len == 0) base->max_model_len = max_depth + std::max(max_pp, a.n_decode) + 1;
-  if (max_depth + std::max(max_pp, a.n_decode) > base->max_model_len) {
+  if (a.n_decode == 1) {
     return fail(kExitBadInput,
-                fmt::format("depth {} + test {} tokens exceed --max-model-len {}", max_depth,
-                            std::max(max_pp, a.n_decode), base->max_model_len));
+                "-n must be 0 or at least 2 (the first token comes with the prompt's pass; tg N "
+                "times the N - 1 decode steps after it)");
+  }
+  // Requests: a decode test's prompt is the depth's tokens (one at depth 0) and it generates N;
+  // a prompt test's is depth + N tokens and it generates one; a fill's is the depth, generating 2.
+  const int32_t need = std::max({max_pp > 0 ? max_pp + 1 : 0, a.n_decode, max_depth > 0 ? 2 : 0});
+  if (base->max_model_len == 0) base->max_model_len = max_depth + std::max(max_pp, a.n_decode) + 1;
+  if (max_depth + need > base->max_model_len) {
+    return fail(kExitBadInput, fmt::format("depth {} + test {} tokens exceed --max-model-len {}",
+                                           max_depth, need, base->max_model_len));
   }
 
-  // Made before the model and the caches, so it outlives the buffers they hold on it.
-  auto backend = create_backend(BackendConfig{*dev, std::max(0, a.threads)});
-  if (!backend) return fail(kExitFailure, backend.error());
-  Backend& be = **backend;
-  LoadOptions lo;
-  lo.max_batch_tokens = static_cast<int32_t>(base->chunked_prefill_size);
-  auto model = load_named_model(a.model, lo);
-  if (!model.ok()) return fail(kExitFailure, model.error());
-  Model& m = **model;
-  const bool synthetic_model = m.file().get_bool(kSyntheticKey).value_or(false);
-  if (synthetic_model) {
+  // The engine the server drives, one request at a time: its scheduler's chunks, prefix cache
+  // (each depth's fill is computed once and then served from it) and KV regime rules. The
+  // --kv-cache-dtype list's first format is its default regime and the others further regimes
+  // requests name; with --kv-layer-map the map is the default and every listed format a
+  // further regime.
+  for (const std::string& name : names) {  // named as the user wrote the list
+    planner::KvLayoutFlags f = base->kv;
+    f.dtype = name;
+    f.layer_map.clear();
+    if (auto l = planner::resolve_kv_layout(f); !l) {
+      return fail(kExitBadInput, fmt::format("regime {}: {}", name, l.error()));
+    }
+  }
+  const bool with_map = !base->kv.layer_map.empty();
+  EngineConfig ec;
+  ec.model = a.model;
+  ec.device = *dev;
+  ec.threads = std::max(0, a.threads);
+  ec.kv = *base;
+  ec.f16_kill_switch = false;
+  ec.enable_prefix_caching = true;
+  if (with_map) {
+    ec.kv.kv.dtype = "f16";  // the map's own formats replace it
+    ec.kv_regimes = names;
+  } else {
+    ec.kv.kv.dtype = names[0];
+    ec.kv_regimes.assign(names.begin() + 1, names.end());
+  }
+  CreateError kind = CreateError::kInvalidConfig;
+  auto engine = Engine::create(ec, &kind);
+  if (!engine) {
+    return fail(kind == CreateError::kModel ? kExitFailure : kExitBadInput, engine.error());
+  }
+  Engine& eng = **engine;
+  const ModelInfo& info = eng.model_info();
+  if (info.synthetic) {
     fmt::print(stderr,
                "bench: {} is a SYNTHETIC model (random weights): speed and memory only, never "
                "quality\n",
-               m.file().path());
+               info.path);
   }
-
-  std::vector<Regime> regimes;
-  // The --kv-cache-dtype list as named, then (with --kv-layer-map) the map as one more regime,
-  // so a map is measured side by side with the uniform formats.
-  std::vector<std::string> runs = names;
-  if (!base->kv.layer_map.empty()) runs.push_back("layer-map");
-  for (const std::string& name : runs) {
-    KvEngineOptions o = *base;
-    o.kv.dtype = name == "layer-map" ? "f16" : name;  // a map's own formats replace the dtype
-    if (name != "layer-map") o.kv.layer_map.clear();
-    auto s = setup_kv_cache(m, o, &be);
-    if (!s) return fail(kExitBadInput, fmt::format("regime {}: {}", name, s.error()));
-    regimes.push_back({name, std::move(s).value()});
+  auto geom = planner::geometry_from_gguf_path(info.path);
+  if (!geom) return fail(kExitFailure, geom.error());
+  // Each row's layout and the engine regime holding it (found by label: two names of one layout,
+  // as int4_asym and int4_channel, are one regime measured as two rows).
+  const KvPolicyInfo policy = eng.kv_policy();
+  std::vector<Row> rows;
+  for (size_t i = 0; i < names.size() + (with_map ? 1 : 0); ++i) {
+    planner::KvLayoutFlags f = base->kv;
+    if (i < names.size()) {
+      f.dtype = names[i];
+      f.layer_map.clear();
+    } else {
+      f.dtype = "f16";  // the map's own formats replace it
+    }
+    auto layout = kv_layout_for_model(*geom, f);
+    if (!layout) return fail(kExitBadInput, layout.error());
+    Row row{i < names.size() ? names[i] : "layer-map", planner::kv_layout_label(*layout), *layout,
+            0};
+    const auto it = std::find_if(policy.regimes.begin(), policy.regimes.end(),
+                                 [&](const KvRegimeInfo& r) { return r.label == row.label; });
+    if (it == policy.regimes.end()) {
+      return fail(kExitFailure,
+                  fmt::format("regime {} ({}) is not among the engine's", row.name, row.label));
+    }
+    row.tokens_fit = it->tokens_fit;
+    rows.push_back(std::move(row));
   }
-  for (const Regime& r : regimes) {  // start-up reports once every regime is known to fit
-    const std::string text = format_kv_report(r.setup.report);
-    std::fwrite(text.data(), 1, text.size(), stderr);
-  }
+  const std::string text = format_kv_report(eng.kv_report());  // the one start-up report
+  std::fwrite(text.data(), 1, text.size(), stderr);
 
   std::mt19937 rng(1);
-  std::uniform_int_distribution<int32_t> tok(0, m.hparams().n_vocab - 1);
+  std::uniform_int_distribution<int32_t> tok(0, info.n_vocab - 1);
   const auto random_tokens = [&](int32_t n) {
     std::vector<int32_t> t(static_cast<size_t>(n));
     for (auto& x : t) x = tok(rng);
     return t;
   };
-  std::vector<float> logits;
-  using clock = std::chrono::steady_clock;
+  // Every depth's fill is a prefix of one token sequence: a deeper fill reuses a shallower one.
+  const std::vector<int32_t> fill = random_tokens(max_depth);
+  RequestId next_id = 1;
+  const auto request = [&](const Row& row, std::vector<int32_t> prompt, int32_t max_tokens,
+                           int64_t synthetic) {
+    EngineRequest r;
+    r.prompt = std::move(prompt);
+    r.kv_cache_dtype = row.label;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    r.synthetic_kv_prefix = synthetic;
+    return run_request(eng, next_id++, std::move(r));
+  };
 
   std::vector<Cell> cells;
   for (int32_t d : a.depths) {
-    for (size_t ri = 0; ri < regimes.size(); ++ri) {
-      // Decode first: its tokens stay in the FP16 window, so the cache can be cut back to the
-      // depth afterwards instead of being filled again (a prompt test usually cannot).
+    for (size_t ri = 0; ri < rows.size(); ++ri) {
       if (a.n_decode > 0) {
-        cells.push_back({ri, d, fmt::format("tg{}", a.n_decode), a.n_decode, true, 0, 0.0, {}});
+        cells.push_back({ri, d, fmt::format("tg{}", a.n_decode), a.n_decode, true, 0, 0.0, 0, {}});
       }
       for (int32_t n : prompt_lengths)
-        cells.push_back({ri, d, fmt::format("pp{}", n), n, false, 0, 0.0, {}});
+        cells.push_back({ri, d, fmt::format("pp{}", n), n, false, 0, 0.0, 0, {}});
     }
   }
-  // One warm-up forward so page faults of the mmapped weights are not timed.
-  for (Regime& r : regimes) {
-    if (Status s = prefill(m, *r.setup.cache, be, random_tokens(1), 1, 1, logits); !s)
-      return fail(kExitFailure, s.error());
-    if (Status s = r.setup.cache->truncate(0); !s) return fail(kExitFailure, s.error());
+  // One warm-up request per regime so page faults of the mmapped weights are not timed.
+  for (const Row& row : rows) {
+    const Ran w = request(row, random_tokens(1), 1, 0);
+    if (w.fin.finish_reason == "error") return fail(kExitFailure, w.fin.error);
   }
   // Repetition-major, regime innermost: every regime sees the same stretch of machine noise.
   for (int rep = 0; rep < a.reps; ++rep) {
     for (Cell& c : cells) {
       // Progress on stderr: a run at 8k depths across regimes takes minutes.
-      fmt::print(stderr, "bench: run {}/{}  {}  depth {}  {}\n", rep + 1, a.reps,
-                 regimes[c.regime].name, c.depth, c.test);
-      PagedKvCache& kv = *regimes[c.regime].setup.cache;
-      const planner::KvLayout& layout = regimes[c.regime].setup.report.layout;
-      const int64_t align = layout.block_size;
-      const int64_t chunk = layout.prefill_chunk(base->chunked_prefill_size);  // as the engine
-      // Reuse the previous cell's fill when it was the same depth and can be cut back to it.
-      const bool reuse = kv.n_tokens() >= c.depth && c.depth > 0 && kv.truncate(c.depth).ok();
-      if (!reuse) {
-        if (Status s = kv.truncate(0); !s) return fail(kExitFailure, s.error());
-        const auto tf = clock::now();
-        if (synthetic_fill) {
-          SyntheticKvOptions so;
-          so.chunk = base->chunked_prefill_size;
-          int last = -1;
-          so.progress = [&](int64_t done, int64_t total) {
-            const int pct = static_cast<int>(100 * done / total);
-            if (pct / 10 != last / 10) {
-              fmt::print(stderr, "bench: synthetic fill {}/{} tokens\n", done, total);
-              last = pct;
-            }
-          };
-          if (Status s = fill_kv_synthetic(kv, c.depth, so); !s)
-            return fail(kExitFailure, s.error());
-        } else {
-          const std::vector<int32_t> fill = random_tokens(c.depth);
-          if (!fill.empty()) {
-            if (Status s = prefill(m, kv, be, fill, chunk, align, logits); !s)
-              return fail(kExitFailure, s.error());
+      const Row& row = rows[c.row];
+      fmt::print(stderr, "bench: run {}/{}  {}  depth {}  {}\n", rep + 1, a.reps, row.name, c.depth,
+                 c.test);
+      const std::vector<int32_t> at_depth(fill.begin(), fill.begin() + c.depth);
+      if (c.depth > 0) {
+        // The fill: computed (or written, --fill synthetic) the first time, then a prefix-cache
+        // hit; its second token reads what a sequence of `depth` tokens holds.
+        const Ran f = request(row, at_depth, 2, synthetic_fill ? c.depth - 1 : 0);
+        if (f.fin.finish_reason == "error") return fail(kExitFailure, f.fin.error);
+        c.kv_bytes_at_depth = f.held_after_prompt;
+        const RequestMetrics& fm = f.fin.metrics;
+        if (fm.cached_tokens + row.layout.block_size < c.depth) {
+          c.fill_seconds = fm.ttft_seconds;
+          if (synthetic_fill) {
+            fmt::print(stderr, "bench: synthetic fill {}/{} tokens in {:.1f} s\n", c.depth, c.depth,
+                       fm.ttft_seconds);
           }
         }
-        c.fill_seconds = std::chrono::duration<double>(clock::now() - tf).count();
       }
-      c.kv_bytes_at_depth = kv_held_bytes(kv);
-      const std::vector<int32_t> test = random_tokens(c.n);
-      const auto t0 = clock::now();
-      const Status s = prefill(m, kv, be, test, c.decode ? 1 : chunk, align,
-                               logits, c.decode ? MatmulPath::kDecode : MatmulPath::kPrefill);
-      const double sec = std::chrono::duration<double>(clock::now() - t0).count();
-      if (!s) return fail(kExitFailure, s.error());
-      c.tps.push_back(c.n / sec);
+      std::vector<int32_t> prompt = c.depth > 0 ? at_depth : random_tokens(1);
+      if (!c.decode) {
+        if (c.depth == 0) prompt.clear();
+        const std::vector<int32_t> test = random_tokens(c.n);
+        prompt.insert(prompt.end(), test.begin(), test.end());
+      }
+      // (a decode test's prompt is the depth itself: its last token is computed)
+      const int64_t synthetic = synthetic_fill ? std::max(0, c.decode ? c.depth - 1 : c.depth) : 0;
+      const Ran t = request(row, std::move(prompt), c.decode ? c.n : 1, synthetic);
+      if (t.fin.finish_reason == "error") return fail(kExitFailure, t.fin.error);
+      const RequestMetrics& m = t.fin.metrics;
+      c.cached_tokens = m.cached_tokens;
+      const double prefill = m.ttft_seconds - m.queue_seconds;
+      c.tps.push_back(c.decode ? m.decode_tps() : (prefill > 0 ? c.n / prefill : 0.0));
     }
   }
-  for (Regime& r : regimes) {
-    if (Status s = r.setup.cache->check_integrity(); !s) return fail(kExitFailure, s.error());
+  eng.wait_idle();
+  const EngineMetrics em = eng.metrics();
+  if (em.kv_held_bytes != 0) {
+    return fail(kExitFailure,
+                fmt::format("{} bytes of KV blocks still held after the runs", em.kv_held_bytes));
   }
+  eng.shutdown(false);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   const double peak_mib = static_cast<double>(ru.ru_maxrss) / 1024.0;
+  const int threads =
+      ec.threads > 0 ? ec.threads : static_cast<int>(std::thread::hardware_concurrency());
+  const KvSetupReport& report = eng.kv_report();
+  const auto bytes_per_token = [&](const Row& r) {
+    return planner::kv_bytes_per_token(*geom, r.layout);
+  };
 
   if (a.json) {
     nlohmann::json j;
-    j["model"] = m.file().path();
-    j["threads"] = be.host_threads().size();
+    j["model"] = info.path;
+    j["device"] = ec.device;
+    j["threads"] = threads;
     j["repetitions"] = a.reps;
     j["chunked_prefill_size"] = base->chunked_prefill_size;
     j["peak_rss_mib"] = peak_mib;
-    j["synthetic_model"] = synthetic_model;
+    j["synthetic_model"] = info.synthetic;
     j["fill"] = a.fill;
+    j["kv_budget_bytes"] = policy.budget_bytes;
     j["regimes"] = nlohmann::json::array();
-    for (const Regime& rg : regimes) {
-      const KvSetupReport& r = rg.setup.report;
-      j["regimes"].push_back({{"regime", rg.name},
-                              {"layout", r.layout_label},
-                              {"max_model_len", r.max_model_len},
-                              {"usable_bytes", r.usable_bytes},
-                              {"weights_bytes", r.weights_bytes},
-                              {"workspace_bytes", r.workspace_bytes},
-                              {"kv_budget_bytes", r.kv_budget_bytes},
-                              {"kv_pool_bytes", r.kv_pool_bytes()},
-                              {"seq_bytes", r.seq_bytes},
-                              {"tokens_fit", r.tokens_fit},
-                              {"bytes_per_token", r.bytes_per_token}});
+    for (const Row& r : rows) {
+      j["regimes"].push_back(
+          {{"regime", r.name},
+           {"layout", r.label},
+           {"max_model_len", report.max_model_len},
+           {"usable_bytes", report.usable_bytes},
+           {"weights_bytes", report.weights_bytes},
+           {"workspace_bytes", report.workspace_bytes},
+           {"seq_bytes", planner::kv_pool_plan(*geom, r.layout, report.max_model_len, 1,
+                                               base->chunked_prefill_size)
+                             .total_bytes()},
+           {"tokens_fit", r.tokens_fit},
+           {"bytes_per_token", bytes_per_token(r)}});
     }
     j["results"] = nlohmann::json::array();
     for (const Cell& c : cells) {
-      const KvSetupReport& r = regimes[c.regime].setup.report;
-      j["results"].push_back({{"regime", regimes[c.regime].name},
-                              {"layout", r.layout_label},
+      const Row& r = rows[c.row];
+      j["results"].push_back({{"regime", r.name},
+                              {"layout", r.label},
                               {"depth", c.depth},
                               {"test", c.test},
                               {"n", c.n},
                               {"median_tps", median(c.tps)},
                               {"runs_tps", c.tps},
-                              {"kv_bytes_per_token", r.bytes_per_token},
+                              {"kv_bytes_per_token", bytes_per_token(r)},
                               {"kv_bytes_at_depth", c.kv_bytes_at_depth},
-                              {"fill_seconds", c.fill_seconds}});
+                              {"fill_seconds", c.fill_seconds},
+                              {"cached_tokens", c.cached_tokens}});
     }
     fmt::print("{}\n", j.dump(1));
     return kExitOk;
   }
-  fmt::print("model   {}{}\nthreads {}  repetitions {}  chunk {}  fill {}\n", m.file().path(),
-             synthetic_model ? " (SYNTHETIC: random weights)" : "", be.host_threads().size(),
-             a.reps, base->chunked_prefill_size, a.fill);
+  fmt::print("model   {}{}\nthreads {}  repetitions {}  chunk {}  fill {}\n", info.path,
+             info.synthetic ? " (SYNTHETIC: random weights)" : "", threads, a.reps,
+             base->chunked_prefill_size, a.fill);
   fmt::print("{:<14} {:>6} {:>7} {:>11} {:>9} {:>9} {:>11} {:>12}\n", "regime", "depth", "test",
              "median t/s", "min", "max", "KV B/token", "KV at depth");
   for (const Cell& c : cells) {
-    const KvSetupReport& r = regimes[c.regime].setup.report;
+    const Row& r = rows[c.row];
     // Slow models (an 8B on a CPU decodes < 1 tok/s) need more digits than llama-bench's one.
     const double med = median(c.tps);
     const int dec = med < 10 ? 3 : 1;
-    fmt::print("{:<14} {:>6} {:>7} {:>11.{}f} {:>9.{}f} {:>9.{}f} {:>11} {:>12}\n",
-               regimes[c.regime].name, c.depth, c.test, med, dec,
-               *std::min_element(c.tps.begin(), c.tps.end()), dec,
-               *std::max_element(c.tps.begin(), c.tps.end()), dec, r.bytes_per_token,
+    fmt::print("{:<14} {:>6} {:>7} {:>11.{}f} {:>9.{}f} {:>9.{}f} {:>11} {:>12}\n", r.name, c.depth,
+               c.test, med, dec, *std::min_element(c.tps.begin(), c.tps.end()), dec,
+               *std::max_element(c.tps.begin(), c.tps.end()), dec, bytes_per_token(r),
                planner::format_bytes(static_cast<double>(c.kv_bytes_at_depth)));
   }
   fmt::print("peak RSS {:.1f} MiB\n", peak_mib);
@@ -305,7 +402,10 @@ void add_bench_command(CLI::App& root, int* rc) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("-n,--n-gen", a->n_decode, "Tokens to decode (tg test; 0: skip)")
+  cmd->add_option(
+         "-n,--n-gen", a->n_decode,
+         "Tokens to generate in the tg test (0: skip; at least 2: the first comes with the "
+         "prompt, tg N times the N - 1 decode steps after it)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-d,--depth", a->depths,
