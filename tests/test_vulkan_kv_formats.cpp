@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -326,6 +327,30 @@ std::vector<float> deq_row(Pool& p, int block, int row, int head, bool is_v) {
   return y;
 }
 
+// Paged attention of kHeads query heads over kHeadsKv KV heads of layer kLayer, with the given
+// pools, sequences and table; q and out set by the caller.
+AttnMetadata attn_meta(int d, bool rotate, int64_t window, std::span<const KvPoolDesc> pools,
+                       const std::vector<int32_t>& query_start, const std::vector<int64_t>& q_pos0,
+                       const std::vector<int32_t>& table_start,
+                       const std::vector<KvBlockRef>& table) {
+  AttnMetadata am;
+  am.layer_in_group = kLayer;
+  am.n_layers_in_group = kLayers;
+  am.n_head = kHeads;
+  am.n_head_kv = kHeadsKv;
+  am.head_dim = d;
+  am.block_size = kBlock;
+  am.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  am.window = window;
+  am.rotate_keys = rotate;
+  am.pools = pools;
+  am.query_start = query_start;
+  am.q_pos0 = q_pos0;
+  am.block_table_start = table_start;
+  am.block_table = table;
+  return am;
+}
+
 // The largest difference between the device's attention output `got` ([token][head][d]) and an
 // fp64 softmax over the CPU's dequantisation of the same blocks (relative above magnitude 1).
 // qr: the queries as the CPU's runner reads them (rotated when the keys are); tables: each
@@ -422,28 +447,14 @@ TEST_P(VulkanKvFormat, PagedAttentionOverMixedPoolsMatchesFp64OverTheCpuBlocks) 
   if (c.rotate) {
     for (size_t r = 0; r < qr.size() / d; ++r) kv::hadamard_rotate_scalar(qr.data() + r * d, d);
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (int64_t window : {int64_t{0}, int64_t{5}}) {
-    AttnMetadata am;
+    AttnMetadata am =
+        attn_meta(d, c.rotate, window, pools, query_start, q_pos0, table_start, table);
     am.q = h.f32(qv, 7, qw);
     am.out = h.f32(std::vector<float>(qv.size(), 0.0f), 7, qw);
-    am.layer_in_group = kLayer;
-    am.n_layers_in_group = kLayers;
-    am.n_head = kHeads;
-    am.n_head_kv = kHeadsKv;
-    am.head_dim = d;
-    am.block_size = kBlock;
-    am.scale = scale;
-    am.window = window;
-    am.rotate_keys = c.rotate;
-    am.pools = pools;
-    am.query_start = query_start;
-    am.q_pos0 = q_pos0;
-    am.block_table_start = table_start;
-    am.block_table = table;
     ASSERT_TRUE(gpu().paged_attention(am).ok()) << gpu().status().error();
-    const double worst = worst_vs_fp64(h.read(am.out), qr, tables, query_start, q_pos0, window,
-                                       d, f16, body);
+    const double worst =
+        worst_vs_fp64(h.read(am.out), qr, tables, query_start, q_pos0, window, d, f16, body);
     EXPECT_LE(worst, kAttnAbsTol) << c.name << " window " << window;
     std::printf("%s window %lld: max |device - fp64| = %.3g\n", c.name,
                 static_cast<long long>(window), worst);
@@ -487,23 +498,9 @@ TEST_P(VulkanKvFormat, AttentionSplitsGiveTheSameBitsInOneWorkgroupOrManyAndInAn
     gpu().set_attention_splits(64, split_pass);
     const std::vector<int32_t> query_start = {0, n};
     const std::vector<int64_t> q_pos0 = {kLen - kQ + t0};
-    AttnMetadata am;
+    AttnMetadata am = attn_meta(d, c.rotate, window, pools, query_start, q_pos0, table_start, seq);
     am.q = h.f32(std::vector<float>(qv.begin() + t0 * qw, qv.begin() + (t0 + n) * qw), n, qw);
     am.out = h.f32(std::vector<float>(static_cast<size_t>(n) * qw, 0.0f), n, qw);
-    am.layer_in_group = kLayer;
-    am.n_layers_in_group = kLayers;
-    am.n_head = kHeads;
-    am.n_head_kv = kHeadsKv;
-    am.head_dim = d;
-    am.block_size = kBlock;
-    am.scale = 1.0f / std::sqrt(static_cast<float>(d));
-    am.window = window;
-    am.rotate_keys = c.rotate;
-    am.pools = pools;
-    am.query_start = query_start;
-    am.q_pos0 = q_pos0;
-    am.block_table_start = table_start;
-    am.block_table = seq;
     const uint64_t before = gpu().device().dispatch_count();
     EXPECT_TRUE(gpu().paged_attention(am).ok()) << gpu().status().error();
     const uint64_t dispatches = gpu().device().dispatch_count() - before;
