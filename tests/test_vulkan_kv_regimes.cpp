@@ -191,7 +191,7 @@ TEST(VulkanKvRegimes, PreemptionUnderATightDeviceBudgetLosesNothing) {
       "In mathematics, a prime number is a natural number greater than one that has no positive "
       "divisors other than one and itself. The first primes are",
   };
-  constexpr int kLongTokens = 16;
+  constexpr int kLongTokens = 8;
   std::vector<std::vector<int32_t>> alone;
   for (const char* p : prompts) alone.push_back(run(eng, greedy(eng, p, kLongTokens)).tokens);
   std::vector<std::unique_ptr<Collected>> cs;
