@@ -170,15 +170,23 @@ int bench(const BenchArgs& a) {
   // --kv-cache-dtype list's first format is its default regime and the others further regimes
   // requests name; with --kv-layer-map the map is the default and every listed format a
   // further regime.
-  for (const std::string& name : names) {  // named as the user wrote the list
+  const bool with_map = !base->kv.layer_map.empty();
+  // The KV flags of row i: the list's formats in order, then the map.
+  const auto row_flags = [&](size_t i) {
     planner::KvLayoutFlags f = base->kv;
-    f.dtype = name;
-    f.layer_map.clear();
-    if (auto l = planner::resolve_kv_layout(f); !l) {
-      return fail(kExitBadInput, fmt::format("regime {}: {}", name, l.error()));
+    if (i < names.size()) {
+      f.dtype = names[i];
+      f.layer_map.clear();
+    } else {
+      f.dtype = "f16";  // the map's own formats replace it
+    }
+    return f;
+  };
+  for (size_t i = 0; i < names.size(); ++i) {  // named as the user wrote the list
+    if (auto l = planner::resolve_kv_layout(row_flags(i)); !l) {
+      return fail(kExitBadInput, fmt::format("regime {}: {}", names[i], l.error()));
     }
   }
-  const bool with_map = !base->kv.layer_map.empty();
   EngineConfig ec;
   ec.model = a.model;
   ec.device = *dev;
@@ -213,14 +221,7 @@ int bench(const BenchArgs& a) {
   const KvPolicyInfo policy = eng.kv_policy();
   std::vector<Row> rows;
   for (size_t i = 0; i < names.size() + (with_map ? 1 : 0); ++i) {
-    planner::KvLayoutFlags f = base->kv;
-    if (i < names.size()) {
-      f.dtype = names[i];
-      f.layer_map.clear();
-    } else {
-      f.dtype = "f16";  // the map's own formats replace it
-    }
-    auto layout = kv_layout_for_model(*geom, f);
+    auto layout = kv_layout_for_model(*geom, row_flags(i));
     if (!layout) return fail(kExitBadInput, layout.error());
     Row row{i < names.size() ? names[i] : "layer-map", planner::kv_layout_label(*layout), *layout,
             0};
@@ -296,9 +297,9 @@ int bench(const BenchArgs& a) {
           }
         }
       }
-      std::vector<int32_t> prompt = c.depth > 0 ? at_depth : random_tokens(1);
+      std::vector<int32_t> prompt = at_depth;
+      if (c.decode && c.depth == 0) prompt = random_tokens(1);  // a decode test needs a prompt
       if (!c.decode) {
-        if (c.depth == 0) prompt.clear();
         const std::vector<int32_t> test = random_tokens(c.n);
         prompt.insert(prompt.end(), test.begin(), test.end());
       }
