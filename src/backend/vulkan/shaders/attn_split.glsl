@@ -3,6 +3,8 @@
 // split_min and span / n_split_max rounded up to 64 keys. The grid depends on the token's own
 // position and window only, never on the batch, so a token's output does not depend on which
 // tokens share its dispatch or on whether its splits ran in one workgroup or several.
+// VulkanBackend::paged_attention computes the same grid on the host for the dispatch's size:
+// change both together.
 void split_grid(int first, int pos, uint n_split_max, uint split_min, out int len, out int n) {
   const int span = pos - first + 1;
   const int per = (span + int(n_split_max) - 1) / int(n_split_max);
