@@ -24,7 +24,7 @@ if(BIE_VULKAN)
       "rms_norm|rms_norm.comp" "rope|rope.comp" "scale|scale.comp"
       "kv_write_f16|kv_write.comp"
       "attn_paged_kv|attn_paged_kv.comp" "attn_split_merge|attn_split_merge.comp" "kv_write_q|kv_write_q.comp" "kv_quantise|kv_quantise.comp"
-      "kv_chan|kv_chan.comp")
+      "kv_chan|kv_chan.comp" "kv_rotate|kv_rotate.comp")
   foreach(t F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)
     string(TOLOWER ${t} tl)
     list(APPEND _variants "matvec_${tl}|matvec.comp|WTYPE_${t}" "matmul_${tl}|matmul.comp|WTYPE_${t}"

@@ -99,20 +99,6 @@ TEST(VulkanEngine, FourConcurrentRequestsGiveTheCpuTokensWhereMarginsAllow) {
   EXPECT_GE(identical, 2);
 }
 
-// Per-channel keys Hadamard-rotated (--kv-rotate on the int4_asym recipe) stay on the host:
-// refused with the way out.
-TEST(VulkanEngine, RotatedPerChannelKeysOnTheDeviceAreRefusedWithTheWayOut) {
-  BIE_REQUIRE_FILE(test::smollm2_path());
-  EngineConfig cfg = config("vulkan");
-  cfg.kv.kv.dtype = "int4_asym";
-  cfg.kv.kv.rotate = true;
-  auto e = Engine::create(cfg);
-  ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.error().find("does not run on the vulkan"), std::string::npos) << e.error();
-  EXPECT_NE(e.error().find("--no-kv-rotate"), std::string::npos) << e.error();
-  EXPECT_NE(e.error().find("--device cpu"), std::string::npos) << e.error();
-}
-
 // Gemma 3's two layer groups (sliding-window and global pools) on the device: allocated as the
 // report plans them, from the device-local budget.
 TEST(VulkanEngine, DeviceAllocationsEqualTheStartUpReportWithSlidingWindowGroups) {

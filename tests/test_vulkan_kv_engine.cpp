@@ -4,7 +4,8 @@
 // near-tie (as tests/test_vulkan_engine.cpp for f16). Regimes: per-token int8 rows
 // (--kv-cache-dtype-k int8 --kv-cache-dtype-v int8), the int4_asym and int8 recipes, whose keys
 // are per-channel tiles (int4_channel_tB / int8_channel_tB) fitted on the device, and
-// int4_asym_g64, whose keys are stored Hadamard-rotated. The prompts
+// int4_asym_g64 and the int4_asym recipe with --kv-rotate, whose keys are stored Hadamard-rotated.
+// The prompts
 // are longer than sink + window, so body blocks are written by kv_write, migrated by
 // quantise_blocks and read by attention on the device.
 #include <gtest/gtest.h>
@@ -38,6 +39,7 @@ struct Regime {
   // (BIE_VULKAN_KV_PART_BYTES), so that blocks of one sequence sit in different buffers, as an
   // 8 GB card's 64k pool does; the context then shrinks to fit four such buffers.
   size_t part_bytes = 0;
+  bool rotate = false;  // --kv-rotate
 };
 
 const Regime kRegimes[] = {
@@ -47,6 +49,10 @@ const Regime kRegimes[] = {
     {"int8_recipe", "int8", "", "", "k=int8_channel_t16 v=int8"},
     // the per-token 4-bit recipe: keys Hadamard-rotated on the device, queries rotated to match
     {"int4_asym_g64_rotated", "int4_asym_g64", "", "", "int4_asym_g64 +rotate"},
+    // the int4_asym recipe with its per-channel keys Hadamard-rotated (--kv-rotate): the key
+    // rows of a tile written straight into the body are rotated before the channels are fitted
+    {"int4_asym_recipe_rotated", "int4_asym", "", "", "k=int4_channel_t16 v=int4_asym_g64 +rotate",
+     0, true},
     // the int4_asym recipe with pools split: FP16 pool one block per buffer, body 3 per buffer
     {"int4_asym_recipe_split", "int4_asym", "", "", "k=int4_channel_t16 v=int4_asym_g64",
      400 << 10},
@@ -59,6 +65,7 @@ EngineConfig regime_config(const Regime& rg, const std::string& device) {
   cfg.kv.kv.dtype = rg.dtype;
   cfg.kv.kv.dtype_k = rg.dtype_k;
   cfg.kv.kv.dtype_v = rg.dtype_v;
+  if (rg.rotate) cfg.kv.kv.rotate = true;
   cfg.kv.kv.block_size = 16;
   cfg.kv.kv.sink_tokens = 8;
   cfg.kv.kv.window_tokens = 16;

@@ -78,6 +78,9 @@ const FormatCase kCases[] = {
     // The per-token 4-bit recipe rotates its keys (int4_asym_gN, --kv-rotate by default).
     {"int4_asym_g64_rotated", fmt(KvType::kInt4Asym, 64), fmt(KvType::kInt4Asym, 64), 128, true},
     {"int8_rows_rotated", fmt(KvType::kInt8), fmt(KvType::kInt8), 64, true},
+    // The recipes with --kv-rotate: per-channel tiles fitted over rotated key rows.
+    {"int4_recipe_rotated", fmt(KvType::kInt4Channel, 16), fmt(KvType::kInt4Asym, 64), 128, true},
+    {"int8_recipe_rotated", fmt(KvType::kInt8Channel, 16), fmt(KvType::kInt8), 64, true},
     // Pools in four buffers of two blocks: every kernel finds each block in its part.
     {"int8_split", fmt(KvType::kInt8), fmt(KvType::kInt8), 96, false, 2},
     {"int4_recipe_split", fmt(KvType::kInt4Channel, 16), fmt(KvType::kInt4Asym, 64), 128, false, 2},
@@ -298,7 +301,10 @@ TEST_P(VulkanKvFormat, KvWriteIsByteIdenticalToTheCpuStore) {
     Pool body(c.k, c.v, c.head_dim, round_rows, c.rotate, c.split);
     const KvPoolDesc pools[] = {body.desc};
     if (whole_tiles(c)) {  // per-channel tiles: whole blocks, two in one call, then one
+      // Rotated keys: the two tiles' rows rotated in one round, then (rows rounded) one by one.
+      gpu().set_rotated_tiles_per_round(round_rows ? 1 : 0);
       write_rows(h, pools, {&body}, slot_run(0, {7, 1}, 0, 2 * kBlock), c.head_dim, 7);
+      gpu().set_rotated_tiles_per_round(0);
       write_rows(h, pools, {&body}, slot_run(0, {3}, 0, kBlock), c.head_dim, 9);
       const std::vector<uint8_t> got = body.device_bytes();
       EXPECT_TRUE(got == body.host) << c.name << (round_rows ? " (rows rounded to fp16)" : "")
@@ -598,9 +604,8 @@ TEST(VulkanKvFormat, CopyBlocksMovesBlocksBetweenThePartsOfASplitPool) {
 }
 
 // A per-channel tile's scales span the block: a write that gives a block only some of its rows
-// (or rows out of order) is refused with the block named, and writes nothing; so is a write of
-// rotated per-channel keys.
-TEST(VulkanKvFormat, PerChannelTilesAreWrittenWholeAndUnrotated) {
+// (or rows out of order) is refused with the block named, and writes nothing.
+TEST(VulkanKvFormat, PerChannelTilesAreWrittenWhole) {
   Holder h;
   Pool body(fmt(KvType::kInt4Channel, 16), fmt(KvType::kInt4Asym, 64), 64, true);
   const KvPoolDesc pools[] = {body.desc};
@@ -624,23 +629,6 @@ TEST(VulkanKvFormat, PerChannelTilesAreWrittenWholeAndUnrotated) {
   }
   EXPECT_TRUE(gpu().status().ok());
   EXPECT_TRUE(body.device_bytes() == before);
-  // Per-channel keys are stored unrotated on the device.
-  const std::vector<float> rows(static_cast<size_t>(kBlock) * kHeadsKv * 64, 0.5f);
-  KvWriteMetadata wm;
-  wm.k = h.f32(rows, kBlock, kHeadsKv * 64);
-  wm.v = h.f32(rows, kBlock, kHeadsKv * 64);
-  wm.layer_in_group = kLayer;
-  wm.n_head_kv = kHeadsKv;
-  wm.head_dim = 64;
-  wm.block_size = kBlock;
-  wm.rotate_keys = true;
-  wm.pools = pools;
-  const std::vector<KvSlot> whole = slot_run(0, {2}, 0, kBlock);
-  wm.slots = whole;
-  const Status st = gpu().kv_write(wm);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.error().find("unrotated"), std::string::npos) << st.error();
-  EXPECT_TRUE(body.device_bytes() == before);
 }
 
 TEST(VulkanKvFormat, SupportsEveryBieFormatAndRefusesLlamaCpps) {
@@ -648,16 +636,13 @@ TEST(VulkanKvFormat, SupportsEveryBieFormatAndRefusesLlamaCpps) {
   VulkanBackend& be = gpu();
   for (KvType t : {KvType::kF16, KvType::kFp8E4M3, KvType::kInt8, KvType::kInt4Asym,
                    KvType::kInt4Channel, KvType::kInt8Channel}) {
-    EXPECT_TRUE(be.supports_kv_types(id(t), id(t), false)) << static_cast<int>(t);
-    // Rotated keys, except in per-channel tiles.
-    EXPECT_EQ(be.supports_kv_types(id(t), id(t), true), !planner::is_per_channel(t))
-        << static_cast<int>(t);
+    EXPECT_TRUE(be.supports_kv_types(id(t), id(t))) << static_cast<int>(t);
   }
-  EXPECT_TRUE(be.supports_kv_types(id(KvType::kInt8), id(KvType::kInt4Asym), false));
-  EXPECT_TRUE(be.supports_kv_types(id(KvType::kInt4Channel), id(KvType::kInt4Asym), false));
+  EXPECT_TRUE(be.supports_kv_types(id(KvType::kInt8), id(KvType::kInt4Asym)));
+  EXPECT_TRUE(be.supports_kv_types(id(KvType::kInt4Channel), id(KvType::kInt4Asym)));
   for (KvType t : {KvType::kQ8_0, KvType::kQ4_0}) {
-    EXPECT_FALSE(be.supports_kv_types(id(t), id(KvType::kInt8), false)) << static_cast<int>(t);
-    EXPECT_FALSE(be.supports_kv_types(id(KvType::kInt8), id(t), false)) << static_cast<int>(t);
+    EXPECT_FALSE(be.supports_kv_types(id(t), id(KvType::kInt8))) << static_cast<int>(t);
+    EXPECT_FALSE(be.supports_kv_types(id(KvType::kInt8), id(t))) << static_cast<int>(t);
   }
 }
 

@@ -126,15 +126,13 @@ Status PagedKvStore::alloc_device_pools() {
   for (const auto& group : fmt_) {
     for (const PoolFormat& f : group) {
       if (be.supports_paged_kv() &&
-          be.supports_kv_types(static_cast<uint8_t>(f.k.type), static_cast<uint8_t>(f.v.type),
-                               l.rotate)) {
+          be.supports_kv_types(static_cast<uint8_t>(f.k.type), static_cast<uint8_t>(f.v.type))) {
         continue;
       }
       return Error{fmt::format(
           "KV regime {} does not run on the {} backend yet (a device holds f16, fp8_e4m3, int8, "
-          "int4_asym_gN and the per-channel formats, per-channel keys unrotated: "
-          "--kv-cache-dtype int4_asym, int8, int4_asym_g64, fp8_e4m3 or f16, or --no-kv-rotate; "
-          "or --device cpu)",
+          "int4_asym_gN and the per-channel formats: --kv-cache-dtype int4_asym, int8, "
+          "int4_asym_g64, fp8_e4m3 or f16; or --device cpu)",
           planner::kv_layout_label(l), be.name())};
     }
   }

@@ -306,10 +306,9 @@ class Backend {
   // whole pool (kMaxKvPoolParts parts).
   [[nodiscard]] virtual uint64_t kv_pool_part_bytes() const { return UINT64_MAX; }
   [[nodiscard]] uint64_t max_kv_pool_bytes() const;
-  // Whether the KV operations take pools of these K / V formats (planner::KvType ids), keys
-  // Hadamard-rotated or not.
-  [[nodiscard]] virtual bool supports_kv_types(uint8_t /*k_type*/, uint8_t /*v_type*/,
-                                               bool /*rotate_keys*/) const {
+  // Whether the KV operations take pools of these K / V formats (planner::KvType ids); a backend
+  // that takes a format takes its keys Hadamard-rotated too (KvWriteMetadata::rotate_keys).
+  [[nodiscard]] virtual bool supports_kv_types(uint8_t /*k_type*/, uint8_t /*v_type*/) const {
     return false;
   }
   [[nodiscard]] virtual Status paged_attention(const AttnMetadata& meta);

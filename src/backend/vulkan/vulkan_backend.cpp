@@ -480,8 +480,8 @@ namespace {
 using planner::KvType;
 
 // The KV formats the device kernels read and write (kv_codec.glsl): the per-token row formats and
-// the per-channel tiles (int4_channel, int8_channel). Keys may be stored Hadamard-rotated, except
-// in per-channel tiles (their fit reads each channel over the tile, the rotation mixes a row).
+// the per-channel tiles (int4_channel, int8_channel), keys Hadamard-rotated or not (a per-channel
+// tile's rows are rotated before its channels are fitted, as on the CPU).
 bool device_kv_type(uint8_t t) {
   switch (static_cast<KvType>(t)) {
     case KvType::kF16:
@@ -588,6 +588,11 @@ struct QuantisePush {
   uint32_t n_layers, n_head_kv, head_dim, block_size, src_block_bytes, src_base, dst_block_bytes,
       dst_k_tile, dst_v_tile, dst_base, k_type, v_type, k_group, v_group;
 };
+// kv_rotate.comp: the K rows of whole per-channel tiles, rotated into a scratch.
+struct RotatePush {
+  uint32_t n_jobs, n_head_kv, head_dim, block_size, k_off, k_stride;
+  float rot_norm;
+};
 // kv_chan.comp: per-channel tiles from an fp16 pool (src_kind 0) or from F32 rows (1).
 struct ChanPush {
   uint32_t n_layers, n_head_kv, head_dim, block_size, k_type, v_type, src_kind, round_fp16,
@@ -601,8 +606,8 @@ std::span<const uint8_t> bytes_of(const std::vector<int32_t>& v) {
 
 }  // namespace
 
-bool VulkanBackend::supports_kv_types(uint8_t k_type, uint8_t v_type, bool rotate_keys) const {
-  return device_kv_type(k_type) && device_kv_type(v_type) && !(rotate_keys && is_chan(k_type));
+bool VulkanBackend::supports_kv_types(uint8_t k_type, uint8_t v_type) const {
+  return device_kv_type(k_type) && device_kv_type(v_type);
 }
 
 Status VulkanBackend::paged_attention(const AttnMetadata& m) {
@@ -761,9 +766,6 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
     if (part >= pool.n_parts() || pool.part(part).empty()) {
       return Error{"vulkan kv_write: a slot in a pool without memory"};
     }
-    if (m.rotate_keys && is_chan(pool.k_type)) {
-      return Error{"vulkan kv_write: per-channel keys are stored unrotated on the device"};
-    }
     std::vector<int32_t> blk, row, tok;
     for (size_t i = 0; i < n_all; ++i) {
       if (part_key(m.slots[i]) != key) continue;
@@ -836,8 +838,6 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
     const auto gx = static_cast<uint32_t>(std::min<int64_t>(groups, 32768));
     run("kv_write_q", {whole(m.k), whole(m.v), sb, pool_ref}, p, gx, div_up(groups, gx));
     if (!chan) continue;
-    const vk::BufferRef jb = params(bytes_of(jobs))[0];
-    if (jb.buffer == nullptr) return error_;
     ChanPush c{1u,
                static_cast<uint32_t>(m.n_head_kv),
                static_cast<uint32_t>(m.head_dim),
@@ -856,8 +856,46 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
                static_cast<uint32_t>(pool.k_tile_bytes),
                static_cast<uint32_t>(pool.v_tile_bytes),
                static_cast<uint32_t>(base)};
-    run("kv_chan", {whole(m.k), whole(m.k), whole(m.v), jb, pool_ref}, c,
-        div_up(2 * m.n_head_kv * (m.head_dim / 4), 64), static_cast<uint32_t>(jobs.size() / 2));
+    const auto chan_dispatch = [&](const std::vector<int32_t>& chan_jobs, vk::BufferRef k_rows) {
+      const vk::BufferRef jb = params(bytes_of(chan_jobs))[0];
+      if (jb.buffer == nullptr) return;
+      run("kv_chan", {k_rows, k_rows, whole(m.v), jb, pool_ref}, c,
+          div_up(2 * m.n_head_kv * (m.head_dim / 4), 64),
+          static_cast<uint32_t>(chan_jobs.size() / 2));
+    };
+    if (!(m.rotate_keys && is_chan(pool.k_type))) {
+      chan_dispatch(jobs, whole(m.k));
+      continue;
+    }
+    // Rotated per-channel keys: the tiles' K rows are rotated into the attention scratch (free
+    // between attention passes; every dispatch ends in a barrier), as many tiles at a time as it
+    // holds, and kv_chan fits the channels over those rows.
+    const size_t row_bytes = static_cast<size_t>(m.n_head_kv) * m.head_dim * sizeof(float);
+    size_t per_batch = attn_scratch_.size / (row_bytes * static_cast<size_t>(B));
+    if (rotated_tiles_max_ > 0) per_batch = std::min(per_batch, rotated_tiles_max_);
+    if (per_batch == 0) {
+      return Error{"vulkan kv_write: a rotated per-channel key tile exceeds the device scratch"};
+    }
+    c.k_off = 0;
+    c.k_stride = static_cast<uint32_t>(m.n_head_kv * m.head_dim);
+    const vk::BufferRef scratch{&attn_scratch_};
+    for (size_t j0 = 0; j0 < jobs.size() / 2; j0 += per_batch) {
+      const size_t nj = std::min(per_batch, jobs.size() / 2 - j0);
+      const std::vector<int32_t> batch(jobs.begin() + static_cast<ptrdiff_t>(2 * j0),
+                                       jobs.begin() + static_cast<ptrdiff_t>(2 * (j0 + nj)));
+      std::vector<int32_t> local(batch);  // the same tiles, their rows now in the scratch
+      for (size_t j = 0; j < nj; ++j) local[2 * j + 1] = static_cast<int32_t>(j) * B;
+      const vk::BufferRef src_jobs = params(bytes_of(batch))[0];
+      if (src_jobs.buffer == nullptr) return error_;
+      const RotatePush rp{static_cast<uint32_t>(nj),      static_cast<uint32_t>(m.n_head_kv),
+                          static_cast<uint32_t>(m.head_dim), static_cast<uint32_t>(B),
+                          off4(m.k),                        stride4(m.k),
+                          rotation_norm(m.head_dim)};
+      const int64_t groups = div_up(static_cast<int64_t>(nj) * B * m.n_head_kv, 64);
+      const auto gx = static_cast<uint32_t>(std::min<int64_t>(groups, 32768));
+      run("kv_rotate", {whole(m.k), src_jobs, scratch}, rp, gx, div_up(groups, gx));
+      chan_dispatch(local, scratch);
+    }
   }
   return error_;
 }

@@ -79,8 +79,7 @@ class VulkanBackend final : public Backend {
   [[nodiscard]] bool supports_paged_kv() const override { return true; }
   [[nodiscard]] uint64_t kv_pool_part_bytes() const override { return kv_part_bytes_; }
   [[nodiscard]] uint64_t max_buffer_bytes() const override { return max_buffer_bytes_; }
-  [[nodiscard]] bool supports_kv_types(uint8_t k_type, uint8_t v_type,
-                                       bool rotate_keys) const override;
+  [[nodiscard]] bool supports_kv_types(uint8_t k_type, uint8_t v_type) const override;
   [[nodiscard]] Status paged_attention(const AttnMetadata& meta) override;
   // Paged attention's splits: the shortest split of a token's context (a multiple of 64 keys;
   // default 256), and whether a pass whose partials fit the scratch may spread a token's splits
@@ -90,6 +89,10 @@ class VulkanBackend final : public Backend {
     attn_split_min_ = min_keys;
     attn_split_pass_ = split_pass;
   }
+  // kv_write of whole per-channel key tiles with rotated keys rotates their rows into the
+  // attention scratch, as many tiles per dispatch as it holds; tests cap that number (0: no cap)
+  // so that a write takes several rounds.
+  void set_rotated_tiles_per_round(size_t max_tiles) { rotated_tiles_max_ = max_tiles; }
   [[nodiscard]] Status kv_write(const KvWriteMetadata& meta) override;
   [[nodiscard]] Status copy_blocks(std::span<const KvPoolDesc> pools,
                                    std::span<const KvBlockCopy> copies) override;
@@ -128,6 +131,7 @@ class VulkanBackend final : public Backend {
   static constexpr int kAttnSplitsMax = 32;
   int attn_split_min_ = 256;
   bool attn_split_pass_ = true;
+  size_t rotated_tiles_max_ = 0;
   vk::Buffer attn_scratch_;
 };
 

@@ -5,8 +5,7 @@
 // Slot i sends source token slot[2n + i]'s head h to row slot[n + i] of block slot[i]. Byte offset
 // of (block b, head h, row j) in the pool: k_base + b * block_bytes + h * k_tile + j * row_bytes
 // (V: k_base + n_head_kv * k_tile + ...).
-// rotate_k: K rows are Hadamard-rotated first (kv::hadamard_rotate: the butterflies in its order,
-// then the product with rot_norm, the CPU's 1 / sqrt(head_dim)). round_fp16: the row is then
+// rotate_k: K rows are Hadamard-rotated first (hadamard.glsl). round_fp16: the row is then
 // rounded to fp16 (a mixed layout's body pool: its bytes are those of rows that passed through
 // the FP16 window).
 layout(local_size_x = 64) in;
@@ -25,29 +24,16 @@ layout(push_constant) uniform P {
 
 uint src_at;  // index of the row's first value in k[] or v[]
 bool src_is_v, rotated;
-float rot[512];  // a rotated K row
+#include "hadamard.glsl"
 float kv_src(uint i) {
   const float x = rotated ? rot[i] : src_is_v ? v[src_at + i] : k[src_at + i];
   return p.round_fp16 != 0u ? kv_half_to_float(kv_float_to_half(x)) : x;
 }
 
-// rot = the K row at src_at, rotated as kv::hadamard_rotate_scalar does.
+// rot = the K row at src_at, rotated.
 void rotate_row(uint d) {
   for (uint i = 0u; i < d; ++i) rot[i] = k[src_at + i];
-  for (uint h = 1u; h < d; h *= 2u) {
-    for (uint i = 0u; i < d; i += 2u * h) {
-      for (uint j = i; j < i + h; ++j) {
-        const float a = rot[j], b = rot[j + h];
-        precise float s = a + b, t = a - b;
-        rot[j] = s;
-        rot[j + h] = t;
-      }
-    }
-  }
-  for (uint i = 0u; i < d; ++i) {
-    precise float x = rot[i] * p.rot_norm;
-    rot[i] = x;
-  }
+  hadamard_rotate_rot(d, p.rot_norm);
 }
 #define KV_DST pool
 #include "kv_encode.glsl"
