@@ -168,6 +168,7 @@ double tolerance(bool any_f16) {
 std::vector<detail::TileKernels> kernel_sets() {
   std::vector<detail::TileKernels> k = {detail::generic_kernels()};
   if (has_avx2()) k.push_back(detail::avx2_kernels());
+  if (has_avx512()) k.push_back(detail::avx512_kernels());
   return k;
 }
 
@@ -377,6 +378,53 @@ TEST(PagedAttention, F16ScoresBitIdenticalToDenseOrder) {
       }
     }
   }
+}
+
+// The AVX-512 kernels do the AVX2 kernels' arithmetic on wider vectors: every output equals the
+// AVX2 output bit for bit (every format pair, 16- and 64-token blocks, head widths 64 and 128,
+// GQA groups up to 7, partial blocks, prefill tiles, splits), so a token's bits do not depend on
+// which of the two ISAs the machine has.
+TEST(PagedAttention, Avx512KernelsGiveTheAvx2KernelsBits) {
+  if (!has_avx512()) GTEST_SKIP() << "no AVX-512 on this machine (the AVX2 path is tested)";
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const detail::TileKernels k2 = detail::avx2_kernels(), k512 = detail::avx512_kernels();
+  int checked = 0;
+  for (const int B : {16, 64}) {
+    for (const Case& c : kCases) {
+      std::string kname = c.k;
+      if (B == 64 && kname.ends_with("_t16")) kname.replace(kname.size() - 3, 3, "t64");
+      for (const int d : {64, 128}) {
+        if (fmt(c.k).group == 128 && d < 128) continue;
+        for (const int group : {1, 3, 6, 7}) {
+          for (const int64_t n : {1, 7, 64, 129, 700}) {
+            Shape s;
+            s.group = group;
+            s.head_dim = d;
+            s.block_size = B;
+            const int64_t nb = (n + B - 1) / B;
+            Blocks bl = make_blocks(
+                s, n, fmt(kname.c_str()), fmt(c.v),
+                [&](int64_t b) { return c.mixed && (b == 0 || b >= nb - 2); }, rng);
+            for (const int n_q : {1, 5}) {
+              if (n_q > n) continue;
+              std::vector<float> q(static_cast<size_t>(n_q) * group * d);
+              for (float& x : q) x = nd(rng);
+              for (const int splits : {1, 3}) {
+                const auto want = run_tile(k2, bl, s, n - n_q, n_q, 1, splits, 0.125f, q);
+                const auto got = run_tile(k512, bl, s, n - n_q, n_q, 1, splits, 0.125f, q);
+                ASSERT_EQ(got, want) << kname << "/" << c.v << (c.mixed ? " mixed" : "")
+                                     << " B=" << B << " d=" << d << " group=" << group
+                                     << " n=" << n << " n_q=" << n_q << " splits=" << splits;
+                ++checked;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
 }
 
 TEST(PagedAttention, SplitPlan) {

@@ -178,9 +178,12 @@ PagedTaskPlan plan_paged_tasks(int64_t tiles, int n_kv_heads, int64_t visible_to
 }
 
 void attend_paged_tile(const PagedAttnTile& t, float* scratch, const PagedAttnPartial& part) {
-  static const detail::TileKernels kKernels =
-      has_avx2() ? detail::avx2_kernels() : detail::generic_kernels();
-  detail::attend_paged_tile_with(kKernels, t, scratch, part);
+  // The active ISA is read per call (tests switch it); the kernel tables are built once.
+  static const detail::TileKernels kAvx512 = detail::avx512_kernels();
+  static const detail::TileKernels kAvx2 = detail::avx2_kernels();
+  static const detail::TileKernels kGeneric = detail::generic_kernels();
+  detail::attend_paged_tile_with(has_avx512() ? kAvx512 : has_avx2() ? kAvx2 : kGeneric, t,
+                                 scratch, part);
 }
 
 void merge_paged_partials(const PagedAttnPartial* parts, int n_parts, int n_q, int n_kv, int group,

@@ -142,6 +142,9 @@ struct TileKernels {
 // Fused AVX2 kernels (decode once per block row, all tile rows at once; vector softmax step), or
 // the generic ones where a block's format or head_dim (% 16) is not covered.
 [[nodiscard]] TileKernels avx2_kernels();
+// AVX-512 kernels that give the AVX2 kernels' bits (two K rows or 16 channels per vector), and
+// the AVX2 ones where a format is not covered.
+[[nodiscard]] TileKernels avx512_kernels();
 void attend_paged_tile_with(const TileKernels& k, const PagedAttnTile& t, float* scratch,
                             const PagedAttnPartial& part);
 }  // namespace detail

@@ -1,0 +1,162 @@
+// Helpers shared by the AVX2 and AVX-512 paged-attention kernels (paged_attention_avx2.cpp,
+// paged_attention_avx512.cpp): the parts whose arithmetic both must do the same way, so that the
+// AVX-512 kernels give the AVX2 kernels' bits. Internal linkage: each including file (compiled
+// with its own ISA flags) gets its own copy.
+// note: include only from *_avx2.cpp / *_avx512.cpp files.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "bie/common/simd_avx2.h"
+#include "bie/kv/kv_layout.h"
+
+namespace bie::attention {
+namespace {  // NOLINT(cert-dcl59-cpp): one copy per ISA-specific file, never shared across them
+
+constexpr int kMaxHeadDim = 512;
+
+// Loops over the R fused rows must be unrolled so that their accumulators live in registers
+// (GCC at -O2 keeps a[R] on the stack otherwise).
+#define BIE_UNROLL _Pragma("GCC unroll 8")
+
+inline float f16c(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return _cvtsh_ss(h);
+}
+
+// Interleaved (scale, zero) fp16 pairs of 8 channels -> 8 scales and 8 zeros.
+inline void load8_params(const uint8_t* p, __m256* scale, __m256* zero) {
+  const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  const __m256 s = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+  const __m256 z = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+  *scale = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
+  *zero = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(z), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+// 4 fp16 values at p, p + stride, p + 2 stride, p + 3 stride (the first J of them; the rest 0).
+template <int J>
+inline __m128 load4_f16_strided(const uint8_t* p, size_t stride) {
+  // Inserted lane by lane: a vector load of halves just stored to the stack stalls on store
+  // forwarding (it was a quarter of int4_score's time).
+  __m128i h = _mm_setzero_si128();
+  uint16_t x;
+  std::memcpy(&x, p, 2);
+  h = _mm_insert_epi16(h, x, 0);
+  if constexpr (J > 1) {
+    std::memcpy(&x, p + stride, 2);
+    h = _mm_insert_epi16(h, x, 1);
+  }
+  if constexpr (J > 2) {
+    std::memcpy(&x, p + 2 * stride, 2);
+    h = _mm_insert_epi16(h, x, 2);
+  }
+  if constexpr (J > 3) {
+    std::memcpy(&x, p + 3 * stride, 2);
+    h = _mm_insert_epi16(h, x, 3);
+  }
+  return _mm_cvtph_ps(h);
+}
+
+// Per-channel tiles (int4_channel, int8_channel): folds the tile's per-channel scales into the
+// queries (qs[r][c] = q[r][c] * scale[c]) and its zero points into one constant per query
+// (zt[r] = sum_c q[r][c] * zero[c]), so a row's score is qs . codes + zt.
+template <int R>
+void fold_channel_params(int d, const uint8_t* tile, const float* const* q,
+                         float (&qs)[R][kMaxHeadDim], float (&zt)[R]) {
+  __m256 vz[R];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) vz[r] = _mm256_setzero_ps();
+  for (int c = 0; c < d; c += 8) {
+    __m256 sc, zc;
+    load8_params(tile + 4 * c, &sc, &zc);
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 qc = _mm256_loadu_ps(q[r] + c);
+      _mm256_store_ps(qs[r] + c, _mm256_mul_ps(qc, sc));
+      vz[r] = _mm256_fmadd_ps(qc, zc, vz[r]);
+    }
+  }
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) zt[r] = simd::hsum(vz[r]);
+}
+
+// int4_asym V, group b of a tile's `rows` rows: w[r][j] = p[r][j] * scale_j, and acc[r]'s G
+// channels of the group get sum_j p[r][j] * zero_j added (8 rows per vector step, the tail padded
+// with zeros so that row j always lands in lane j % 8: batch invariance).
+template <int R>
+inline void int4_group_weights(const uint8_t* tile, int rows, size_t rb, size_t gb, int b, int G,
+                               const float* p, int ps, float* const* acc, float (&w)[R][64]) {
+  // Row offsets for gathering 8 rows' (scale, zero) pairs at once.
+  const __m256i rowoff = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32(static_cast<int>(rb)));
+  __m256 zacc[R];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) zacc[r] = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 8 <= rows; j += 8) {
+    // 8 x (scale | zero << 16) -> 8 scales, 8 zeros.
+    const __m256i g =
+        _mm256_i32gather_epi32(reinterpret_cast<const int*>(tile + j * rb + b * gb), rowoff, 1);
+    const __m256i sz = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_and_si256(g, _mm256_set1_epi32(0xFFFF)),
+                            _mm256_srli_epi32(g, 16)),
+        _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256 sc = _mm256_cvtph_ps(_mm256_castsi256_si128(sz));
+    const __m256 zz = _mm256_cvtph_ps(_mm256_extracti128_si256(sz, 1));
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 pv = _mm256_loadu_ps(p + r * ps + j);
+      _mm256_storeu_ps(w[r] + j, _mm256_mul_ps(pv, sc));
+      zacc[r] = _mm256_fmadd_ps(pv, zz, zacc[r]);
+    }
+  }
+  if (j < rows) {
+    // The tail as one more 8-row step with zeros past `rows`: every row j lands in lane j % 8
+    // whatever `rows` is, so a query's sum does not depend on how many keys its tile sees
+    // (batch invariance; masked rows add exact zeros).
+    alignas(32) float pt[R][8] = {};
+    alignas(32) float zt[8] = {};
+    for (int jj = j; jj < rows; ++jj) {
+      const uint8_t* grp = tile + jj * rb + b * gb;
+      const float sc = f16c(grp);
+      zt[jj - j] = f16c(grp + 2);
+      BIE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        w[r][jj] = p[r * ps + jj] * sc;
+        pt[r][jj - j] = p[r * ps + jj];
+      }
+    }
+    const __m256 zz = _mm256_load_ps(zt);
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) zacc[r] = _mm256_fmadd_ps(_mm256_load_ps(pt[r]), zz, zacc[r]);
+  }
+  float zsum[R];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) zsum[r] = simd::hsum(zacc[r]);
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const __m256 z = _mm256_set1_ps(zsum[r]);
+    float* a = acc[r] + b * G;
+    for (int c = 0; c < G; c += 8)
+      _mm256_storeu_ps(a + c, _mm256_add_ps(_mm256_loadu_ps(a + c), z));
+  }
+}
+
+// int8 / fp8 V: w[r][j] = p[r][j] times row j's scale (fp8: the 256 of its codes folded in).
+template <int R>
+inline void scaled_weights(const uint8_t* tile, int rows, size_t rb, float unit, const float* p,
+                           int ps, float (&w)[R][64]) {
+  for (int j = 0; j < rows; ++j) {
+    const float sc = f16c(tile + j * rb) * unit;
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) w[r][j] = p[r * ps + j] * sc;
+  }
+}
+
+}  // namespace
+}  // namespace bie::attention
