@@ -31,7 +31,6 @@ void f16_dot_dense_order_avx2(int head_dim, const float* q, const uint8_t* tile,
 namespace {
 
 using planner::KvType;
-constexpr int kFuse = 4;  // tile rows per pass over a block
 
 using simd::hsum;
 
@@ -526,33 +525,14 @@ void accum_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
   }
 }
 
-bool fused_ok(const kv::KvRowGeom& g, int rows) {
-  return g.head_dim % 16 == 0 && g.head_dim <= kMaxHeadDim && rows <= 64;
-}
-
 void avx2_score(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* const* q,
                 int n_rows, float* s, int ss) {
   if (!fused_ok(bv.gk, rows)) {
     return detail::generic_kernels().score(bv, tile, rows, q, n_rows, s, ss);
   }
-  for (int r0 = 0; r0 < n_rows; r0 += kFuse) {
-    const float* const* qr = q + r0;
-    float* sr = s + r0 * ss;
-    switch (std::min(kFuse, n_rows - r0)) {
-      case 1:
-        score_r<1>(bv, tile, rows, qr, sr, ss);
-        break;
-      case 2:
-        score_r<2>(bv, tile, rows, qr, sr, ss);
-        break;
-      case 3:
-        score_r<3>(bv, tile, rows, qr, sr, ss);
-        break;
-      default:
-        score_r<4>(bv, tile, rows, qr, sr, ss);
-        break;
-    }
-  }
+  for_fused_rows(n_rows, [&](int r0, auto rt) {
+    score_r<decltype(rt)::value>(bv, tile, rows, q + r0, s + r0 * ss, ss);
+  });
 }
 
 void avx2_accum(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* p, int ps,
@@ -560,24 +540,9 @@ void avx2_accum(const PagedBlockView& bv, const uint8_t* tile, int rows, const f
   if (!fused_ok(bv.gv, rows)) {
     return detail::generic_kernels().accum(bv, tile, rows, p, ps, acc, n_rows);
   }
-  for (int r0 = 0; r0 < n_rows; r0 += kFuse) {
-    const float* pr = p + r0 * ps;
-    float* const* ar = acc + r0;
-    switch (std::min(kFuse, n_rows - r0)) {
-      case 1:
-        accum_r<1>(bv, tile, rows, pr, ps, ar);
-        break;
-      case 2:
-        accum_r<2>(bv, tile, rows, pr, ps, ar);
-        break;
-      case 3:
-        accum_r<3>(bv, tile, rows, pr, ps, ar);
-        break;
-      default:
-        accum_r<4>(bv, tile, rows, pr, ps, ar);
-        break;
-    }
-  }
+  for_fused_rows(n_rows, [&](int r0, auto rt) {
+    accum_r<decltype(rt)::value>(bv, tile, rows, p + r0 * ps, ps, acc + r0);
+  });
 }
 
 // exp on 8 lanes (Cephes expf: range reduction by ln 2 in two parts, degree-5 polynomial,

@@ -28,7 +28,6 @@ namespace bie::attention {
 namespace {
 
 using planner::KvType;
-constexpr int kFuse = 4;  // tile rows per pass over a block, as the AVX2 kernels
 
 const detail::TileKernels& avx2() {
   static const detail::TileKernels k = detail::avx2_kernels();
@@ -408,34 +407,14 @@ void accum_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
   }
 }
 
-// The AVX2 kernels' condition for their fused paths; int4_asym groups of 16 (half 8) are theirs.
-bool fused_ok(const kv::KvRowGeom& g, int rows) {
-  return g.head_dim % 16 == 0 && g.head_dim <= kMaxHeadDim && rows <= 64;
-}
-
 void avx512_score(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* const* q,
                   int n_rows, float* s, int ss) {
   if (!fused_ok(bv.gk, rows) || !covered_k(bv.tk->type)) {
     return avx2().score(bv, tile, rows, q, n_rows, s, ss);
   }
-  for (int r0 = 0; r0 < n_rows; r0 += kFuse) {
-    const float* const* qr = q + r0;
-    float* sr = s + r0 * ss;
-    switch (std::min(kFuse, n_rows - r0)) {
-      case 1:
-        score_r<1>(bv, tile, rows, qr, sr, ss);
-        break;
-      case 2:
-        score_r<2>(bv, tile, rows, qr, sr, ss);
-        break;
-      case 3:
-        score_r<3>(bv, tile, rows, qr, sr, ss);
-        break;
-      default:
-        score_r<4>(bv, tile, rows, qr, sr, ss);
-        break;
-    }
-  }
+  for_fused_rows(n_rows, [&](int r0, auto rt) {
+    score_r<decltype(rt)::value>(bv, tile, rows, q + r0, s + r0 * ss, ss);
+  });
 }
 
 void avx512_accum(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* p, int ps,
@@ -444,24 +423,9 @@ void avx512_accum(const PagedBlockView& bv, const uint8_t* tile, int rows, const
   if (!fused_ok(bv.gv, rows) || !covered_v(bv.tv->type) || int4_small) {
     return avx2().accum(bv, tile, rows, p, ps, acc, n_rows);
   }
-  for (int r0 = 0; r0 < n_rows; r0 += kFuse) {
-    const float* pr = p + r0 * ps;
-    float* const* ar = acc + r0;
-    switch (std::min(kFuse, n_rows - r0)) {
-      case 1:
-        accum_r<1>(bv, tile, rows, pr, ps, ar);
-        break;
-      case 2:
-        accum_r<2>(bv, tile, rows, pr, ps, ar);
-        break;
-      case 3:
-        accum_r<3>(bv, tile, rows, pr, ps, ar);
-        break;
-      default:
-        accum_r<4>(bv, tile, rows, pr, ps, ar);
-        break;
-    }
-  }
+  for_fused_rows(n_rows, [&](int r0, auto rt) {
+    accum_r<decltype(rt)::value>(bv, tile, rows, p + r0 * ps, ps, acc + r0);
+  });
 }
 
 }  // namespace

@@ -7,8 +7,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "bie/common/simd_avx2.h"
 #include "bie/kv/kv_layout.h"
@@ -17,6 +19,33 @@ namespace bie::attention {
 namespace {  // NOLINT(cert-dcl59-cpp): one copy per ISA-specific file, never shared across them
 
 constexpr int kMaxHeadDim = 512;
+constexpr int kFuse = 4;  // tile rows per pass over a block
+
+// Whether a block's K or V tiles take the fused kernels (else the generic per-row ones).
+inline bool fused_ok(const kv::KvRowGeom& g, int rows) {
+  return g.head_dim % 16 == 0 && g.head_dim <= kMaxHeadDim && rows <= 64;
+}
+
+// body(r0, R-tag) for the tile rows [0, n_rows) in runs of R <= kFuse (the rows a kernel fuses).
+template <class Body>
+inline void for_fused_rows(int n_rows, Body body) {
+  for (int r0 = 0; r0 < n_rows; r0 += kFuse) {
+    switch (std::min(kFuse, n_rows - r0)) {
+      case 1:
+        body(r0, std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        body(r0, std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        body(r0, std::integral_constant<int, 3>{});
+        break;
+      default:
+        body(r0, std::integral_constant<int, 4>{});
+        break;
+    }
+  }
+}
 
 // Loops over the R fused rows must be unrolled so that their accumulators live in registers
 // (GCC at -O2 keeps a[R] on the stack otherwise).
