@@ -747,6 +747,19 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
   if (m.rotate_keys && (m.head_dim > 512 || (m.head_dim & (m.head_dim - 1)) != 0)) {
     return Error{"vulkan kv_write: rotated keys need a power-of-two head_dim up to 512"};
   }
+  // Rotated per-channel keys pass through the attention scratch a round of whole tiles at a time
+  // (below); a scratch too small for one tile is refused before anything is written.
+  const size_t rotate_row_bytes = static_cast<size_t>(m.n_head_kv) * m.head_dim * sizeof(float);
+  size_t rotate_per_round =
+      attn_scratch_.size / (rotate_row_bytes * static_cast<size_t>(m.block_size));
+  if (rotated_tiles_max_ > 0) rotate_per_round = std::min(rotate_per_round, rotated_tiles_max_);
+  if (m.rotate_keys && rotate_per_round == 0) {
+    for (const KvSlot& sl : m.slots) {
+      if (is_chan(m.pools[static_cast<size_t>(sl.block.pool)].k_type)) {
+        return Error{"vulkan kv_write: a rotated per-channel key tile exceeds the device scratch"};
+      }
+    }
+  }
   const size_t n_all = m.slots.size();
   // One dispatch per pool part the slots name (a prefill in a mixed layout writes FP16 and body
   // blocks); each slot carries its source token.
@@ -869,13 +882,8 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
     }
     // Rotated per-channel keys: the tiles' K rows are rotated into the attention scratch (free
     // between attention passes; every dispatch ends in a barrier), as many tiles at a time as it
-    // holds, and kv_chan fits the channels over those rows.
-    const size_t row_bytes = static_cast<size_t>(m.n_head_kv) * m.head_dim * sizeof(float);
-    size_t per_batch = attn_scratch_.size / (row_bytes * static_cast<size_t>(B));
-    if (rotated_tiles_max_ > 0) per_batch = std::min(per_batch, rotated_tiles_max_);
-    if (per_batch == 0) {
-      return Error{"vulkan kv_write: a rotated per-channel key tile exceeds the device scratch"};
-    }
+    // holds (checked non-zero above), and kv_chan fits the channels over those rows.
+    const size_t per_batch = rotate_per_round;
     c.k_off = 0;
     c.k_stride = static_cast<uint32_t>(m.n_head_kv * m.head_dim);
     const vk::BufferRef scratch{&attn_scratch_};
@@ -887,9 +895,12 @@ Status VulkanBackend::kv_write(const KvWriteMetadata& m) {
       for (size_t j = 0; j < nj; ++j) local[2 * j + 1] = static_cast<int32_t>(j) * B;
       const vk::BufferRef src_jobs = params(bytes_of(batch))[0];
       if (src_jobs.buffer == nullptr) return error_;
-      const RotatePush rp{static_cast<uint32_t>(nj),      static_cast<uint32_t>(m.n_head_kv),
-                          static_cast<uint32_t>(m.head_dim), static_cast<uint32_t>(B),
-                          off4(m.k),                        stride4(m.k),
+      const RotatePush rp{static_cast<uint32_t>(nj),
+                          static_cast<uint32_t>(m.n_head_kv),
+                          static_cast<uint32_t>(m.head_dim),
+                          static_cast<uint32_t>(B),
+                          off4(m.k),
+                          stride4(m.k),
                           rotation_norm(m.head_dim)};
       const int64_t groups = div_up(static_cast<int64_t>(nj) * B * m.n_head_kv, 64);
       const auto gx = static_cast<uint32_t>(std::min<int64_t>(groups, 32768));
