@@ -1,5 +1,6 @@
 // AVX2 helpers shared by src/quant/quant_avx2.cpp and src/backend/cpu/matmul_avx2.cpp.
-// note: include only from *_avx2.cpp files (they are compiled with -mavx2 -mfma -mf16c).
+// note: include only from *_avx2.cpp / *_avx512.cpp files (compiled with -mavx2 -mfma -mf16c and
+// more).
 #pragma once
 
 #include <immintrin.h>
@@ -12,6 +13,7 @@
 #include "quant/quant_internal.h"
 
 namespace bie::quant::simd {
+inline namespace BIE_SIMD_ISA {  // one copy per ISA's files (bie/common/simd_avx2.h)
 
 inline float h2f(half_bits h) {
   return _cvtsh_ss(h);
@@ -277,4 +279,5 @@ struct UnpackQ6K {
   }
 };
 
+}  // namespace BIE_SIMD_ISA
 }  // namespace bie::quant::simd

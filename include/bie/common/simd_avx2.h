@@ -4,7 +4,19 @@
 
 #include <immintrin.h>
 
+// Every ISA's files get their own copy of these inline helpers: an unoptimised build emits them
+// as weak symbols, and without a per-ISA name the linker could keep the AVX-512 file's copy for
+// the AVX2 path too (illegal instructions on a CPU without AVX-512).
+#if defined(__AVX512F__)
+#define BIE_SIMD_ISA isa_avx512
+#elif defined(__AVX2__)
+#define BIE_SIMD_ISA isa_avx2
+#else
+#error "simd_avx2.h is for files compiled with -mavx2 (*_avx2.cpp, *_avx512.cpp)"
+#endif
+
 namespace bie::simd {
+inline namespace BIE_SIMD_ISA {
 
 // Sum of the 8 lanes: (lo + hi) halves, then pairs, then the last two — one fixed order that
 // every kernel shares (the f16 attention scores rely on it being the same as dense attention's).
@@ -15,4 +27,5 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+}  // namespace BIE_SIMD_ISA
 }  // namespace bie::simd
