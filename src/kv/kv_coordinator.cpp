@@ -10,8 +10,6 @@
 
 namespace bie::kv {
 
-namespace {
-
 planner::ModelGeometry planner_geometry(const KvGeometry& geo) {
   planner::ModelGeometry g;
   g.n_layer = geo.n_layer;
@@ -21,8 +19,6 @@ planner::ModelGeometry planner_geometry(const KvGeometry& geo) {
     g.layers[static_cast<size_t>(il)].window = geo.window(il);
   return g;
 }
-
-}  // namespace
 
 Result<std::unique_ptr<KvCoordinator>> KvCoordinator::create(const KvCoordinatorConfig& cfg) {
   const planner::ModelGeometry g = planner_geometry(cfg.geometry);

@@ -16,16 +16,6 @@ namespace bie {
 
 namespace {
 
-planner::ModelGeometry planner_geometry(const KvGeometry& geo) {
-  planner::ModelGeometry g;
-  g.n_layer = geo.n_layer;
-  g.layers.assign(static_cast<size_t>(geo.n_layer),
-                  planner::LayerKv{geo.n_head_kv, geo.head_dim, geo.head_dim, 0});
-  for (int il = 0; il < geo.n_layer; ++il)
-    g.layers[static_cast<size_t>(il)].window = geo.window(il);
-  return g;
-}
-
 Status check_config(const PagedKvStoreConfig& cfg) {
   const planner::KvLayout& l = cfg.layout;
   if (cfg.geometry.n_layer < 1 || cfg.geometry.n_head_kv < 1 || cfg.geometry.head_dim < 1 ||
@@ -37,7 +27,7 @@ Status check_config(const PagedKvStoreConfig& cfg) {
   if (cfg.geometry.head_dim > 512) {
     return Error{fmt::format("paged KV cache: head_dim {} > 512", cfg.geometry.head_dim)};
   }
-  if (Status s = planner::check_kv_layout(planner_geometry(cfg.geometry), l); !s) return s;
+  if (Status s = planner::check_kv_layout(kv::planner_geometry(cfg.geometry), l); !s) return s;
   const int d = cfg.geometry.head_dim;
   if (l.rotate && (d & (d - 1)) != 0) {
     return Error{
@@ -79,7 +69,7 @@ Result<PagedKvStoreConfig> PagedKvStore::planned_config(const KvGeometry& geomet
                                                         int64_t max_tokens, int64_t max_num_seqs,
                                                         int64_t chunk_tokens) {
   if (max_tokens < 1 || max_num_seqs < 1) return Error{"paged KV cache: max_tokens < 1"};
-  const planner::KvPoolPlan plan = planner::kv_pool_plan(planner_geometry(geometry), layout,
+  const planner::KvPoolPlan plan = planner::kv_pool_plan(kv::planner_geometry(geometry), layout,
                                                          max_tokens, max_num_seqs, chunk_tokens);
   PagedKvStoreConfig c;
   c.geometry = geometry;

@@ -22,7 +22,15 @@
 #include "bie/kv/block_manager.h"
 #include "bie/kv/kv_cache.h"
 
+namespace bie::planner {
+struct ModelGeometry;
+}
+
 namespace bie::kv {
+
+// The planner's view of a KV geometry (one LayerKv per layer, windows kept): what the pool
+// planner and the layout checks read.
+[[nodiscard]] planner::ModelGeometry planner_geometry(const KvGeometry& geo);
 
 struct KvCoordinatorConfig {
   KvGeometry geometry;
