@@ -230,7 +230,7 @@ void MatmulIsaArgs(benchmark::internal::Benchmark* b) {
   const Shape shapes[] = {{GgmlType::Q4_K, 1536, 8960}, {GgmlType::Q6_K, 8960, 1536}};
   for (const Shape& s : shapes) {
     for (int isa : {1, 2}) {
-      for (int n_tokens : {1, 16})
+      for (int n_tokens : {1, 2, 4, 8, 16})
         b->Args({static_cast<int>(s.type), s.n_in, s.n_out, n_tokens, isa, 0});
       b->Args({static_cast<int>(s.type), s.n_in, s.n_out, 16, isa, 2});
       b->Args({static_cast<int>(s.type), s.n_in, s.n_out, 512, isa, 1});

@@ -123,7 +123,7 @@ MatvecOps matvec_ops(const WeightView& w) {
 
 // Matrix-vector kernels over any number of tokens, the weights read once per call: threads take
 // chunks of rows, and each chunk (small enough to stay in L2) is dotted with every group of up
-// to kMaxMatvecTokens tokens before the next chunk is read. A token's sums do not depend on its
+// to plan.max_tokens tokens before the next chunk is read. A token's sums do not depend on its
 // group (the kernels build each (row, token) sum in one fixed order), so its bits do not depend
 // on the batch. False if the type has no matvec kernels.
 bool matvec_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
@@ -166,8 +166,9 @@ bool matvec_path(const WeightView& w, const float* x, int64_t n_tokens, float* y
       const int64_t r0 = jp->next.fetch_add(jp->chunk_rows, std::memory_order_relaxed);
       if (r0 >= jp->w->n_out) break;
       const int64_t r1 = std::min(jp->w->n_out, r0 + jp->chunk_rows);
-      for (int64_t t = 0; t < jp->n_tokens; t += cpu::kMaxMatvecTokens) {
-        const int64_t nt = std::min<int64_t>(cpu::kMaxMatvecTokens, jp->n_tokens - t);
+      const int64_t group = jp->ops->plan.max_tokens;
+      for (int64_t t = 0; t < jp->n_tokens; t += group) {
+        const int64_t nt = std::min(group, jp->n_tokens - t);
         jp->ops->rows(*jp->w, jp->acts + static_cast<size_t>(t) * jp->act_row_bytes,
                       jp->act_row_bytes, nt, r0, r1, jp->y + t * jp->w->n_out);
       }

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "bie/backend/matmul.h"
+#include "bie/quant/blocks.h"
 
 namespace bie::cpu {
 
@@ -19,6 +20,16 @@ struct TilePlan {
   size_t panel_bytes = 0;    // weight panel, per thread
   int rows_per_panel = 0;
 };
+
+// Q4_K decode activations (both ISAs' matvec kernels): a Q8_K block whose first 8 per-16 sums
+// are replaced by the 8 per-32 sums the mins multiply, with the wrapping int16 adds of a
+// _mm_hadd_epi16 of the 16: computed once per token instead of once per weight row.
+inline void q8k_sums_per_32(quant::BlockQ8_K& b) {
+  for (int g = 0; g < 8; ++g) {
+    b.bsums[g] = static_cast<int16_t>(static_cast<uint16_t>(b.bsums[2 * g]) +
+                                      static_cast<uint16_t>(b.bsums[2 * g + 1]));
+  }
+}
 
 // Tile activations of the 32-value block formats, per block (both ISAs' tiles): the Q8_0/Q8_1
 // quantiser's values, d and s = d * sum(qs) rounded through fp16 as the blocks would store
@@ -62,6 +73,9 @@ inline constexpr int kMaxMatvecTokens = 4;
 struct MatvecPlan {
   bool supported = false;
   size_t act_row_bytes = 0;  // prepared activations, per token (a multiple of 64)
+  // Most tokens one *_matvec_rows call takes: a batch of decode tokens runs in groups of this
+  // many over each chunk of rows (the weights' unpacking shared by the group).
+  int max_tokens = kMaxMatvecTokens;
 };
 
 [[nodiscard]] MatvecPlan avx2_matvec_plan(quant::GgmlType type, int64_t n_in);
@@ -69,14 +83,16 @@ struct MatvecPlan {
 // Converts one token of x (n_in floats) into the matvec layout at `acts`.
 void avx2_matvec_prepare(quant::GgmlType type, int64_t n_in, const float* x, uint8_t* acts);
 
-// y[t * n_out + r] for rows [r0, r1) and tokens t < n_tokens (1 <= n_tokens <= kMaxMatvecTokens);
+// y[t * n_out + r] for rows [r0, r1) and tokens t < n_tokens (1 <= n_tokens <= plan.max_tokens);
 // token t's activations at acts + t * act_row_bytes.
 void avx2_matvec_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
                       int64_t n_tokens, int64_t r0, int64_t r1, float* y);
 
 // ---- AVX-512 twins of the matvec kernels (matvec_avx512.cpp) --------------------------------
 // Same contract as the avx2_matvec_* functions (own activation layout: prepare with the same
-// ISA's function). note: call these only if has_avx512().
+// ISA's function; groups of up to kMaxMatvecTokensAvx512 tokens, 32 vector registers holding
+// twice the AVX2 kernels' accumulators). note: call these only if has_avx512().
+inline constexpr int kMaxMatvecTokensAvx512 = 8;
 
 [[nodiscard]] MatvecPlan avx512_matvec_plan(quant::GgmlType type, int64_t n_in);
 void avx512_matvec_prepare(quant::GgmlType type, int64_t n_in, const float* x, uint8_t* acts);

@@ -416,16 +416,23 @@ struct KQ4 {
         isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(pl, ph));
       }
     }
-    const float d = h2f(x.d), dmin = h2f(x.dmin);
+    // d * y.d as a vector product of two broadcasts: the same rounding as the scalar product.
+    const __m256 d = _mm256_set1_ps(h2f(x.d)), dmin = _mm256_set1_ps(h2f(x.dmin));
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
-      const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums));
-      const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums + 8));
-      const __m128i msum = _mm_madd_epi16(mins, _mm_hadd_epi16(bs_lo, bs_hi));  // per 32
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * y[t]->d), acc[t]);
+      // bsums[0..7] hold the per-32 sums (q8k_sums_per_32).
+      const __m128i msum = _mm_madd_epi16(
+          mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums)));
+      const __m256 yd = _mm256_broadcast_ss(&y[t]->d);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, yd), acc[t]);
       acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_zextsi128_si256(msum)),
-                                _mm256_set1_ps(dmin * y[t]->d), acc[t]);
+                                _mm256_mul_ps(dmin, yd), acc[t]);
     }
+  }
+  static void prepare(int64_t n_in, const float* x, uint8_t* out) {
+    traits(GgmlType::Q8_K)->from_float(x, out, n_in);
+    auto* b = reinterpret_cast<BlockQ8_K*>(out);
+    for (int64_t i = 0; i < n_in / kQKK; ++i) q8k_sums_per_32(b[i]);
   }
 };
 
@@ -546,9 +553,16 @@ constexpr MatvecKernels b32_matvec() {
 
 template <typename KF>
 constexpr MatvecKernels k_matvec() {
+  constexpr auto prepare = [] {
+    if constexpr (requires { KF::prepare; }) {
+      return KF::prepare;
+    } else {
+      return prepare_k;
+    }
+  }();
   return {
       act_k_bytes,
-      prepare_k,
+      prepare,
       {nullptr, matvec_k<KF, matvec_rows(1), 1>, matvec_k<KF, matvec_rows(2), 2>,
        matvec_k<KF, matvec_rows(3), 3>, matvec_k<KF, matvec_rows(4), 4>},
       {nullptr, matvec_k<KF, 1, 1>, matvec_k<KF, 1, 2>, matvec_k<KF, 1, 3>, matvec_k<KF, 1, 4>}};

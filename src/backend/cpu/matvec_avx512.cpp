@@ -24,6 +24,8 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "backend/cpu/matmul_kernels.h"
 #include "bie/common/simd_avx2.h"
@@ -81,7 +83,8 @@ inline __m256i fold(__m512i v) {
 // ---- Q4_K --------------------------------------------------------------------------------------
 struct KQ4 {
   using Block = BlockQ4_K;
-  // Swaps quarters 1 and 2 of each 128-value half (see the file comment).
+  // Swaps quarters 1 and 2 of each 128-value half (see the file comment); per-32 sums of the
+  // activations for the mins (q8k_sums_per_32).
   static void reorder(BlockQ8_K& b) {
     for (int h = 0; h < 2; ++h) {
       int8_t tmp[32];
@@ -89,6 +92,7 @@ struct KQ4 {
       std::memcpy(b.qs + 128 * h + 32, b.qs + 128 * h + 64, 32);
       std::memcpy(b.qs + 128 * h + 64, tmp, 32);
     }
+    q8k_sums_per_32(b);
   }
   template <int T>
   [[gnu::always_inline]] static void superblock(const Block& x, const BlockQ8_K* const y[T],
@@ -123,16 +127,18 @@ struct KQ4 {
             isum[t], _mm512_maddubs_epi16(qh, load512(y[t]->qs + 128 * h + 64)), sh);
       }
     }
-    const float d = h2f(x.d), dmin = h2f(x.dmin);
+    // d * y.d as a vector product of two broadcasts: the same rounding as the scalar product.
+    const __m256 d = _mm256_set1_ps(h2f(x.d)), dmin = _mm256_set1_ps(h2f(x.dmin));
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
-      const __m128i bs_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums));
-      const __m128i bs_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums + 8));
-      const __m128i msum = _mm_madd_epi16(mins, _mm_hadd_epi16(bs_lo, bs_hi));  // per 32
+      // bsums[0..7] hold the per-32 sums (q8k_sums_per_32).
+      const __m128i msum = _mm_madd_epi16(
+          mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums)));
+      const __m256 yd = _mm256_broadcast_ss(&y[t]->d);
       const __m256i i8 = fold(isum[t]);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i8), _mm256_set1_ps(d * y[t]->d), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i8), _mm256_mul_ps(d, yd), acc[t]);
       acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_zextsi128_si256(msum)),
-                                _mm256_set1_ps(dmin * y[t]->d), acc[t]);
+                                _mm256_mul_ps(dmin, yd), acc[t]);
     }
   }
 };
@@ -175,12 +181,12 @@ struct KQ6 {
             isum[t], _mm512_maddubs_epi16(qhi, load512(y[t]->qs + 128 * h + 64)), shi);
       }
     }
-    const float d = h2f(x.d);
+    const __m256 d = _mm256_set1_ps(h2f(x.d));
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(y[t]->bsums)), 5);
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(fold(isum[t]), off)),
-                               _mm256_set1_ps(d * y[t]->d), acc[t]);
+                               _mm256_mul_ps(d, _mm256_broadcast_ss(&y[t]->d)), acc[t]);
     }
   }
 };
@@ -232,25 +238,35 @@ size_t act_k_bytes(int64_t n_in) {
 
 using MatvecFn = void (*)(const WeightView&, int64_t, const uint8_t*, size_t, float*);
 
-constexpr int matvec_rows(int64_t n_tokens) {
-  return n_tokens <= 2 ? 4 : 2;
+// Rows per call: R x T accumulators (256-bit) plus T integer sums (512-bit) and the unpacked
+// weights stay within the 32 vector registers (Q6_K's unpacking holds more of them).
+template <typename KF>
+constexpr int matvec_rows(int n_tokens) {
+  if constexpr (std::is_same_v<KF, KQ6>) return n_tokens == 1 ? 4 : 1;
+  return n_tokens <= 2 ? 4 : n_tokens <= 4 ? 2 : 1;
 }
+
+constexpr int kMaxT = kMaxMatvecTokensAvx512;
 
 struct MatvecKernels {
   size_t (*act_bytes)(int64_t n_in);
   void (*prepare)(int64_t n_in, const float* x, uint8_t* acts);
-  MatvecFn main[kMaxMatvecTokens + 1];
-  MatvecFn single[kMaxMatvecTokens + 1];
+  MatvecFn main[kMaxT + 1];    // by token count: rows[T] rows per call
+  MatvecFn single[kMaxT + 1];  // one row, for a range's tail
+  int rows[kMaxT + 1];
 };
 
+template <typename KF, int... T>
+constexpr MatvecKernels k_matvec(std::integer_sequence<int, T...>) {
+  return {act_k_bytes,
+          prepare_k<KF>,
+          {nullptr, matvec_k<KF, matvec_rows<KF>(T + 1), T + 1>...},
+          {nullptr, matvec_k<KF, 1, T + 1>...},
+          {0, matvec_rows<KF>(T + 1)...}};
+}
 template <typename KF>
 constexpr MatvecKernels k_matvec() {
-  return {
-      act_k_bytes,
-      prepare_k<KF>,
-      {nullptr, matvec_k<KF, matvec_rows(1), 1>, matvec_k<KF, matvec_rows(2), 2>,
-       matvec_k<KF, matvec_rows(3), 3>, matvec_k<KF, matvec_rows(4), 4>},
-      {nullptr, matvec_k<KF, 1, 1>, matvec_k<KF, 1, 2>, matvec_k<KF, 1, 3>, matvec_k<KF, 1, 4>}};
+  return k_matvec<KF>(std::make_integer_sequence<int, kMaxT>{});
 }
 
 const MatvecKernels* matvec_kernels(GgmlType type) {
@@ -272,6 +288,7 @@ MatvecPlan avx512_matvec_plan(GgmlType type, int64_t n_in) {
   if (const MatvecKernels* mk = matvec_kernels(type)) {
     plan.supported = true;
     plan.act_row_bytes = (mk->act_bytes(n_in) + 63) / 64 * 64;
+    plan.max_tokens = kMaxT;
   }
   return plan;
 }
@@ -285,12 +302,12 @@ void avx512_matvec_prepare(GgmlType type, int64_t n_in, const float* x, uint8_t*
 void avx512_matvec_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
                         int64_t n_tokens, int64_t r0, int64_t r1, float* y) {
   const MatvecKernels* mk = matvec_kernels(w.type);
-  assert(mk != nullptr && n_tokens >= 1 && n_tokens <= kMaxMatvecTokens);
+  assert(mk != nullptr && n_tokens >= 1 && n_tokens <= kMaxT);
   const auto* head = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r0) * w.row_bytes;
   const size_t head_bytes = std::min(kPrefetchBytes, static_cast<size_t>(r1 - r0) * w.row_bytes);
   for (size_t off = 0; off < head_bytes; off += 64) _mm_prefetch(head + off, _MM_HINT_T0);
-  const int rows = matvec_rows(n_tokens);
   int64_t r = r0;
+  const int rows = mk->rows[n_tokens];
   for (; r + rows <= r1; r += rows) mk->main[n_tokens](w, r, acts, act_row_bytes, y);
   for (; r < r1; ++r) mk->single[n_tokens](w, r, acts, act_row_bytes, y);
 }
