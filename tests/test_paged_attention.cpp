@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <random>
 #include <string>
@@ -375,6 +376,48 @@ TEST(PagedAttention, F16ScoresBitIdenticalToDenseOrder) {
                 << j;
           }
         }
+      }
+    }
+  }
+}
+
+// The SIMD tables' fp16 rounding of the queries and their per-row sums of a block's weights give
+// the scalar kernels' bits: round to nearest even with ties, subnormals, overflow and signed
+// zeros; row sums in index order for every row count (8-row groups and a tail) and every column
+// count (8-column steps and a tail).
+TEST(PagedAttention, SimdRoundingAndRowSumsGiveTheScalarBits) {
+  if (!has_avx2()) GTEST_SKIP() << "no AVX2 on this machine (the scalar path is the reference)";
+  const detail::TileKernels ref = detail::generic_kernels();
+  std::vector<detail::TileKernels> simd = {detail::avx2_kernels()};
+  if (has_avx512()) simd.push_back(detail::avx512_kernels());
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> x(203);
+  for (float& v : x) v = nd(rng);
+  // fp16 ties (1 + 2^-11 and 1 + 3 * 2^-11), a subnormal half, beyond the largest half, -0.
+  const float special[] = {1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 0x1.8p-20f, 70000.0f, -0.0f,
+                           65519.0f,        -65520.0f,       0x1p-25f,   0x1.4p-24f, 1e-30f};
+  std::copy(std::begin(special), std::end(special), x.begin() + 3);
+  for (const auto& k : simd) {
+    for (const int n : {8, 64, 203}) {
+      std::vector<float> want(static_cast<size_t>(n)), got(want.size());
+      ref.round_fp16(x.data(), n, want.data());
+      k.round_fp16(x.data(), n, got.data());
+      for (int i = 0; i < n; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(i)]),
+                  std::bit_cast<uint32_t>(want[static_cast<size_t>(i)]))
+            << "round n=" << n << " i=" << i << " x=" << x[static_cast<size_t>(i)];
+      }
+    }
+    for (const int rows : {1, 7, 8, 12, 19}) {
+      for (const int cols : {1, 5, 8, 16, 13}) {
+        const int stride = 16;
+        std::vector<float> sc(static_cast<size_t>(rows * stride));
+        for (float& v : sc) v = std::exp(nd(rng));
+        std::vector<float> want(static_cast<size_t>(rows), 0.5f), got(want);
+        ref.add_row_sums(sc.data(), rows, stride, cols, want.data());
+        k.add_row_sums(sc.data(), rows, stride, cols, got.data());
+        ASSERT_EQ(got, want) << "rows=" << rows << " cols=" << cols;
       }
     }
   }

@@ -69,12 +69,27 @@ void generic_update(float* sr, int rows, int lim, float scale, float* m, float* 
   *m = m_new;
 }
 
+void generic_round_fp16(const float* x, int n, float* out) {
+  for (int c = 0; c < n; ++c) out[c] = round_fp16(x[c]);
+}
+
+// Rows interleaved: n_rows independent chains instead of one chain per row.
+void generic_add_row_sums(const float* s, int n_rows, int stride, int cols, float* l) {
+  float sum[kMaxTileRows];
+  std::fill(sum, sum + n_rows, 0.0f);
+  for (int j = 0; j < cols; ++j) {
+    for (int r = 0; r < n_rows; ++r) sum[r] += s[r * stride + j];
+  }
+  for (int r = 0; r < n_rows; ++r) l[r] += sum[r];
+}
+
 }  // namespace
 
 namespace detail {
 
 TileKernels generic_kernels() {
-  return TileKernels{generic_score, generic_accum, generic_update};
+  return TileKernels{generic_score, generic_accum, generic_update, generic_round_fp16,
+                     generic_add_row_sums};
 }
 
 void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, float* scratch,
@@ -91,7 +106,7 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
   for (int r = 0; r < R; ++r) {
     const int h = r / QG, i = r % QG / G, g = r % G;
     qf[r] = t.q + i * t.q_stride + static_cast<int64_t>(h * G + g) * d;
-    for (int c = 0; c < d; ++c) qr[r * d + c] = round_fp16(qf[r][c]);
+    kern.round_fp16(qf[r], d, qr + r * d);
     qh[r] = qr + r * d;
     acc[r] = part.acc + static_cast<int64_t>(r) * d;
     std::fill(acc[r], acc[r] + d, 0.0f);
@@ -131,14 +146,8 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
       kern.update(sr + lo, rows - lo, lim - lo, t.scale, part.m + r, part.l + r, acc[r], d);
     }
     // l += the block's weights, summed in index order per row (SmolLM2's golden logits sit close
-    // enough to the 0.6 bar that a lane-wise order moved one past it). Rows interleaved: R
-    // independent chains instead of one 16-add chain per row. Masked weights are 0.
-    float lsum[kMaxTileRows];
-    std::fill(lsum, lsum + R, 0.0f);
-    for (int j = 0; j < rows; ++j) {
-      for (int r = 0; r < R; ++r) lsum[r] += s[r * B + j];
-    }
-    for (int r = 0; r < R; ++r) part.l[r] += lsum[r];
+    // enough to the 0.6 bar that a lane-wise order moved one past it). Masked weights are 0.
+    kern.add_row_sums(s, R, B, rows, part.l);
     for (int h = 0; h < t.n_kv; ++h) {
       const uint8_t* vt = bv.v + static_cast<size_t>(t.kv_head + h) * bv.v_tile_bytes;
       kern.accum(bv, vt, rows, s + h * QG * B, B, acc + h * QG, QG);

@@ -609,6 +609,44 @@ void avx2_update(float* sr, int rows, int lim, float scale, float* m, float* l, 
   *m = m_new;
 }
 
+// F16C's conversions round to nearest even, as quant::fp32_to_fp16 does.
+void avx2_round_fp16(const float* x, int n, float* out) {
+  int c = 0;
+  for (; c + 8 <= n; c += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + c), _MM_FROUND_TO_NEAREST_INT);
+    _mm256_storeu_ps(out + c, _mm256_cvtph_ps(h));
+  }
+  for (; c < n; ++c) out[c] = _cvtsh_ss(_cvtss_sh(x[c], _MM_FROUND_TO_NEAREST_INT));
+}
+
+// Eight rows at a time, one row per lane: 8x8 blocks of s transposed so that column j of the
+// block is one vector, added in index order (the scalar loop's order for every row).
+void avx2_add_row_sums(const float* s, int n_rows, int stride, int cols, float* l) {
+  int r0 = 0;
+  for (; r0 + 8 <= n_rows; r0 += 8) {
+    __m256 sum = _mm256_setzero_ps();
+    int j0 = 0;
+    for (; j0 + 8 <= cols; j0 += 8) {
+      __m256 v[8];
+      for (int i = 0; i < 8; ++i) v[i] = _mm256_loadu_ps(s + (r0 + i) * stride + j0);
+      transpose8_ps(v);
+      for (int j = 0; j < 8; ++j) sum = _mm256_add_ps(sum, v[j]);
+    }
+    alignas(32) float part[8];
+    _mm256_store_ps(part, sum);
+    for (int i = 0; i < 8; ++i) {
+      const float* row = s + (r0 + i) * stride;
+      for (int j = j0; j < cols; ++j) part[i] += row[j];
+      l[r0 + i] += part[i];
+    }
+  }
+  for (; r0 < n_rows; ++r0) {
+    float sum = 0.0f;
+    for (int j = 0; j < cols; ++j) sum += s[r0 * stride + j];
+    l[r0] += sum;
+  }
+}
+
 }  // namespace
 
 void f16_dot_dense_order_avx2(int head_dim, const float* q, const uint8_t* tile, int n,
@@ -626,7 +664,7 @@ void f16_dot_dense_order_avx2(int head_dim, const float* q, const uint8_t* tile,
 
 namespace detail {
 TileKernels avx2_kernels() {
-  return TileKernels{avx2_score, avx2_accum, avx2_update};
+  return TileKernels{avx2_score, avx2_accum, avx2_update, avx2_round_fp16, avx2_add_row_sums};
 }
 }  // namespace detail
 

@@ -432,7 +432,9 @@ void avx512_accum(const PagedBlockView& bv, const uint8_t* tile, int rows, const
 
 namespace detail {
 TileKernels avx512_kernels() {
-  return TileKernels{avx512_score, avx512_accum, avx2().update};
+  const TileKernels narrow = avx2();
+  return TileKernels{avx512_score, avx512_accum, narrow.update, narrow.round_fp16,
+                     narrow.add_row_sums};
 }
 }  // namespace detail
 

@@ -19,6 +19,26 @@ namespace bie::attention {
 namespace {  // NOLINT(cert-dcl59-cpp): one copy per ISA-specific file, never shared across them
 
 constexpr int kMaxHeadDim = 512;
+
+// In-place 8x8 transpose of floats: afterwards v[j] lane i = the old v[i] lane j.
+inline void transpose8_ps(__m256 v[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    v[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
 constexpr int kFuse = 4;  // tile rows per pass over a block
 
 // Whether a block's K or V tiles take the fused kernels (else the generic per-row ones).

@@ -132,10 +132,17 @@ using AccumBlockFn = void (*)(const PagedBlockView& bv, const uint8_t* tile, int
 // s[0, lim) (0 in s[lim, rows)). The caller adds their sum to *l (all rows of a block at once).
 using UpdateRowFn = void (*)(float* s, int rows, int lim, float scale, float* m, float* l,
                              float* acc, int head_dim);
+// out[0, n) = x[0, n) rounded to fp16 and back (round to nearest even, as quant::fp32_to_fp16).
+using RoundFp16Fn = void (*)(const float* x, int n, float* out);
+// l[r] += (((0 + s[r * stride]) + s[r * stride + 1]) + ... + s[r * stride + cols - 1]) for
+// r < n_rows: each row's sum in index order, whatever the vector width.
+using AddRowSumsFn = void (*)(const float* s, int n_rows, int stride, int cols, float* l);
 struct TileKernels {
   ScoreBlockFn score;
   AccumBlockFn accum;
   UpdateRowFn update;
+  RoundFp16Fn round_fp16;
+  AddRowSumsFn add_row_sums;
 };
 // Format-generic kernels: the traits' dot/axpy per row, scalar softmax with std::exp.
 [[nodiscard]] TileKernels generic_kernels();
