@@ -20,6 +20,7 @@
 #include "bie/attention/attention_runner.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/planner/kv_bytes.h"
+#include "bie/planner/kv_layout_flags.h"
 
 namespace {
 
@@ -122,6 +123,62 @@ void BM_PagedAttnDecodeCold(benchmark::State& state) {
   state.SetLabel(std::string(kRegimes[regime].k) + "/" + kRegimes[regime].v +
                  (kRegimes[regime].rotate ? "+rot" : "") + " cold");
 }
+
+// Qwen2.5-Coder-1.5B's attention (28 layers, 2 KV heads, GQA group 6, head_dim 128) at one
+// depth: f16 (blocks of 16), and the default 4-bit recipe (`--kv-cache-dtype int4_asym`: K
+// int4_channel_t64 rotated, V int4_asym_g64, blocks of 64, FP16 sinks and window). Names: BM_PagedAttnDecodeGqa6/<0 f16|1 4-bit>/<depth>/
+// <threads>.
+void BM_PagedAttnDecodeGqa6(benchmark::State& state) {
+  constexpr int kL = 28, kKv = 2, kH = 12, kD = 128;
+  const bool q4 = state.range(0) != 0;
+  const int64_t depth = state.range(1);
+  static std::map<std::pair<bool, int64_t>, std::unique_ptr<bie::PagedKvCache>> caches;
+  auto& c = caches[{q4, depth}];
+  if (!c) {
+    bie::PagedKvCacheConfig cfg;
+    cfg.geometry = bie::KvGeometry{kL, kKv, kD, {}};
+    bie::planner::KvLayoutFlags flags;  // --kv-cache-dtype f16 / int4_asym: the engine's layouts
+    flags.dtype = q4 ? "int4_asym" : "f16";
+    cfg.layout = bie::planner::resolve_kv_layout(flags).value();
+    cfg.max_tokens = depth;
+    auto r = bie::PagedKvCache::create(cfg);
+    if (!r.ok() || !r.value()->append(depth).ok()) {
+      state.SkipWithError("cache setup failed");
+      return;
+    }
+    c = std::move(r).value();
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> k(static_cast<size_t>(depth) * kKv * kD), v(k.size());
+    for (int il = 0; il < kL; ++il) {
+      for (float& x : k) x = nd(rng);
+      for (float& x : v) x = nd(rng);
+      c->store(il, 0, depth, k.data(), v.data());
+    }
+    if (!c->migrate_window_exits().ok()) {
+      state.SkipWithError("cache setup failed");
+      return;
+    }
+  }
+  bie::CpuBackend pool(static_cast<int>(state.range(2)));
+  bie::attention::AttentionRunner runner;
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(kH * kD), out(q.size());
+  for (float& x : q) x = nd(rng);
+  for (auto _ : state) {
+    for (int il = 0; il < kL; ++il) {
+      runner.run(*c, il, depth - 1, 1, q.data(), kH, 0.088f, out.data(), pool);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(q4 ? "int4_channel_t64+rot/int4_asym_g64" : "f16/f16");
+}
+
+BENCHMARK(BM_PagedAttnDecodeGqa6)
+    ->ArgsProduct({{0, 1}, {16384}, {2}})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
 
 BENCHMARK(BM_PagedAttnDecodeCold)
     ->ArgsProduct({{0, 3, 4}, {512, 8192}, {1, 2}})
