@@ -39,31 +39,61 @@ const Regime kRegimes[] = {
     {"int4_channel_t16", "int4_asym_g64", false},
 };
 
+// A cache of `depth` tokens of random K/V in every layer, window exits migrated; null on failure.
+std::unique_ptr<bie::PagedKvCache> filled_cache(const bie::KvGeometry& geo,
+                                                const bie::planner::KvLayout& layout,
+                                                int64_t depth) {
+  bie::PagedKvCacheConfig cfg;
+  cfg.geometry = geo;
+  cfg.layout = layout;
+  cfg.max_tokens = depth;
+  auto r = bie::PagedKvCache::create(cfg);
+  if (!r.ok()) return nullptr;
+  std::unique_ptr<bie::PagedKvCache> c = std::move(r).value();
+  if (!c->append(depth).ok()) return nullptr;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> k(static_cast<size_t>(depth) * geo.kv_dim()), v(k.size());
+  for (int il = 0; il < geo.n_layer; ++il) {
+    for (float& x : k) x = nd(rng);
+    for (float& x : v) x = nd(rng);
+    c->store(il, 0, depth, k.data(), v.data());
+  }
+  if (!c->migrate_window_exits().ok()) return nullptr;
+  return c;
+}
+
 // One filled cache per (regime, depth), shared by the thread counts.
 bie::PagedKvCache* cache_for(int regime, int64_t depth) {
   static std::map<std::pair<int, int64_t>, std::unique_ptr<bie::PagedKvCache>> caches;
   auto& slot = caches[{regime, depth}];
-  if (slot) return slot.get();
-  bie::PagedKvCacheConfig cfg;
-  cfg.geometry = bie::KvGeometry{kLayers, kHeadsKv, kHeadDim, {}};
-  cfg.layout.k = bie::planner::parse_kv_format(kRegimes[regime].k).value();
-  cfg.layout.v = bie::planner::parse_kv_format(kRegimes[regime].v).value();
-  cfg.layout.rotate = kRegimes[regime].rotate;
-  cfg.max_tokens = depth;
-  auto r = bie::PagedKvCache::create(cfg);
-  if (!r.ok()) return nullptr;
-  slot = std::move(r).value();
-  if (!slot->append(depth).ok()) return nullptr;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> k(static_cast<size_t>(depth) * kHeadsKv * kHeadDim), v(k.size());
-  for (int il = 0; il < kLayers; ++il) {
-    for (float& x : k) x = nd(rng);
-    for (float& x : v) x = nd(rng);
-    slot->store(il, 0, depth, k.data(), v.data());
+  if (!slot) {
+    bie::planner::KvLayout layout;
+    layout.k = bie::planner::parse_kv_format(kRegimes[regime].k).value();
+    layout.v = bie::planner::parse_kv_format(kRegimes[regime].v).value();
+    layout.rotate = kRegimes[regime].rotate;
+    slot = filled_cache(bie::KvGeometry{kLayers, kHeadsKv, kHeadDim, {}}, layout, depth);
   }
-  if (!slot->migrate_window_exits().ok()) return nullptr;
   return slot.get();
+}
+
+// Times one token's attention (the cache's last position) over every layer of `c`, with random
+// queries for n_head heads.
+void time_decode(benchmark::State& state, bie::PagedKvCache& c, int n_head, float scale) {
+  const bie::KvGeometry& geo = c.geometry();
+  const int64_t pos = c.n_tokens() - 1;
+  bie::CpuBackend pool(static_cast<int>(state.range(2)));
+  bie::attention::AttentionRunner runner;
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(n_head) * geo.head_dim), out(q.size());
+  for (float& x : q) x = nd(rng);
+  for (auto _ : state) {
+    for (int il = 0; il < geo.n_layer; ++il) {
+      runner.run(c, il, pos, 1, q.data(), n_head, scale, out.data(), pool);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
 }
 
 void BM_PagedAttnDecode(benchmark::State& state) {
@@ -74,18 +104,7 @@ void BM_PagedAttnDecode(benchmark::State& state) {
     state.SkipWithError("cache setup failed");
     return;
   }
-  bie::CpuBackend pool(static_cast<int>(state.range(2)));
-  bie::attention::AttentionRunner runner;
-  std::mt19937 rng(2);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> q(kHeads * kHeadDim), out(q.size());
-  for (float& x : q) x = nd(rng);
-  for (auto _ : state) {
-    for (int il = 0; il < kLayers; ++il) {
-      runner.run(*c, il, depth - 1, 1, q.data(), kHeads, 0.125f, out.data(), pool);
-    }
-    benchmark::DoNotOptimize(out.data());
-  }
+  time_decode(state, *c, kHeads, 0.125f);
   bie::planner::ModelGeometry g;
   g.n_layer = kLayers;
   g.layers.assign(kLayers, bie::planner::LayerKv{kHeadsKv, kHeadDim, kHeadDim, 0});
@@ -126,8 +145,8 @@ void BM_PagedAttnDecodeCold(benchmark::State& state) {
 
 // Qwen2.5-Coder-1.5B's attention (28 layers, 2 KV heads, GQA group 6, head_dim 128) at one
 // depth: f16 (blocks of 16), and the default 4-bit recipe (`--kv-cache-dtype int4_asym`: K
-// int4_channel_t64 rotated, V int4_asym_g64, blocks of 64, FP16 sinks and window). Names: BM_PagedAttnDecodeGqa6/<0 f16|1 4-bit>/<depth>/
-// <threads>.
+// int4_channel_t64 rotated, V int4_asym_g64, blocks of 64, FP16 sinks and window).
+// Names: BM_PagedAttnDecodeGqa6/<0 f16|1 4-bit>/<depth>/<threads>.
 void BM_PagedAttnDecodeGqa6(benchmark::State& state) {
   constexpr int kL = 28, kKv = 2, kH = 12, kD = 128;
   const bool q4 = state.range(0) != 0;
@@ -135,43 +154,16 @@ void BM_PagedAttnDecodeGqa6(benchmark::State& state) {
   static std::map<std::pair<bool, int64_t>, std::unique_ptr<bie::PagedKvCache>> caches;
   auto& c = caches[{q4, depth}];
   if (!c) {
-    bie::PagedKvCacheConfig cfg;
-    cfg.geometry = bie::KvGeometry{kL, kKv, kD, {}};
     bie::planner::KvLayoutFlags flags;  // --kv-cache-dtype f16 / int4_asym: the engine's layouts
     flags.dtype = q4 ? "int4_asym" : "f16";
-    cfg.layout = bie::planner::resolve_kv_layout(flags).value();
-    cfg.max_tokens = depth;
-    auto r = bie::PagedKvCache::create(cfg);
-    if (!r.ok() || !r.value()->append(depth).ok()) {
-      state.SkipWithError("cache setup failed");
-      return;
-    }
-    c = std::move(r).value();
-    std::mt19937 rng(1);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> k(static_cast<size_t>(depth) * kKv * kD), v(k.size());
-    for (int il = 0; il < kL; ++il) {
-      for (float& x : k) x = nd(rng);
-      for (float& x : v) x = nd(rng);
-      c->store(il, 0, depth, k.data(), v.data());
-    }
-    if (!c->migrate_window_exits().ok()) {
-      state.SkipWithError("cache setup failed");
-      return;
-    }
+    c = filled_cache(bie::KvGeometry{kL, kKv, kD, {}},
+                     bie::planner::resolve_kv_layout(flags).value(), depth);
   }
-  bie::CpuBackend pool(static_cast<int>(state.range(2)));
-  bie::attention::AttentionRunner runner;
-  std::mt19937 rng(2);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> q(kH * kD), out(q.size());
-  for (float& x : q) x = nd(rng);
-  for (auto _ : state) {
-    for (int il = 0; il < kL; ++il) {
-      runner.run(*c, il, depth - 1, 1, q.data(), kH, 0.088f, out.data(), pool);
-    }
-    benchmark::DoNotOptimize(out.data());
+  if (!c) {
+    state.SkipWithError("cache setup failed");
+    return;
   }
+  time_decode(state, *c, kH, 0.088f);
   state.SetLabel(q4 ? "int4_channel_t64+rot/int4_asym_g64" : "f16/f16");
 }
 

@@ -395,7 +395,7 @@ TEST(PagedAttention, SimdRoundingAndRowSumsGiveTheScalarBits) {
   std::vector<float> x(203);
   for (float& v : x) v = nd(rng);
   // fp16 ties (1 + 2^-11 and 1 + 3 * 2^-11), a subnormal half, beyond the largest half, -0.
-  const float special[] = {1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 0x1.8p-20f, 70000.0f, -0.0f,
+  const float special[] = {1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 0x1.8p-20f, 70000.0f,   -0.0f,
                            65519.0f,        -65520.0f,       0x1p-25f,   0x1.4p-24f, 1e-30f};
   std::copy(std::begin(special), std::end(special), x.begin() + 3);
   for (const auto& k : simd) {

@@ -421,8 +421,8 @@ struct KQ4 {
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       // bsums[0..7] hold the per-32 sums (q8k_sums_per_32).
-      const __m128i msum = _mm_madd_epi16(
-          mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums)));
+      const __m128i msum =
+          _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(y[t]->bsums)));
       const __m256 yd = _mm256_broadcast_ss(&y[t]->d);
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, yd), acc[t]);
       acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_zextsi128_si256(msum)),
