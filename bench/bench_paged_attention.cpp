@@ -96,14 +96,18 @@ void time_decode(benchmark::State& state, bie::PagedKvCache& c, int n_head, floa
   }
 }
 
+// The cache of the benchmark's (regime, depth) arguments; null (the benchmark skipped) on failure.
+bie::PagedKvCache* regime_cache(benchmark::State& state) {
+  bie::PagedKvCache* c = cache_for(static_cast<int>(state.range(0)), state.range(1));
+  if (c == nullptr) state.SkipWithError("cache setup failed");
+  return c;
+}
+
 void BM_PagedAttnDecode(benchmark::State& state) {
   const int regime = static_cast<int>(state.range(0));
   const int64_t depth = state.range(1);
-  bie::PagedKvCache* c = cache_for(regime, depth);
-  if (c == nullptr) {
-    state.SkipWithError("cache setup failed");
-    return;
-  }
+  bie::PagedKvCache* c = regime_cache(state);
+  if (c == nullptr) return;
   time_decode(state, *c, kHeads, 0.125f);
   bie::planner::ModelGeometry g;
   g.n_layer = kLayers;
@@ -120,11 +124,8 @@ void BM_PagedAttnDecode(benchmark::State& state) {
 void BM_PagedAttnDecodeCold(benchmark::State& state) {
   const int regime = static_cast<int>(state.range(0));
   const int64_t depth = state.range(1);
-  bie::PagedKvCache* c = cache_for(regime, depth);
-  if (c == nullptr) {
-    state.SkipWithError("cache setup failed");
-    return;
-  }
+  bie::PagedKvCache* c = regime_cache(state);
+  if (c == nullptr) return;
   bie::CpuBackend pool(static_cast<int>(state.range(2)));
   bie::attention::AttentionRunner runner;
   static std::vector<uint8_t> evict(size_t{512} << 20);
