@@ -425,8 +425,9 @@ TEST(PagedAttention, SimdRoundingAndRowSumsGiveTheScalarBits) {
 
 // The AVX-512 kernels do the AVX2 kernels' arithmetic on wider vectors: every output equals the
 // AVX2 output bit for bit (every format pair, 16- and 64-token blocks, head widths 64 and 128,
-// GQA groups up to 7, partial blocks, prefill tiles, splits), so a token's bits do not depend on
-// which of the two ISAs the machine has.
+// GQA groups 1 to 8 — the AVX-512 kernels fuse up to 8 rows, the AVX2 ones 4 —, partial blocks,
+// prefill tiles, splits), so a token's bits do not depend on which of the two ISAs the machine
+// has.
 TEST(PagedAttention, Avx512KernelsGiveTheAvx2KernelsBits) {
   if (!has_avx512()) GTEST_SKIP() << "no AVX-512 on this machine (the AVX2 path is tested)";
   std::mt19937 rng(23);
@@ -439,7 +440,7 @@ TEST(PagedAttention, Avx512KernelsGiveTheAvx2KernelsBits) {
       if (B == 64 && kname.ends_with("_t16")) kname.replace(kname.size() - 3, 3, "t64");
       for (const int d : {64, 128}) {
         if (fmt(c.k).group == 128 && d < 128) continue;
-        for (const int group : {1, 3, 6, 7}) {
+        for (const int group : {1, 2, 3, 4, 6, 7, 8}) {
           for (const int64_t n : {1, 7, 64, 129, 700}) {
             Shape s;
             s.group = group;
@@ -456,9 +457,9 @@ TEST(PagedAttention, Avx512KernelsGiveTheAvx2KernelsBits) {
               for (const int splits : {1, 3}) {
                 const auto want = run_tile(k2, bl, s, n - n_q, n_q, 1, splits, 0.125f, q);
                 const auto got = run_tile(k512, bl, s, n - n_q, n_q, 1, splits, 0.125f, q);
-                ASSERT_EQ(got, want) << kname << "/" << c.v << (c.mixed ? " mixed" : "")
-                                     << " B=" << B << " d=" << d << " group=" << group
-                                     << " n=" << n << " n_q=" << n_q << " splits=" << splits;
+                ASSERT_EQ(got, want)
+                    << kname << "/" << c.v << (c.mixed ? " mixed" : "") << " B=" << B << " d=" << d
+                    << " group=" << group << " n=" << n << " n_q=" << n_q << " splits=" << splits;
                 ++checked;
               }
             }

@@ -34,6 +34,26 @@ const detail::TileKernels& avx2() {
   return k;
 }
 
+// Query rows one pass over a tile fuses: a GQA group of up to 8 heads (Qwen2.5's 6 or 7) decodes
+// each K/V tile once instead of once per 4 heads. Each row's arithmetic does not depend on the
+// rows beside it, so the bits are those of any other grouping (the AVX2 kernels fuse 4).
+constexpr int kFuse512 = 8;
+// Vector registers the fused loops may hold live (of 32): the rest is left to the compiler.
+constexpr int kLiveZmm = 30;
+// K row pairs per score pass for R query rows and N decoded vectors per pair: R * P accumulators
+// plus P * N decoded vectors and one query broadcast fit in kLiveZmm.
+constexpr int score_pairs(int R, int N) {
+  int p = 4;
+  while (p > 1 && R * p + p * N + 1 > kLiveZmm) --p;
+  return p;
+}
+// 16-channel vectors per value pass for R rows: R * N accumulators, N decoded, one weight.
+constexpr int accum_vectors(int R) {
+  int n = 4;
+  while (n > 1 && R * n + n + 1 > kLiveZmm) --n;
+  return n;
+}
+
 // ---- decoding two rows' 8 values into one vector: [row a | row b] ---------------------------
 
 inline __m128i load2x8(const uint8_t* a, const uint8_t* b) {
@@ -105,8 +125,8 @@ inline void dot_pairs(int steps, const float* const* q, Decode decode, Chan chan
       BIE_UNROLL
       for (int r = 0; r < R; ++r) {
         // The 8 query values in both halves (vbroadcastf64x4: AVX-512 F, no DQ needed).
-        const __m512 qv = _mm512_castpd_ps(
-            _mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q[r] + c))));
+        const __m512 qv =
+            _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q[r] + c))));
         BIE_UNROLL
         for (int i = 0; i < P; ++i) a[r][i] = _mm512_fmadd_ps(qv, v[i][n], a[r][i]);
       }
@@ -121,25 +141,14 @@ inline void dot_pairs(int steps, const float* const* q, Decode decode, Chan chan
   }
 }
 
-// Runs body(j0, n, P-tag) over all `rows` rows, 8 at a time (4 pairs), then the n < 8 left in
-// (n + 1) / 2 pairs; rows(j0, n, k) names the tile row of the k-th row of a group (an odd group's
-// last pair reads its last row twice and keeps one sum).
-template <class Body>
+// Runs body(j0, n, P-tag) over all `rows` rows, 2 * PM at a time (PM pairs), then the n < 2 * PM
+// left in (n + 1) / 2 pairs; rows(j0, n, k) names the tile row of the k-th row of a group (an odd
+// group's last pair reads its last row twice and keeps one sum).
+template <int PM, class Body>
 inline void for_pairs(int rows, Body body) {
   int j = 0;
-  for (; j + 8 <= rows; j += 8) body(j, 8, std::integral_constant<int, 4>{});
-  switch ((rows - j + 1) / 2) {
-    case 0:
-      return;
-    case 1:
-      return body(j, rows - j, std::integral_constant<int, 1>{});
-    case 2:
-      return body(j, rows - j, std::integral_constant<int, 2>{});
-    case 3:
-      return body(j, rows - j, std::integral_constant<int, 3>{});
-    default:
-      return body(j, rows - j, std::integral_constant<int, 4>{});
-  }
+  for (; j + 2 * PM <= rows; j += 2 * PM) body(j, 2 * PM, std::integral_constant<int, PM>{});
+  if (j < rows) with_count<PM>((rows - j + 1) / 2, [&](auto pt) { body(j, rows - j, pt); });
 }
 inline int group_row(int j0, int n, int k) {
   return j0 + std::min(k, n - 1);
@@ -158,7 +167,7 @@ inline void store_sums(float* s, int k, int n, __m128 x) {
 template <int R, int N, class Row, class Dec, class Chan, class Finish>
 void score_rows(int steps, int rows, const float* const* q, float* s, int ss, Row row_at,
                 int step_bytes, Dec dec, Chan chan, Finish finish) {
-  for_pairs(rows, [&](int j0, int n, auto pt) {
+  for_pairs<score_pairs(R, N)>(rows, [&](int j0, int n, auto pt) {
     constexpr int P = decltype(pt)::value;
     const uint8_t* rp[2 * P];
     for (int k = 0; k < 2 * P; ++k) rp[k] = row_at(group_row(j0, n, k));
@@ -167,7 +176,8 @@ void score_rows(int steps, int rows, const float* const* q, float* s, int ss, Ro
         [&](int i, int t, __m512* v) {
           dec(rp[2 * i] + step_bytes * t, rp[2 * i + 1] + step_bytes * t, v);
         },
-        chan, [&](int r, int k, __m128 x) { store_sums(s + r * ss + j0, k, n, finish(r, j0 + k, x)); });
+        chan,
+        [&](int r, int k, __m128 x) { store_sums(s + r * ss + j0, k, n, finish(r, j0 + k, x)); });
   });
 }
 
@@ -285,8 +295,8 @@ inline void accum16(int rows, float* const* acc, const int* c, Decode decode, We
   }
 }
 
-// Row-wise V formats: channels [0, d) 64 at a time (the last pass 16, 32 or 48), row j's 16
-// channels from c decoded by dec16(j, c).
+// Row-wise V formats: channels [0, d) 16 * accum_vectors(R) at a time (the last pass fewer), row
+// j's 16 channels from c decoded by dec16(j, c).
 template <int R, int N, class Dec, class Weight>
 inline void accum_pass(int c0, int rows, float* const* acc, Dec dec16, Weight w) {
   int c[N];
@@ -302,21 +312,10 @@ inline void accum_pass(int c0, int rows, float* const* acc, Dec dec16, Weight w)
 }
 template <int R, class Dec, class Weight>
 void accum_rows(int d, int rows, float* const* acc, Dec dec16, Weight w) {
-  for (int c0 = 0; c0 < d; c0 += 64) {
-    switch (std::min(4, (d - c0) / 16)) {
-      case 1:
-        accum_pass<R, 1>(c0, rows, acc, dec16, w);
-        break;
-      case 2:
-        accum_pass<R, 2>(c0, rows, acc, dec16, w);
-        break;
-      case 3:
-        accum_pass<R, 3>(c0, rows, acc, dec16, w);
-        break;
-      default:
-        accum_pass<R, 4>(c0, rows, acc, dec16, w);
-        break;
-    }
+  constexpr int kN = accum_vectors(R);
+  for (int c0 = 0; c0 < d; c0 += 16 * kN) {
+    with_count<kN>(std::min(kN, (d - c0) / 16),
+                   [&](auto nt) { accum_pass<R, decltype(nt)::value>(c0, rows, acc, dec16, w); });
   }
 }
 
@@ -360,7 +359,8 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
     int4_group_weights<R>(tile, rows, rb, gb, b, G, p, ps, acc, w);
     const uint8_t* grp = tile + b * gb + 4;
     int k = 0;
-    for (; k + 32 <= half; k += 32) {
+    // 32 bytes (4 vectors) per pass while their accumulators fit, else 16.
+    for (; accum_vectors(R) == 4 && k + 32 <= half; k += 32) {
       const int c[4] = {b * G + k, b * G + half + k, b * G + k + 16, b * G + half + k + 16};
       accum16<R, 4>(
           rows, acc, c,
@@ -385,8 +385,7 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
 }
 
 bool covered_v(KvType t) {
-  return t == KvType::kF16 || t == KvType::kInt8 || t == KvType::kFp8E4M3 ||
-         t == KvType::kInt4Asym;
+  return t == KvType::kF16 || t == KvType::kInt8 || t == KvType::kFp8E4M3 || t == KvType::kInt4Asym;
 }
 
 template <int R>
@@ -412,7 +411,7 @@ void avx512_score(const PagedBlockView& bv, const uint8_t* tile, int rows, const
   if (!fused_ok(bv.gk, rows) || !covered_k(bv.tk->type)) {
     return avx2().score(bv, tile, rows, q, n_rows, s, ss);
   }
-  for_fused_rows(n_rows, [&](int r0, auto rt) {
+  for_fused_rows<kFuse512>(n_rows, [&](int r0, auto rt) {
     score_r<decltype(rt)::value>(bv, tile, rows, q + r0, s + r0 * ss, ss);
   });
 }
@@ -423,7 +422,7 @@ void avx512_accum(const PagedBlockView& bv, const uint8_t* tile, int rows, const
   if (!fused_ok(bv.gv, rows) || !covered_v(bv.tv->type) || int4_small) {
     return avx2().accum(bv, tile, rows, p, ps, acc, n_rows);
   }
-  for_fused_rows(n_rows, [&](int r0, auto rt) {
+  for_fused_rows<kFuse512>(n_rows, [&](int r0, auto rt) {
     accum_r<decltype(rt)::value>(bv, tile, rows, p + r0 * ps, ps, acc + r0);
   });
 }

@@ -46,24 +46,20 @@ inline bool fused_ok(const kv::KvRowGeom& g, int rows) {
   return g.head_dim % 16 == 0 && g.head_dim <= kMaxHeadDim && rows <= 64;
 }
 
-// body(r0, R-tag) for the tile rows [0, n_rows) in runs of R <= kFuse (the rows a kernel fuses).
-template <class Body>
+// f(K-tag) for the count n, 1 <= n <= kMax, as a compile-time constant.
+template <int kMax, class F>
+inline void with_count(int n, F f) {
+  if constexpr (kMax > 1) {
+    if (n < kMax) return with_count<kMax - 1>(n, f);
+  }
+  f(std::integral_constant<int, kMax>{});
+}
+
+// body(r0, R-tag) for the tile rows [0, n_rows) in runs of R <= kMax (the rows a kernel fuses).
+template <int kMax = kFuse, class Body>
 inline void for_fused_rows(int n_rows, Body body) {
-  for (int r0 = 0; r0 < n_rows; r0 += kFuse) {
-    switch (std::min(kFuse, n_rows - r0)) {
-      case 1:
-        body(r0, std::integral_constant<int, 1>{});
-        break;
-      case 2:
-        body(r0, std::integral_constant<int, 2>{});
-        break;
-      case 3:
-        body(r0, std::integral_constant<int, 3>{});
-        break;
-      default:
-        body(r0, std::integral_constant<int, 4>{});
-        break;
-    }
+  for (int r0 = 0; r0 < n_rows; r0 += kMax) {
+    with_count<kMax>(std::min(kMax, n_rows - r0), [&](auto rt) { body(r0, rt); });
   }
 }
 
@@ -151,10 +147,10 @@ inline void int4_group_weights(const uint8_t* tile, int rows, size_t rb, size_t 
     // 8 x (scale | zero << 16) -> 8 scales, 8 zeros.
     const __m256i g =
         _mm256_i32gather_epi32(reinterpret_cast<const int*>(tile + j * rb + b * gb), rowoff, 1);
-    const __m256i sz = _mm256_permute4x64_epi64(
-        _mm256_packus_epi32(_mm256_and_si256(g, _mm256_set1_epi32(0xFFFF)),
-                            _mm256_srli_epi32(g, 16)),
-        _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256i sz =
+        _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_and_si256(g, _mm256_set1_epi32(0xFFFF)),
+                                                     _mm256_srli_epi32(g, 16)),
+                                 _MM_SHUFFLE(3, 1, 2, 0));
     const __m256 sc = _mm256_cvtph_ps(_mm256_castsi256_si128(sz));
     const __m256 zz = _mm256_cvtph_ps(_mm256_extracti128_si256(sz, 1));
     BIE_UNROLL
