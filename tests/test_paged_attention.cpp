@@ -166,6 +166,34 @@ double tolerance(bool any_f16) {
   return any_f16 ? 4e-3 : 2e-5;
 }
 
+// The AVX2 / AVX-512 kernels score int4_channel keys by the int8-query method
+// (detail::int4_channel_scores_i8q), which moves each score by some delta against exact
+// dequantisation. With |delta| * scale <= e, every softmax weight moves by a factor within
+// [exp(-2e), exp(2e)], so an output moves by at most expm1(2e) * max|v|: the tolerance of those
+// kernels is tolerance(any_f16) plus that bound, e measured here over every int4_channel K tile of
+// `bl` (all KV heads) and every query row of q.
+double i8q_tolerance(const Blocks& bl, const Shape& s, const std::vector<float>& q, float scale) {
+  const int d = s.head_dim, B = s.block_size;
+  double e = 0.0, vmax = 0.0;
+  std::vector<float> want(static_cast<size_t>(B)), got(static_cast<size_t>(B));
+  std::vector<float> v(static_cast<size_t>(B) * d);
+  for (const PagedBlockView& bv : bl.views) {
+    for (int h = 0; h < s.n_kv_heads; ++h) {
+      bv.tv->load(bv.gv, bv.v + h * bv.v_tile_bytes, 0, B, v.data());
+      for (const float x : v) vmax = std::max(vmax, static_cast<double>(std::fabs(x)));
+      if (bv.tk->type != KvType::kInt4Channel || d % 64 != 0) continue;
+      const uint8_t* tile = bv.k + h * bv.k_tile_bytes;
+      for (size_t r = 0; r < q.size() / d; ++r) {
+        const float* qr = q.data() + r * d;
+        bv.tk->dot(bv.gk, qr, tile, 0, B, want.data());
+        detail::int4_channel_scores_i8q(d, tile, B, &qr, 1, got.data(), B);
+        e = std::max(e, max_diff(want.data(), got.data(), want.size()) * scale);
+      }
+    }
+  }
+  return tolerance(bl.any_f16) + std::expm1(2.0 * e) * vmax;
+}
+
 std::vector<detail::TileKernels> kernel_sets() {
   std::vector<detail::TileKernels> k = {detail::generic_kernels()};
   if (has_avx2()) k.push_back(detail::avx2_kernels());
@@ -198,7 +226,7 @@ TEST(PagedAttention, DecodeMatchesReferenceEveryFormatLengthGroupSplit) {
         const auto kernels = kernel_sets();
         for (size_t ki = 0; ki < kernels.size(); ++ki) {
           const auto& kern = kernels[ki];
-          const double tol = tolerance(bl.any_f16);
+          const double tol = ki == 0 ? tolerance(bl.any_f16) : i8q_tolerance(bl, s, q, scale);
           for (int splits = 1; splits <= 4; ++splits) {
             const auto out = run_tile(kern, bl, s, n - 1, 1, hk, splits, scale, q);
             const double e = max_diff(out.data(), ref.data(), ref.size());
@@ -210,11 +238,12 @@ TEST(PagedAttention, DecodeMatchesReferenceEveryFormatLengthGroupSplit) {
           std::vector<float> q2(2 * q.size());
           for (float& x : q2) x = nd(rng);
           const auto out2 = run_tile(kern, bl, s, n - 1, 1, 0, 2, scale, q2, 2);
+          const double tol2 = ki == 0 ? tolerance(bl.any_f16) : i8q_tolerance(bl, s, q2, scale);
           for (int h = 0; h < 2; ++h) {
             std::vector<float> ref2(q.size());
             attend_paged_reference(bl.views.data(), 16, n, h, group, s.head_dim, scale,
                                    q2.data() + h * q.size(), ref2.data());
-            EXPECT_LT(max_diff(out2.data() + h * q.size(), ref2.data(), ref2.size()), tol)
+            EXPECT_LT(max_diff(out2.data() + h * q.size(), ref2.data(), ref2.size()), tol2)
                 << c.k << "/" << c.v << " n=" << n << " group=" << group << " both heads, head "
                 << h;
           }
@@ -245,7 +274,7 @@ TEST(PagedAttention, PrefillTileCausalMask) {
         const auto kernels = kernel_sets();
         for (size_t ki = 0; ki < kernels.size(); ++ki) {
           const auto& kern = kernels[ki];
-          const double tol = tolerance(bl.any_f16);
+          const double tol = ki == 0 ? tolerance(bl.any_f16) : i8q_tolerance(bl, s, q, 0.125f);
           for (int splits : {1, 3}) {
             const auto out = run_tile(kern, bl, s, pos0, n_q, 0, splits, 0.125f, q);
             for (int i = 0; i < n_q; ++i) {
@@ -283,7 +312,10 @@ TEST(PagedAttention, PrefillTileSlidingWindow) {
         const int d = s.head_dim, G = s.group;
         std::vector<float> q(static_cast<size_t>(n_q) * G * d);
         for (float& x : q) x = nd(rng);
-        for (const auto& kern : kernel_sets()) {
+        const auto kernels = kernel_sets();
+        for (size_t ki = 0; ki < kernels.size(); ++ki) {
+          const auto& kern = kernels[ki];
+          const double tol = ki == 0 ? tolerance(bl.any_f16) : i8q_tolerance(bl, s, q, 0.125f);
           for (int64_t window : {1, 5, 16, 40, 5000}) {
             for (int splits : {1, 3}) {
               const auto out = run_tile(kern, bl, s, pos0, n_q, 0, splits, 0.125f, q, 1, window);
@@ -294,9 +326,8 @@ TEST(PagedAttention, PrefillTileSlidingWindow) {
                                        window);
                 const double e =
                     max_diff(out.data() + static_cast<size_t>(i) * G * d, ref.data(), ref.size());
-                EXPECT_LT(e, tolerance(bl.any_f16))
-                    << c.k << "/" << c.v << " pos0=" << pos0 << " n_q=" << n_q
-                    << " window=" << window << " splits=" << splits << " query " << i;
+                EXPECT_LT(e, tol) << c.k << "/" << c.v << " pos0=" << pos0 << " n_q=" << n_q
+                                  << " window=" << window << " splits=" << splits << " query " << i;
               }
             }
           }
@@ -469,6 +500,50 @@ TEST(PagedAttention, Avx512KernelsGiveTheAvx2KernelsBits) {
     }
   }
   EXPECT_GT(checked, 1000);
+}
+
+// The AVX2 and AVX-512 int4_channel scores (the int8-query method) equal the scalar twin bit for
+// bit: head widths 64, 128, 256, tiles of 16 and 64 rows with partial ones, 1 to 8 query rows,
+// queries with an outlier channel and an all-zero query.
+TEST(PagedAttention, Int4ChannelScoresGiveTheScalarTwinBits) {
+  if (!has_avx2()) GTEST_SKIP() << "no AVX2 on this machine (the generic kernels have no twin)";
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<detail::TileKernels> simd = {detail::avx2_kernels()};
+  if (has_avx512()) simd.push_back(detail::avx512_kernels());
+  int checked = 0;
+  for (const int d : {64, 128, 256}) {
+    for (const int T : {16, 64}) {
+      const KvFormat f{KvType::kInt4Channel, T};
+      PagedBlockView bv;
+      bv.tk = kv::kv_traits(f.type);
+      bv.gk = kv::kv_row_geom(f, d);
+      std::vector<uint8_t> tile(kv::kv_tile_bytes(f, d, T));
+      std::vector<float> rows(static_cast<size_t>(T) * d);
+      for (size_t i = 0; i < rows.size(); ++i) rows[i] = nd(rng) * (i % d == 5 ? 6.0f : 1.0f);
+      bv.tk->store(bv.gk, rows.data(), tile.data(), 0, T);
+      for (const int n_rows : {1, 2, 3, 4, 5, 6, 7, 8}) {
+        std::vector<float> q(static_cast<size_t>(n_rows) * d);
+        for (size_t i = 0; i < q.size(); ++i) q[i] = nd(rng) * (i % d == 9 ? 8.0f : 1.0f);
+        if (n_rows == 3) std::fill(q.begin() + d, q.begin() + 2 * d, 0.0f);  // amax 0
+        std::vector<const float*> qp;
+        for (int r = 0; r < n_rows; ++r) qp.push_back(q.data() + static_cast<size_t>(r) * d);
+        for (const int n : {1, 5, 16, 17, 33, 64}) {
+          if (n > T) continue;
+          std::vector<float> want(static_cast<size_t>(n_rows) * T, -1.0f), got = want;
+          detail::int4_channel_scores_i8q(d, tile.data(), n, qp.data(), n_rows, want.data(), T);
+          for (const auto& k : simd) {
+            std::fill(got.begin(), got.end(), -1.0f);
+            k.score(bv, tile.data(), n, qp.data(), n_rows, got.data(), T);
+            ASSERT_EQ(got, want) << "d=" << d << " T=" << T << " n_rows=" << n_rows
+                                 << " rows=" << n;
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
 }
 
 TEST(PagedAttention, SplitPlan) {

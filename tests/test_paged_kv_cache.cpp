@@ -11,6 +11,8 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "bie/attention/attention_runner.h"
+#include "bie/attention/paged_attention.h"
+#include "bie/common/cpu_features.h"
 #include "bie/engine/generate.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
@@ -361,6 +363,15 @@ TEST(PagedKvCache, AttentionMatchesReferenceOverStoredValues) {
           for (int c = 0; c < hd; ++c)
             dot += static_cast<double>(q[static_cast<size_t>(h * hd + c)]) *
                    kr[static_cast<size_t>(c)];
+          // The AVX2 / AVX-512 kernels score int4_channel tiles by the int8-query method: the
+          // reference takes the method's scores (its scalar twin) there.
+          if (fk.type == planner::KvType::kInt4Channel && hd % 64 == 0 && has_avx2()) {
+            const float* qh = q.data() + static_cast<size_t>(h) * hd;
+            std::vector<float> sc(16);
+            attention::detail::int4_channel_scores_i8q(hd, layer + hk * kt, 16, &qh, 1, sc.data(),
+                                                       16);
+            dot = sc[static_cast<size_t>(j % 16)];
+          }
           s[static_cast<size_t>(j)] = 0.125 * dot;
           vrows.push_back(vr);
         }

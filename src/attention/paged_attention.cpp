@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "bie/common/cpu_features.h"
@@ -155,6 +156,60 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
   }
 }
 
+void int4_channel_scores_i8q(int d, const uint8_t* tile, int rows, const float* const* q,
+                             int n_rows, float* s, int ss) {
+  assert(d % 64 == 0 && d <= 512);
+  constexpr int kBlock = 32;
+  const int half = d / 2, hb = half / kBlock;
+  const auto param = [&](int c, int k) {
+    uint16_t h;
+    std::memcpy(&h, tile + 4 * c + 2 * k, 2);
+    return quant::fp16_to_fp32(h);
+  };
+  const uint8_t* codes = tile + 4 * static_cast<size_t>(d);
+  std::vector<float> qs(static_cast<size_t>(d)), sq(static_cast<size_t>(d / kBlock));
+  std::vector<int32_t> qi(static_cast<size_t>(d));
+  const auto code = [&](int j, int c) {
+    const uint8_t b = codes[static_cast<size_t>(j) * half + c % half];
+    return c < half ? b & 0x0F : b >> 4;
+  };
+  for (int r = 0; r < n_rows; ++r) {
+    // fold_channel_params: qs = q * scale; zt = q . zero in 8 lanes, summed as simd::hsum does.
+    float lane[8] = {};
+    for (int c = 0; c < d; ++c) {
+      qs[static_cast<size_t>(c)] = q[r][c] * param(c, 0);
+      lane[c % 8] = std::fma(q[r][c], param(c, 1), lane[c % 8]);
+    }
+    const float zt =
+        ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    for (int b = 0; b < d / kBlock; ++b) {
+      float amax = 0.0f;
+      for (int c = b * kBlock; c < (b + 1) * kBlock; ++c) {
+        amax = std::max(amax, std::fabs(qs[static_cast<size_t>(c)]));
+      }
+      sq[static_cast<size_t>(b)] = amax / 127.0f;
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int c = b * kBlock; c < (b + 1) * kBlock; ++c) {
+        qi[static_cast<size_t>(c)] =
+            static_cast<int32_t>(std::nearbyint(qs[static_cast<size_t>(c)] * inv));
+      }
+    }
+    for (int j = 0; j < rows; ++j) {
+      float score = zt;
+      for (int k = 0; k < hb; ++k) {
+        for (const int b : {k, hb + k}) {  // a byte's low nibbles' block, then its high ones'
+          int32_t isum = 0;
+          for (int c = b * kBlock; c < (b + 1) * kBlock; ++c) {
+            isum += qi[static_cast<size_t>(c)] * code(j, c);
+          }
+          score = std::fma(static_cast<float>(isum), sq[static_cast<size_t>(b)], score);
+        }
+      }
+      s[r * ss + j] = score;
+    }
+  }
+}
+
 }  // namespace detail
 
 int plan_kv_splits(int64_t tiles, int64_t visible_tokens, int n_threads) {
@@ -191,8 +246,10 @@ void attend_paged_tile(const PagedAttnTile& t, float* scratch, const PagedAttnPa
   static const detail::TileKernels kAvx512 = detail::avx512_kernels();
   static const detail::TileKernels kAvx2 = detail::avx2_kernels();
   static const detail::TileKernels kGeneric = detail::generic_kernels();
-  detail::attend_paged_tile_with(has_avx512() ? kAvx512 : has_avx2() ? kAvx2 : kGeneric, t,
-                                 scratch, part);
+  detail::attend_paged_tile_with(has_avx512() ? kAvx512
+                                 : has_avx2() ? kAvx2
+                                              : kGeneric,
+                                 t, scratch, part);
 }
 
 void merge_paged_partials(const PagedAttnPartial* parts, int n_parts, int n_q, int n_kv, int group,

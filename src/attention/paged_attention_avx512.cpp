@@ -225,6 +225,96 @@ void chan_score(int d, const uint8_t* tile, int rows, const float* const* q, flo
       [&](int r, int, __m128 x) { return _mm_add_ps(x, _mm_set1_ps(zt[r])); });
 }
 
+// In-place transpose of a 16 x 16 dword matrix: afterwards t[c] lane i = the old t[i] lane c.
+inline void transpose16_epi32(__m512i t[16]) {
+  __m512i u[16];
+  for (int i = 0; i < 16; i += 2) {
+    u[i] = _mm512_unpacklo_epi32(t[i], t[i + 1]);
+    u[i + 1] = _mm512_unpackhi_epi32(t[i], t[i + 1]);
+  }
+  // Per 128-bit lane L, v[4 * g + k] holds dword 4 L + k of rows 4 g .. 4 g + 3.
+  __m512i v[16];
+  for (int g = 0; g < 4; ++g) {
+    v[4 * g] = _mm512_unpacklo_epi64(u[4 * g], u[4 * g + 2]);
+    v[4 * g + 1] = _mm512_unpackhi_epi64(u[4 * g], u[4 * g + 2]);
+    v[4 * g + 2] = _mm512_unpacklo_epi64(u[4 * g + 1], u[4 * g + 3]);
+    v[4 * g + 3] = _mm512_unpackhi_epi64(u[4 * g + 1], u[4 * g + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i x0 = _mm512_shuffle_i32x4(v[k], v[4 + k], 0x88);
+    const __m512i x1 = _mm512_shuffle_i32x4(v[k], v[4 + k], 0xDD);
+    const __m512i y0 = _mm512_shuffle_i32x4(v[8 + k], v[12 + k], 0x88);
+    const __m512i y1 = _mm512_shuffle_i32x4(v[8 + k], v[12 + k], 0xDD);
+    t[k] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    t[8 + k] = _mm512_shuffle_i32x4(x0, y0, 0xDD);
+    t[4 + k] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    t[12 + k] = _mm512_shuffle_i32x4(x1, y1, 0xDD);
+  }
+}
+
+// int4_channel by the int8-query method (quantise_queries): 16 rows per vector. Each 64-byte
+// window of 16 rows' codes is transposed so that lane i of vector c holds row i's bytes
+// 4c .. 4c + 3 (channels w + 4c.. in the low nibbles, half + w + 4c.. in the high ones); one
+// vpdpbusd per nibble half and query row then adds 4 channels to all 16 rows' sums. Vectors
+// 0-7 and 8-15 of a window each cover one 32-channel block per nibble half.
+template <int R>
+void chan_score_i8q(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
+  const int half = d / 2, hb = half / kI8qBlock;
+  alignas(32) float qs[R][kMaxHeadDim];
+  float zt[R];
+  fold_channel_params<R>(d, tile, q, qs, zt);
+  alignas(32) int8_t qi[R][kMaxHeadDim];
+  float sq[R][kMaxHeadDim / kI8qBlock];
+  quantise_queries<R>(d, qs, qi, sq);
+  const uint8_t* codes = tile + kv::chan_row_offset(d, 0);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int j0 = 0; j0 < rows; j0 += 16) {
+    const int n = std::min(16, rows - j0);
+    __m512 f[R];
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) f[r] = _mm512_set1_ps(zt[r]);
+    // Windows of 64 code bytes per row; half = 32 (head_dim 64) loads 32 into the low half.
+    for (int w = 0; w < half; w += 64) {
+      const bool whole = half - w >= 64;
+      __m512i t[16];
+      for (int i = 0; i < 16; ++i) {
+        t[i] = _mm512_maskz_loadu_epi32(whole ? 0xFFFF : 0x00FF,
+                                        codes + (j0 + std::min(i, n - 1)) * half + w);
+      }
+      transpose16_epi32(t);
+      for (int c0 = 0; c0 < (whole ? 16 : 8); c0 += 8) {
+        __m512i lo_acc[R], hi_acc[R];
+        BIE_UNROLL
+        for (int r = 0; r < R; ++r) lo_acc[r] = hi_acc[r] = _mm512_setzero_si512();
+        BIE_UNROLL
+        for (int c = 0; c < 8; ++c) {
+          const __m512i x = t[c0 + c];
+          const __m512i lo = _mm512_and_si512(x, low4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
+          BIE_UNROLL
+          for (int r = 0; r < R; ++r) {
+            int32_t ql, qh;
+            std::memcpy(&ql, qi[r] + w + 4 * (c0 + c), 4);
+            std::memcpy(&qh, qi[r] + half + w + 4 * (c0 + c), 4);
+            lo_acc[r] = _mm512_dpbusd_epi32(lo_acc[r], lo, _mm512_set1_epi32(ql));
+            hi_acc[r] = _mm512_dpbusd_epi32(hi_acc[r], hi, _mm512_set1_epi32(qh));
+          }
+        }
+        const int k = (w + 4 * c0) / kI8qBlock;  // the low nibbles' block; the high: hb + k
+        BIE_UNROLL
+        for (int r = 0; r < R; ++r) {
+          f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_acc[r]), _mm512_set1_ps(sq[r][k]), f[r]);
+          f[r] =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_acc[r]), _mm512_set1_ps(sq[r][hb + k]), f[r]);
+        }
+      }
+    }
+    const __mmask16 sm = static_cast<__mmask16>((1u << n) - 1);
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(s + r * ss + j0, sm, f[r]);
+  }
+}
+
 // int8_channel: as int4_channel, with one code byte per channel.
 template <int R>
 void chan8_score(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
@@ -258,6 +348,7 @@ void score_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
     case KvType::kFp8E4M3:
       return scaled_score<R, true>(d, tile, rows, q, s, ss);
     case KvType::kInt4Channel:
+      if (int8_query_ok(d)) return chan_score_i8q<R>(d, tile, rows, q, s, ss);
       return chan_score<R>(d, tile, rows, q, s, ss);
     case KvType::kInt8Channel:
       return chan8_score<R>(d, tile, rows, q, s, ss);

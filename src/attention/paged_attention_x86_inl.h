@@ -130,6 +130,51 @@ void fold_channel_params(int d, const uint8_t* tile, const float* const* q,
   for (int r = 0; r < R; ++r) zt[r] = simd::hsum(vz[r]);
 }
 
+// The int8-query method of the int4_channel scores (AVX2 and AVX-512 alike, the same bits; the
+// scalar twin is detail::int4_channel_scores_i8q): a tile's folded queries qs (above) are rounded
+// to int8 per block of 32 channels, qi[r][c] = round(qs[r][c] * 127 / amax) with amax the block's
+// largest |qs|, and sq[r][b] = amax / 127. A row's score starts at zt[r] and takes
+// fma(float(sum_{c in b} qi[r][c] * code_c), sq[r][b], score) for the blocks in the order
+// b = k, half / 32 + k for k = 0, 1, ... (a byte's low then high nibble block). The integer sums
+// are exact in any order, so the vector width does not matter; they take byte dot products
+// (vpdpbusd, pmaddubsw) instead of a float FMA per channel. Per channel the query moves by at most
+// sq / 2 (the error this adds: docs/kv-quality.md, "The int8-query method").
+constexpr int kI8qBlock = 32;
+// True where the kernels use it: whole 32-byte runs of codes per row.
+inline bool int8_query_ok(int d) {
+  return d % 64 == 0 && d <= kMaxHeadDim;
+}
+template <int R>
+inline void quantise_queries(int d, const float (&qs)[R][kMaxHeadDim], int8_t (&qi)[R][kMaxHeadDim],
+                             float (&sq)[R][kMaxHeadDim / kI8qBlock]) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  // packs_epi32 / packs_epi16 interleave the 128-bit lanes: this puts the 8 dwords back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < d; c += kI8qBlock) {
+      __m256 x[4];
+      __m256 m = _mm256_setzero_ps();
+      for (int k = 0; k < 4; ++k) {
+        x[k] = _mm256_load_ps(qs[r] + c + 8 * k);
+        m = _mm256_max_ps(m, _mm256_and_ps(x[k], abs_mask));
+      }
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+      const float amax = _mm_cvtss_f32(m4);
+      sq[r][c / kI8qBlock] = amax / 127.0f;
+      const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+      __m256i xi[4];
+      for (int k = 0; k < 4; ++k) xi[k] = _mm256_cvtps_epi32(_mm256_mul_ps(x[k], inv));
+      const __m256i w =
+          _mm256_packs_epi16(_mm256_packs_epi32(xi[0], xi[1]), _mm256_packs_epi32(xi[2], xi[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qi[r] + c),
+                          _mm256_permutevar8x32_epi32(w, order));
+    }
+  }
+}
+
 // int4_asym V, group b of a tile's `rows` rows: w[r][j] = p[r][j] * scale_j, and acc[r]'s G
 // channels of the group get sum_j p[r][j] * zero_j added (8 rows per vector step, the tail padded
 // with zeros so that row j always lands in lane j % 8: batch invariance).

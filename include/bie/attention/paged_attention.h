@@ -152,6 +152,10 @@ struct TileKernels {
 // AVX-512 kernels that give the AVX2 kernels' bits (two K rows or 16 channels per vector), and
 // the AVX2 ones where a format is not covered.
 [[nodiscard]] TileKernels avx512_kernels();
+// The AVX2 / AVX-512 kernels' int4_channel scores (the int8-query method, head_dim % 64 == 0) in
+// scalar code: their exact bits, for tests. s[r * ss + j] = query row r's score of tile row j.
+void int4_channel_scores_i8q(int d, const uint8_t* tile, int rows, const float* const* q,
+                             int n_rows, float* s, int ss);
 void attend_paged_tile_with(const TileKernels& k, const PagedAttnTile& t, float* scratch,
                             const PagedAttnPartial& part);
 }  // namespace detail
