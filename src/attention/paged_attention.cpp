@@ -159,16 +159,22 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
 void int4_channel_scores_i8q(int d, const uint8_t* tile, int rows, const float* const* q,
                              int n_rows, float* s, int ss) {
   assert(d % 64 == 0 && d <= 512);
-  constexpr int kBlock = 32;
-  const int half = d / 2, hb = half / kBlock;
+  constexpr int kBlockBytes = 32;  // block k: channels 32k.. and half + 32k.. (64 channels)
+  const int half = d / 2, nb = half / kBlockBytes;
   const auto param = [&](int c, int k) {
     uint16_t h;
     std::memcpy(&h, tile + 4 * c + 2 * k, 2);
     return quant::fp16_to_fp32(h);
   };
   const uint8_t* codes = tile + 4 * static_cast<size_t>(d);
-  std::vector<float> qs(static_cast<size_t>(d)), sq(static_cast<size_t>(d / kBlock));
-  std::vector<int32_t> qi(static_cast<size_t>(d));
+  std::vector<float> qs(static_cast<size_t>(d)), sq(static_cast<size_t>(nb));
+  std::vector<int32_t> q1(static_cast<size_t>(d)), q2(static_cast<size_t>(d));
+  const auto channels = [&](int k) {  // the block's 64 channels
+    std::vector<int> cs;
+    for (int i = 0; i < kBlockBytes; ++i) cs.push_back(kBlockBytes * k + i);
+    for (int i = 0; i < kBlockBytes; ++i) cs.push_back(half + kBlockBytes * k + i);
+    return cs;
+  };
   const auto code = [&](int j, int c) {
     const uint8_t b = codes[static_cast<size_t>(j) * half + c % half];
     return c < half ? b & 0x0F : b >> 4;
@@ -182,28 +188,27 @@ void int4_channel_scores_i8q(int d, const uint8_t* tile, int rows, const float* 
     }
     const float zt =
         ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-    for (int b = 0; b < d / kBlock; ++b) {
+    for (int k = 0; k < nb; ++k) {
       float amax = 0.0f;
-      for (int c = b * kBlock; c < (b + 1) * kBlock; ++c) {
-        amax = std::max(amax, std::fabs(qs[static_cast<size_t>(c)]));
-      }
-      sq[static_cast<size_t>(b)] = amax / 127.0f;
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      for (int c = b * kBlock; c < (b + 1) * kBlock; ++c) {
-        qi[static_cast<size_t>(c)] =
-            static_cast<int32_t>(std::nearbyint(qs[static_cast<size_t>(c)] * inv));
+      for (const int c : channels(k)) amax = std::max(amax, std::fabs(qs[static_cast<size_t>(c)]));
+      sq[static_cast<size_t>(k)] = amax / 127.0f * 0.0078125f;
+      const float u = amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (const int c : channels(k)) {
+        const float t = qs[static_cast<size_t>(c)] * u;
+        const float t1 = std::nearbyint(t);
+        q1[static_cast<size_t>(c)] = static_cast<int32_t>(t1);
+        q2[static_cast<size_t>(c)] = static_cast<int32_t>(std::nearbyint((t - t1) * 128.0f));
       }
     }
     for (int j = 0; j < rows; ++j) {
       float score = zt;
-      for (int k = 0; k < hb; ++k) {
-        for (const int b : {k, hb + k}) {  // a byte's low nibbles' block, then its high ones'
-          int32_t isum = 0;
-          for (int c = b * kBlock; c < (b + 1) * kBlock; ++c) {
-            isum += qi[static_cast<size_t>(c)] * code(j, c);
-          }
-          score = std::fma(static_cast<float>(isum), sq[static_cast<size_t>(b)], score);
+      for (int k = 0; k < nb; ++k) {
+        int32_t s1 = 0, s2 = 0;
+        for (const int c : channels(k)) {
+          s1 += q1[static_cast<size_t>(c)] * code(j, c);
+          s2 += q2[static_cast<size_t>(c)] * code(j, c);
         }
+        score = std::fma(static_cast<float>(128 * s1 + s2), sq[static_cast<size_t>(k)], score);
       }
       s[r * ss + j] = score;
     }

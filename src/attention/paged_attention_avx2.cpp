@@ -293,54 +293,56 @@ void chan_score(int d, const uint8_t* tile, int rows, const float* const* q, flo
 }
 
 // int4_channel by the int8-query method (quantise_queries), one row at a time: each 32 code bytes
-// are one 32-channel block per nibble half; per block and query row a pmaddubsw, a pmaddwd and a
-// horizontal sum, the R rows' sums reduced together.
+// are one block; per block, digit and query row a pmaddubsw per nibble half and a pmaddwd, then
+// the R rows' sums reduced together.
 template <int R>
 void chan_score_i8q(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
   static_assert(R <= 4);
-  const int half = d / 2, hb = half / kI8qBlock;
+  const int half = d / 2, nb = half / kI8qBlockBytes;
   alignas(32) float qs[R][kMaxHeadDim];
   float zt[R];
   fold_channel_params<R>(d, tile, q, qs, zt);
-  alignas(32) int8_t qi[R][kMaxHeadDim];
-  float sq[R][kMaxHeadDim / kI8qBlock];
-  quantise_queries<R>(d, qs, qi, sq);
+  alignas(32) int8_t qi1[R][kMaxHeadDim], qi2[R][kMaxHeadDim];
+  float sq[R][kMaxHeadDim / 64];
+  quantise_queries<R>(d, qs, qi1, qi2, sq);
   // The scales per block, the R query rows in lanes 0 .. R - 1.
-  alignas(16) float sqt[kMaxHeadDim / kI8qBlock][4] = {};
+  alignas(16) float sqt[kMaxHeadDim / 64][4] = {};
   alignas(16) float z4[4] = {};
   BIE_UNROLL
   for (int r = 0; r < R; ++r) {
     z4[r] = zt[r];
-    for (int b = 0; b < d / kI8qBlock; ++b) sqt[b][r] = sq[r][b];
+    for (int k = 0; k < nb; ++k) sqt[k][r] = sq[r][k];
   }
   const uint8_t* codes = tile + kv::chan_row_offset(d, 0);
   const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  // [sum x0, sum x1, sum x2, sum x3] (integers: any order is exact).
-  const auto sums4 = [](const __m256i(&x)[4]) {
-    const __m256i h =
-        _mm256_hadd_epi32(_mm256_hadd_epi32(x[0], x[1]), _mm256_hadd_epi32(x[2], x[3]));
-    return _mm_cvtepi32_ps(
-        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+  const auto ld = [](const int8_t* p) {
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+  };
+  // pmaddubsw sums pairs of products (|2 * 15 * 127| fits int16), pmaddwd widens to int32.
+  const auto dot = [&](__m256i lo, __m256i hi, const int8_t* ql, const int8_t* qh) {
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld(ql)), ones),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld(qh)), ones));
   };
   for (int j = 0; j < rows; ++j) {
     const uint8_t* row = codes + static_cast<size_t>(j) * half;
     __m128 f = _mm_load_ps(z4);
-    for (int k = 0; k < hb; ++k) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * k));
+    for (int k = 0; k < nb; ++k) {
+      const int cl = kI8qBlockBytes * k, ch = half + cl;
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + cl));
       const __m256i lo = _mm256_and_si256(x, low4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
-      __m256i a[4], b[4];
-      for (int r = 0; r < 4; ++r) a[r] = b[r] = _mm256_setzero_si256();
+      __m256i a[4];
+      for (__m256i& v : a) v = _mm256_setzero_si256();
       BIE_UNROLL
       for (int r = 0; r < R; ++r) {
-        const __m256i ql = _mm256_load_si256(reinterpret_cast<const __m256i*>(qi[r] + 32 * k));
-        const __m256i qh =
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(qi[r] + half + 32 * k));
-        a[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ql), ones);
-        b[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, qh), ones);
+        a[r] = _mm256_add_epi32(_mm256_slli_epi32(dot(lo, hi, qi1[r] + cl, qi1[r] + ch), 7),
+                                dot(lo, hi, qi2[r] + cl, qi2[r] + ch));
       }
-      f = _mm_fmadd_ps(sums4(a), _mm_load_ps(sqt[k]), f);
-      f = _mm_fmadd_ps(sums4(b), _mm_load_ps(sqt[hb + k]), f);
+      // [sum a0, sum a1, sum a2, sum a3] (integers: any order is exact).
+      const __m256i h =
+          _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+      const __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+      f = _mm_fmadd_ps(_mm_cvtepi32_ps(t), _mm_load_ps(sqt[k]), f);
     }
     alignas(16) float out[4];
     _mm_store_ps(out, f);

@@ -255,19 +255,24 @@ inline void transpose16_epi32(__m512i t[16]) {
 // int4_channel by the int8-query method (quantise_queries): 16 rows per vector. Each 64-byte
 // window of 16 rows' codes is transposed so that lane i of vector c holds row i's bytes
 // 4c .. 4c + 3 (channels w + 4c.. in the low nibbles, half + w + 4c.. in the high ones); one
-// vpdpbusd per nibble half and query row then adds 4 channels to all 16 rows' sums. Vectors
-// 0-7 and 8-15 of a window each cover one 32-channel block per nibble half.
+// vpdpbusd per nibble half, digit and query row then adds 4 channels to all 16 rows' sums.
+// Vectors 0-7 and 8-15 of a window are one block each.
 template <int R>
 void chan_score_i8q(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
-  const int half = d / 2, hb = half / kI8qBlock;
+  const int half = d / 2;
   alignas(32) float qs[R][kMaxHeadDim];
   float zt[R];
   fold_channel_params<R>(d, tile, q, qs, zt);
-  alignas(32) int8_t qi[R][kMaxHeadDim];
-  float sq[R][kMaxHeadDim / kI8qBlock];
-  quantise_queries<R>(d, qs, qi, sq);
+  alignas(32) int8_t qi1[R][kMaxHeadDim], qi2[R][kMaxHeadDim];
+  float sq[R][kMaxHeadDim / 64];
+  quantise_queries<R>(d, qs, qi1, qi2, sq);
   const uint8_t* codes = tile + kv::chan_row_offset(d, 0);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const auto bcast = [](const int8_t* p) {
+    int32_t x;
+    std::memcpy(&x, p, 4);
+    return _mm512_set1_epi32(x);
+  };
   for (int j0 = 0; j0 < rows; j0 += 16) {
     const int n = std::min(16, rows - j0);
     __m512 f[R];
@@ -283,29 +288,28 @@ void chan_score_i8q(int d, const uint8_t* tile, int rows, const float* const* q,
       }
       transpose16_epi32(t);
       for (int c0 = 0; c0 < (whole ? 16 : 8); c0 += 8) {
-        __m512i lo_acc[R], hi_acc[R];
+        __m512i a1[R], a2[R];
         BIE_UNROLL
-        for (int r = 0; r < R; ++r) lo_acc[r] = hi_acc[r] = _mm512_setzero_si512();
+        for (int r = 0; r < R; ++r) a1[r] = a2[r] = _mm512_setzero_si512();
         BIE_UNROLL
         for (int c = 0; c < 8; ++c) {
           const __m512i x = t[c0 + c];
           const __m512i lo = _mm512_and_si512(x, low4);
           const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
+          const int cl = w + 4 * (c0 + c), ch = half + cl;
           BIE_UNROLL
           for (int r = 0; r < R; ++r) {
-            int32_t ql, qh;
-            std::memcpy(&ql, qi[r] + w + 4 * (c0 + c), 4);
-            std::memcpy(&qh, qi[r] + half + w + 4 * (c0 + c), 4);
-            lo_acc[r] = _mm512_dpbusd_epi32(lo_acc[r], lo, _mm512_set1_epi32(ql));
-            hi_acc[r] = _mm512_dpbusd_epi32(hi_acc[r], hi, _mm512_set1_epi32(qh));
+            a1[r] = _mm512_dpbusd_epi32(a1[r], lo, bcast(qi1[r] + cl));
+            a1[r] = _mm512_dpbusd_epi32(a1[r], hi, bcast(qi1[r] + ch));
+            a2[r] = _mm512_dpbusd_epi32(a2[r], lo, bcast(qi2[r] + cl));
+            a2[r] = _mm512_dpbusd_epi32(a2[r], hi, bcast(qi2[r] + ch));
           }
         }
-        const int k = (w + 4 * c0) / kI8qBlock;  // the low nibbles' block; the high: hb + k
+        const int k = (w + 4 * c0) / kI8qBlockBytes;
         BIE_UNROLL
         for (int r = 0; r < R; ++r) {
-          f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_acc[r]), _mm512_set1_ps(sq[r][k]), f[r]);
-          f[r] =
-              _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_acc[r]), _mm512_set1_ps(sq[r][hb + k]), f[r]);
+          const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(a1[r], 7), a2[r]);
+          f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(sq[r][k]), f[r]);
         }
       }
     }

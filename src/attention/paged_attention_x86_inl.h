@@ -131,46 +131,66 @@ void fold_channel_params(int d, const uint8_t* tile, const float* const* q,
 }
 
 // The int8-query method of the int4_channel scores (AVX2 and AVX-512 alike, the same bits; the
-// scalar twin is detail::int4_channel_scores_i8q): a tile's folded queries qs (above) are rounded
-// to int8 per block of 32 channels, qi[r][c] = round(qs[r][c] * 127 / amax) with amax the block's
-// largest |qs|, and sq[r][b] = amax / 127. A row's score starts at zt[r] and takes
-// fma(float(sum_{c in b} qi[r][c] * code_c), sq[r][b], score) for the blocks in the order
-// b = k, half / 32 + k for k = 0, 1, ... (a byte's low then high nibble block). The integer sums
-// are exact in any order, so the vector width does not matter; they take byte dot products
-// (vpdpbusd, pmaddubsw) instead of a float FMA per channel. Per channel the query moves by at most
-// sq / 2 (the error this adds: docs/kv-quality.md, "The int8-query method").
-constexpr int kI8qBlock = 32;
+// scalar twin is detail::int4_channel_scores_i8q). A row's 32 code bytes at 32k .. 32k + 31 hold
+// channels 32k.. (low nibbles) and half + 32k.. (high nibbles): block k, 64 channels. Per block,
+// with u = 127 / (the block's largest |qs|) for the tile's folded queries qs (above), each channel
+// gets two int8 digits, q1 = round(qs * u) and q2 = round((qs * u - q1) * 128) (|q2| <= 64), and
+// sq[r][k] = (1 / u) / 128. A row's score starts at zt[r] and takes, block by block,
+// fma(float(128 * sum q1 * code + sum q2 * code), sq[r][k], score). The integer sums are exact in
+// any order (|128 * 64 * 15 * 127 + 64 * 15 * 64| < 2^24, so the float conversion is exact too),
+// so the vector width does not matter; they take byte dot products (vpdpbusd, pmaddubsw) instead
+// of a float FMA per channel. Per channel the query moves by at most (1 / u) / 256, the block's
+// largest |qs| / 32512 (the error this adds: docs/kv-quality.md, "The int8-query method").
+constexpr int kI8qBlockBytes = 32;  // code bytes per block: 64 channels
 // True where the kernels use it: whole 32-byte runs of codes per row.
 inline bool int8_query_ok(int d) {
   return d % 64 == 0 && d <= kMaxHeadDim;
 }
+// qi1 / qi2[r][c]: the digits of channel c (channel order); sq[r][k]: block k's scale.
 template <int R>
-inline void quantise_queries(int d, const float (&qs)[R][kMaxHeadDim], int8_t (&qi)[R][kMaxHeadDim],
-                             float (&sq)[R][kMaxHeadDim / kI8qBlock]) {
+inline void quantise_queries(int d, const float (&qs)[R][kMaxHeadDim],
+                             int8_t (&qi1)[R][kMaxHeadDim], int8_t (&qi2)[R][kMaxHeadDim],
+                             float (&sq)[R][kMaxHeadDim / 64]) {
+  const int half = d / 2;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   // packs_epi32 / packs_epi16 interleave the 128-bit lanes: this puts the 8 dwords back in order.
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const auto store32 = [&](int8_t* dst, const __m256i(&x)[4]) {
+    const __m256i w =
+        _mm256_packs_epi16(_mm256_packs_epi32(x[0], x[1]), _mm256_packs_epi32(x[2], x[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_permutevar8x32_epi32(w, order));
+  };
   BIE_UNROLL
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < d; c += kI8qBlock) {
-      __m256 x[4];
+    for (int k = 0; k < half / kI8qBlockBytes; ++k) {
+      const int c0[2] = {kI8qBlockBytes * k, half + kI8qBlockBytes * k};
+      __m256 x[2][4];
       __m256 m = _mm256_setzero_ps();
-      for (int k = 0; k < 4; ++k) {
-        x[k] = _mm256_load_ps(qs[r] + c + 8 * k);
-        m = _mm256_max_ps(m, _mm256_and_ps(x[k], abs_mask));
+      for (int h = 0; h < 2; ++h) {
+        for (int i = 0; i < 4; ++i) {
+          x[h][i] = _mm256_load_ps(qs[r] + c0[h] + 8 * i);
+          m = _mm256_max_ps(m, _mm256_and_ps(x[h][i], abs_mask));
+        }
       }
       __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
       m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
       m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
       const float amax = _mm_cvtss_f32(m4);
-      sq[r][c / kI8qBlock] = amax / 127.0f;
-      const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-      __m256i xi[4];
-      for (int k = 0; k < 4; ++k) xi[k] = _mm256_cvtps_epi32(_mm256_mul_ps(x[k], inv));
-      const __m256i w =
-          _mm256_packs_epi16(_mm256_packs_epi32(xi[0], xi[1]), _mm256_packs_epi32(xi[2], xi[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qi[r] + c),
-                          _mm256_permutevar8x32_epi32(w, order));
+      sq[r][k] = amax / 127.0f * 0.0078125f;
+      const __m256 u = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+      const __m256 base = _mm256_set1_ps(128.0f);
+      for (int h = 0; h < 2; ++h) {
+        __m256i d1[4], d2[4];
+        for (int i = 0; i < 4; ++i) {
+          const __m256 t = _mm256_mul_ps(x[h][i], u);
+          const __m256 t1 = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          d1[i] = _mm256_cvtps_epi32(t1);
+          // t - t1 is exact (|t| <= 127), and so is its product by 128.
+          d2[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t, t1), base));
+        }
+        store32(qi1[r] + c0[h], d1);
+        store32(qi2[r] + c0[h], d2);
+      }
     }
   }
 }
