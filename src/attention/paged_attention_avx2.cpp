@@ -299,19 +299,14 @@ template <int R>
 void chan_score_i8q(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
   static_assert(R <= 4);
   const int half = d / 2, nb = half / kI8qBlockBytes;
-  alignas(32) float qs[R][kMaxHeadDim];
-  float zt[R];
-  fold_channel_params<R>(d, tile, q, qs, zt);
-  alignas(32) int8_t qi1[R][kMaxHeadDim], qi2[R][kMaxHeadDim];
-  float sq[R][kMaxHeadDim / 64];
-  quantise_queries<R>(d, qs, qi1, qi2, sq);
+  const I8qQueries<R> iq(d, tile, q);
   // The scales per block, the R query rows in lanes 0 .. R - 1.
   alignas(16) float sqt[kMaxHeadDim / 64][4] = {};
   alignas(16) float z4[4] = {};
   BIE_UNROLL
   for (int r = 0; r < R; ++r) {
-    z4[r] = zt[r];
-    for (int k = 0; k < nb; ++k) sqt[k][r] = sq[r][k];
+    z4[r] = iq.zt[r];
+    for (int k = 0; k < nb; ++k) sqt[k][r] = iq.sq[r][k];
   }
   const uint8_t* codes = tile + kv::chan_row_offset(d, 0);
   const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -335,8 +330,8 @@ void chan_score_i8q(int d, const uint8_t* tile, int rows, const float* const* q,
       for (__m256i& v : a) v = _mm256_setzero_si256();
       BIE_UNROLL
       for (int r = 0; r < R; ++r) {
-        a[r] = _mm256_add_epi32(_mm256_slli_epi32(dot(lo, hi, qi1[r] + cl, qi1[r] + ch), 7),
-                                dot(lo, hi, qi2[r] + cl, qi2[r] + ch));
+        a[r] = _mm256_add_epi32(_mm256_slli_epi32(dot(lo, hi, iq.q1[r] + cl, iq.q1[r] + ch), 7),
+                                dot(lo, hi, iq.q2[r] + cl, iq.q2[r] + ch));
       }
       // [sum a0, sum a1, sum a2, sum a3] (integers: any order is exact).
       const __m256i h =

@@ -260,12 +260,7 @@ inline void transpose16_epi32(__m512i t[16]) {
 template <int R>
 void chan_score_i8q(int d, const uint8_t* tile, int rows, const float* const* q, float* s, int ss) {
   const int half = d / 2;
-  alignas(32) float qs[R][kMaxHeadDim];
-  float zt[R];
-  fold_channel_params<R>(d, tile, q, qs, zt);
-  alignas(32) int8_t qi1[R][kMaxHeadDim], qi2[R][kMaxHeadDim];
-  float sq[R][kMaxHeadDim / 64];
-  quantise_queries<R>(d, qs, qi1, qi2, sq);
+  const I8qQueries<R> iq(d, tile, q);
   const uint8_t* codes = tile + kv::chan_row_offset(d, 0);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const auto bcast = [](const int8_t* p) {
@@ -277,7 +272,7 @@ void chan_score_i8q(int d, const uint8_t* tile, int rows, const float* const* q,
     const int n = std::min(16, rows - j0);
     __m512 f[R];
     BIE_UNROLL
-    for (int r = 0; r < R; ++r) f[r] = _mm512_set1_ps(zt[r]);
+    for (int r = 0; r < R; ++r) f[r] = _mm512_set1_ps(iq.zt[r]);
     // Windows of 64 code bytes per row; half = 32 (head_dim 64) loads 32 into the low half.
     for (int w = 0; w < half; w += 64) {
       const bool whole = half - w >= 64;
@@ -299,17 +294,17 @@ void chan_score_i8q(int d, const uint8_t* tile, int rows, const float* const* q,
           const int cl = w + 4 * (c0 + c), ch = half + cl;
           BIE_UNROLL
           for (int r = 0; r < R; ++r) {
-            a1[r] = _mm512_dpbusd_epi32(a1[r], lo, bcast(qi1[r] + cl));
-            a1[r] = _mm512_dpbusd_epi32(a1[r], hi, bcast(qi1[r] + ch));
-            a2[r] = _mm512_dpbusd_epi32(a2[r], lo, bcast(qi2[r] + cl));
-            a2[r] = _mm512_dpbusd_epi32(a2[r], hi, bcast(qi2[r] + ch));
+            a1[r] = _mm512_dpbusd_epi32(a1[r], lo, bcast(iq.q1[r] + cl));
+            a1[r] = _mm512_dpbusd_epi32(a1[r], hi, bcast(iq.q1[r] + ch));
+            a2[r] = _mm512_dpbusd_epi32(a2[r], lo, bcast(iq.q2[r] + cl));
+            a2[r] = _mm512_dpbusd_epi32(a2[r], hi, bcast(iq.q2[r] + ch));
           }
         }
         const int k = (w + 4 * c0) / kI8qBlockBytes;
         BIE_UNROLL
         for (int r = 0; r < R; ++r) {
           const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(a1[r], 7), a2[r]);
-          f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(sq[r][k]), f[r]);
+          f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(iq.sq[r][k]), f[r]);
         }
       }
     }

@@ -195,6 +195,20 @@ inline void quantise_queries(int d, const float (&qs)[R][kMaxHeadDim],
   }
 }
 
+// A tile's queries for the int8-query scores: folded (fold_channel_params), then in digits.
+template <int R>
+struct I8qQueries {
+  alignas(32) int8_t q1[R][kMaxHeadDim];
+  alignas(32) int8_t q2[R][kMaxHeadDim];
+  float sq[R][kMaxHeadDim / 64];
+  float zt[R];
+  I8qQueries(int d, const uint8_t* tile, const float* const* q) {
+    alignas(32) float qs[R][kMaxHeadDim];
+    fold_channel_params<R>(d, tile, q, qs, zt);
+    quantise_queries<R>(d, qs, q1, q2, sq);
+  }
+};
+
 // int4_asym V, group b of a tile's `rows` rows: w[r][j] = p[r][j] * scale_j, and acc[r]'s G
 // channels of the group get sum_j p[r][j] * zero_j added (8 rows per vector step, the tail padded
 // with zeros so that row j always lands in lane j % 8: batch invariance).
