@@ -224,9 +224,10 @@ TEST(PagedAttention, DecodeMatchesReferenceEveryFormatLengthGroupSplit) {
         attend_paged_reference(bl.views.data(), 16, n, hk, group, s.head_dim, scale, q.data(),
                                ref.data());
         const auto kernels = kernel_sets();
+        const double simd_tol = i8q_tolerance(bl, s, q, scale);
         for (size_t ki = 0; ki < kernels.size(); ++ki) {
           const auto& kern = kernels[ki];
-          const double tol = ki == 0 ? tolerance(bl.any_f16) : i8q_tolerance(bl, s, q, scale);
+          const double tol = ki == 0 ? tolerance(bl.any_f16) : simd_tol;
           for (int splits = 1; splits <= 4; ++splits) {
             const auto out = run_tile(kern, bl, s, n - 1, 1, hk, splits, scale, q);
             const double e = max_diff(out.data(), ref.data(), ref.size());
@@ -272,9 +273,10 @@ TEST(PagedAttention, PrefillTileCausalMask) {
         std::vector<float> q(static_cast<size_t>(n_q) * G * d);
         for (float& x : q) x = nd(rng);
         const auto kernels = kernel_sets();
+        const double simd_tol = i8q_tolerance(bl, s, q, 0.125f);
         for (size_t ki = 0; ki < kernels.size(); ++ki) {
           const auto& kern = kernels[ki];
-          const double tol = ki == 0 ? tolerance(bl.any_f16) : i8q_tolerance(bl, s, q, 0.125f);
+          const double tol = ki == 0 ? tolerance(bl.any_f16) : simd_tol;
           for (int splits : {1, 3}) {
             const auto out = run_tile(kern, bl, s, pos0, n_q, 0, splits, 0.125f, q);
             for (int i = 0; i < n_q; ++i) {
@@ -313,9 +315,10 @@ TEST(PagedAttention, PrefillTileSlidingWindow) {
         std::vector<float> q(static_cast<size_t>(n_q) * G * d);
         for (float& x : q) x = nd(rng);
         const auto kernels = kernel_sets();
+        const double simd_tol = i8q_tolerance(bl, s, q, 0.125f);
         for (size_t ki = 0; ki < kernels.size(); ++ki) {
           const auto& kern = kernels[ki];
-          const double tol = ki == 0 ? tolerance(bl.any_f16) : i8q_tolerance(bl, s, q, 0.125f);
+          const double tol = ki == 0 ? tolerance(bl.any_f16) : simd_tol;
           for (int64_t window : {1, 5, 16, 40, 5000}) {
             for (int splits : {1, 3}) {
               const auto out = run_tile(kern, bl, s, pos0, n_q, 0, splits, 0.125f, q, 1, window);

@@ -169,11 +169,14 @@ void int4_channel_scores_i8q(int d, const uint8_t* tile, int rows, const float* 
   const uint8_t* codes = tile + 4 * static_cast<size_t>(d);
   std::vector<float> qs(static_cast<size_t>(d)), sq(static_cast<size_t>(nb));
   std::vector<int32_t> q1(static_cast<size_t>(d)), q2(static_cast<size_t>(d));
-  const auto channels = [&](int k) {  // the block's 64 channels
-    std::vector<int> cs;
-    for (int i = 0; i < kBlockBytes; ++i) cs.push_back(kBlockBytes * k + i);
-    for (int i = 0; i < kBlockBytes; ++i) cs.push_back(half + kBlockBytes * k + i);
-    return cs;
+  std::vector<std::vector<int>> blocks(static_cast<size_t>(nb));  // each block's 64 channels
+  for (int k = 0; k < nb; ++k) {
+    for (const int c0 : {kBlockBytes * k, half + kBlockBytes * k}) {
+      for (int i = 0; i < kBlockBytes; ++i) blocks[static_cast<size_t>(k)].push_back(c0 + i);
+    }
+  }
+  const auto channels = [&](int k) -> const std::vector<int>& {
+    return blocks[static_cast<size_t>(k)];
   };
   const auto code = [&](int j, int c) {
     const uint8_t b = codes[static_cast<size_t>(j) * half + c % half];

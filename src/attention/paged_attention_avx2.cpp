@@ -638,11 +638,8 @@ void avx2_update(float* sr, int rows, int lim, float scale, float* m, float* l, 
     for (int t = 0; t < 8; ++t) tail[t] = full + t < lim ? sr[full + t] * scale : -INFINITY;
     vmax = _mm256_max_ps(vmax, _mm256_load_ps(tail));
   }
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
   const float m_old = *m;
-  const float m_new = std::max(m_old, _mm_cvtss_f32(m4));
+  const float m_new = std::max(m_old, simd::hmax(vmax));
   const __m256 vm = _mm256_set1_ps(m_new);
   for (int j = 0; j < full; j += 8) {
     _mm256_storeu_ps(sr + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + j), vm)));

@@ -172,10 +172,7 @@ inline void quantise_queries(int d, const float (&qs)[R][kMaxHeadDim],
           m = _mm256_max_ps(m, _mm256_and_ps(x[h][i], abs_mask));
         }
       }
-      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-      const float amax = _mm_cvtss_f32(m4);
+      const float amax = simd::hmax(m);
       sq[r][k] = amax / 127.0f * 0.0078125f;
       const __m256 u = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
       const __m256 base = _mm256_set1_ps(128.0f);

@@ -27,5 +27,13 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Largest of the 8 lanes (exact in any order).
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
 }  // namespace BIE_SIMD_ISA
 }  // namespace bie::simd
