@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <random>
@@ -78,6 +79,11 @@ size_t cold_bytes() {
   const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
   const size_t llc = l3 > 0 ? static_cast<size_t>(l3) : size_t{64} << 20;
   return std::clamp(4 * llc, size_t{256} << 20, size_t{4} << 30);
+}
+
+// The first 64-byte aligned address in p's buffer (allocate 64 bytes more).
+void* align64(uint8_t* p) {
+  return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(p) + 63) / 64 * 64);
 }
 
 bie::ThreadPool& pool(int n) {
@@ -177,13 +183,15 @@ BENCHMARK(BM_MatmulDecode)->Apply(MatmulDecodeArgs)->UseRealTime()->Unit(benchma
 // machine has: decode of 1 token and a batched decode of 16 (MatmulPath::kDecode, cold weights),
 // and a 512-token prefill (kAuto). Arg 4: Isa; arg 5: 0 decode, 1 prefill, 2 decode as separate
 // calls of kMaxMatvecTokens (4) tokens each, i.e. the weights read once per group of 4 (what
-// kDecode did before it read them once per call).
+// kDecode did before it read them once per call), 3 decode and 4 prefill on the weights repacked
+// by pack_weight (what a CPU backend multiplies by on an AVX-512 machine).
 void BM_MatmulIsa(benchmark::State& state) {
   const auto type = static_cast<GgmlType>(state.range(0));
   const int64_t n_in = state.range(1), n_out = state.range(2), n_tokens = state.range(3);
   const auto isa = static_cast<bie::Isa>(state.range(4));
-  const bool prefill = state.range(5) == 1;
+  const bool prefill = state.range(5) == 1 || state.range(5) == 4;
   const bool grouped = state.range(5) == 2;
+  const bool repacked = state.range(5) >= 3;
   if (bie::set_isa(isa) != isa) {
     state.SkipWithError("ISA not available");
     return;
@@ -191,6 +199,20 @@ void BM_MatmulIsa(benchmark::State& state) {
   const auto w = quantize(type, random_floats(static_cast<size_t>(n_in * n_out), 3), n_in);
   const size_t copies = prefill ? 1 : std::max<size_t>(1, cold_bytes() / w.size());
   std::vector<std::vector<uint8_t>> ws(copies, w);
+  std::vector<std::vector<uint8_t>> packs;
+  if (repacked) {
+    const bie::WeightView v{type, n_in, n_out, w.data(), bie::quant::row_size(type, n_in)};
+    const size_t bytes = bie::packed_weight_bytes(v);
+    if (bytes == 0) {
+      state.SkipWithError("no packed layout for this type and ISA");
+      bie::set_isa(bie::best_isa());
+      return;
+    }
+    for (size_t c = 0; c < copies; ++c) {
+      packs.emplace_back(bytes + 64);
+      bie::pack_weight(v, align64(packs.back().data()), pool(2));
+    }
+  }
   const auto x = random_floats(static_cast<size_t>(n_in * n_tokens), 4);
   std::vector<float> y(static_cast<size_t>(n_out * n_tokens));
   bie::MatmulScratch scratch;
@@ -198,7 +220,8 @@ void BM_MatmulIsa(benchmark::State& state) {
   const bie::MatmulPath path = prefill ? bie::MatmulPath::kAuto : bie::MatmulPath::kDecode;
   size_t i = 0;
   for (auto _ : state) {
-    const bie::WeightView view{type, n_in, n_out, ws[i].data(), bie::quant::row_size(type, n_in)};
+    bie::WeightView view{type, n_in, n_out, ws[i].data(), bie::quant::row_size(type, n_in)};
+    if (repacked) view.packed = align64(packs[i].data());
     if (grouped) {
       for (int64_t t = 0; t < n_tokens; t += 4) {
         bie::matmul(view, x.data() + t * n_in, std::min<int64_t>(4, n_tokens - t),
@@ -217,9 +240,8 @@ void BM_MatmulIsa(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(n_tokens) * static_cast<double>(state.iterations()),
                          benchmark::Counter::kIsRate);
   state.SetLabel(std::string(bie::quant::type_name(type)) + " " + std::string(bie::isa_name(isa)) +
-                 (prefill   ? " prefill"
-                  : grouped ? " decode, calls of 4"
-                            : " decode"));
+                 (prefill ? " prefill" : grouped ? " decode, calls of 4" : " decode") +
+                 (repacked ? ", repacked" : ""));
 }
 
 void MatmulIsaArgs(benchmark::internal::Benchmark* b) {
@@ -235,6 +257,9 @@ void MatmulIsaArgs(benchmark::internal::Benchmark* b) {
       b->Args({static_cast<int>(s.type), s.n_in, s.n_out, 16, isa, 2});
       b->Args({static_cast<int>(s.type), s.n_in, s.n_out, 512, isa, 1});
     }
+    for (int n_tokens : {1, 2, 4, 8, 16})
+      b->Args({static_cast<int>(s.type), s.n_in, s.n_out, n_tokens, 2, 3});
+    b->Args({static_cast<int>(s.type), s.n_in, s.n_out, 512, 2, 4});
   }
 }
 BENCHMARK(BM_MatmulIsa)->Apply(MatmulIsaArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);

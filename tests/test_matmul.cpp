@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -300,6 +302,59 @@ TEST(Matmul, Avx512PrefillGivesTheAvx2Bits) {
       for (size_t i = 0; i < y2.size(); ++i) {
         ASSERT_EQ(y2[i], y5[i]) << quant::type_name(type) << " tokens=" << n_tokens << " i=" << i;
       }
+    }
+  }
+}
+
+// Weights repacked once (pack_weight: AVX-512, Q4_K and Q6_K) give every token the prefill
+// tiles' bits over the file's layout, on either named path and for any number of tokens: so a
+// decode token's bits do not depend on its batch, and the repacking changes no prompt token.
+// Shapes: 9 super-blocks (an odd count: Q6_K panels end in padding), 45 rows (a short last
+// panel) and 32 padded rows; token counts around the kernels' groups of 8, and 40 (above
+// kPackedInPlaceTokens: each panel expanded into the tiles' layout). Lowering the ISA ignores the
+// packed copy (the AVX2 decode kernels' bits).
+TEST(Matmul, RepackedWeightsGiveThePrefillTilesBitsForAnyBatch) {
+  if (best_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  ThreadPool pool(2);
+  MatmulScratch scratch;
+  IsaScope scope(Isa::kAvx512);
+  for (G type : {G::Q4_K, G::Q6_K}) {
+    for (const auto& [n_out, pad] : {std::pair<int64_t, size_t>{45, 0}, {32, 64}}) {
+      const Matrix m = make_matrix(type, 2304, n_out, 15, pad);
+      const size_t bytes = packed_weight_bytes(m.view());
+      const int64_t panels = (n_out + 15) / 16;
+      ASSERT_GE(bytes, static_cast<size_t>(panels * 16) * quant::row_size(type, 2304));
+      ASSERT_LT(bytes, static_cast<size_t>(panels * 16) * quant::row_size(type, 2304) +
+                           static_cast<size_t>(panels) * 64);
+      auto* buf = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+      ASSERT_NE(buf, nullptr);
+      pack_weight(m.view(), buf, pool);
+      WeightView packed = m.view();
+      packed.packed = buf;
+      for (int64_t n_tokens : {1, 2, 5, 8, 9, 13, 16, 17, 40}) {
+        const auto x = make_acts(2304, n_tokens, 16 + static_cast<uint32_t>(n_tokens));
+        const size_t n = static_cast<size_t>(n_tokens * n_out);
+        std::vector<float> tiles(n), dec(n), pre(n);
+        matmul(m.view(), x.data(), n_tokens, tiles.data(), pool, scratch, MatmulPath::kPrefill);
+        matmul(packed, x.data(), n_tokens, dec.data(), pool, scratch, MatmulPath::kDecode);
+        matmul(packed, x.data(), n_tokens, pre.data(), pool, scratch, MatmulPath::kPrefill);
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(tiles[i], dec[i]) << quant::type_name(type) << " rows=" << n_out
+                                      << " tokens=" << n_tokens << " i=" << i << " decode";
+          ASSERT_EQ(tiles[i], pre[i]) << quant::type_name(type) << " rows=" << n_out
+                                      << " tokens=" << n_tokens << " i=" << i << " prefill";
+        }
+      }
+      const auto x = make_acts(2304, 3, 40);
+      std::vector<float> raw(static_cast<size_t>(3 * n_out)), lowered(raw.size());
+      {
+        IsaScope avx2(Isa::kAvx2);
+        EXPECT_EQ(packed_weight_bytes(m.view()), 0u);
+        matmul(m.view(), x.data(), 3, raw.data(), pool, scratch, MatmulPath::kDecode);
+        matmul(packed, x.data(), 3, lowered.data(), pool, scratch, MatmulPath::kDecode);
+      }
+      EXPECT_EQ(raw, lowered) << quant::type_name(type);
+      std::free(buf);
     }
   }
 }

@@ -15,13 +15,16 @@
 namespace bie {
 
 // A weight matrix as stored in GGUF: n_out rows of n_in values; row r starts at
-// data + r * row_bytes (row_bytes >= quant::row_size(type, n_in)).
+// data + r * row_bytes (row_bytes >= quant::row_size(type, n_in)). `packed`, when set, is the same
+// matrix repacked by pack_weight; matmul reads it instead of `data` where the active ISA has the
+// kernels for it (and `data` otherwise).
 struct WeightView {
   quant::GgmlType type;
   int64_t n_in;
   int64_t n_out;
   const void* data;
   size_t row_bytes;
+  const void* packed = nullptr;
 };
 
 // Buffers for quantised activations and per-thread weight panels. They grow to the largest
@@ -60,5 +63,14 @@ class MatmulScratch {
 
 void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
             MatmulScratch& scratch, MatmulPath path = MatmulPath::kAuto);
+
+// Weights repacked once for the active ISA's kernels (AVX-512: Q4_K and Q6_K in 16-row panels of
+// their own bits). matmul on a repacked matrix gives every token the prefill tiles' bits, for any
+// number of tokens and either path, and reads the weights once per call whatever the batch.
+// packed_weight_bytes: 0 where there is no packed layout (type, ISA, shape), else the bytes
+// pack_weight writes (64-byte aligned dst): the matrix's own size plus at most 63 bytes per 16
+// rows.
+[[nodiscard]] size_t packed_weight_bytes(const WeightView& w);
+void pack_weight(const WeightView& w, void* dst, ThreadPool& pool);
 
 }  // namespace bie

@@ -233,6 +233,58 @@ bool tile_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, 
   return true;
 }
 
+// Kernels over a repacked matrix (w.packed): activations as the AVX-512 tiles prepare them, then
+// threads take chunks of whole panels as they come free. A few tokens take chunks of about
+// kMatvecChunkBytes (the weights stream, as on the matvec path); more take one panel at a time
+// (each panel dotted with every token before the next is read). False where the active ISA has
+// no kernels for the packed layout.
+bool packed_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+                 MatmulScratch& scratch) {
+  if (w.packed == nullptr || !has_avx512()) return false;
+  const cpu::TilePlan plan = cpu::avx512_tile_plan(w.type, w.n_in);
+  assert(plan.supported);
+  const size_t arb = plan.act_row_bytes;
+  const bool expand = n_tokens > cpu::kPackedInPlaceTokens;
+  scratch.reserve(arb * static_cast<size_t>(n_tokens), pool.size(), expand ? plan.panel_bytes : 0);
+  auto* acts = static_cast<uint8_t*>(scratch.activations(0));
+  if (n_tokens <= cpu::kMaxMatvecTokens) {
+    cpu::avx512_prepare_acts(w.type, w.n_in, x, 0, n_tokens, acts);  // not worth waking the pool
+  } else {
+    const WeightView* wp = &w;
+    pool.run_on_all([wp, x, n_tokens, acts](int ith, int nt) {
+      const auto [t0, t1] = split(n_tokens, 1, ith, nt);
+      if (t0 < t1) cpu::avx512_prepare_acts(wp->type, wp->n_in, x, t0, t1, acts);
+    });
+  }
+  const int64_t chunk = n_tokens <= cpu::kMaxMatvecTokensAvx512
+                            ? matvec_chunk_rows(w, pool.size())
+                            : int64_t{cpu::kPackedPanelRows};
+  static_assert(kRowChunk % cpu::kPackedPanelRows == 0);
+  struct Job {
+    const WeightView* w;
+    const uint8_t* acts;
+    size_t act_row_bytes;
+    int64_t n_tokens;
+    float* y;
+    int64_t chunk_rows;
+    MatmulScratch* scratch;
+    bool expand;
+    std::atomic<int64_t> next;
+  } job{&w, acts, arb, n_tokens, y, chunk, &scratch, expand, {0}};
+  Job* jp = &job;
+  pool.run_on_all([jp](int part, int) {
+    auto* panel = jp->expand ? static_cast<uint8_t*>(jp->scratch->panel(part, 0)) : nullptr;
+    for (;;) {
+      const int64_t r0 = jp->next.fetch_add(jp->chunk_rows, std::memory_order_relaxed);
+      if (r0 >= jp->w->n_out) break;
+      const int64_t r1 = std::min(jp->w->n_out, r0 + jp->chunk_rows);
+      cpu::avx512_packed_rows(*jp->w, jp->acts, jp->act_row_bytes, jp->n_tokens, r0, r1, jp->y,
+                              panel);
+    }
+  });
+  return true;
+}
+
 // Row-by-row path: activations in vec_dot_type, one vec_dot per (row, token). Every token's
 // sums are independent of n_tokens.
 void row_dot_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
@@ -283,6 +335,7 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
   assert(tr != nullptr && tr->vec_dot != nullptr);
   assert(w.n_in % tr->block_size == 0);
   assert(w.row_bytes >= quant::row_size(w.type, w.n_in));
+  if (packed_path(w, x, n_tokens, y, pool, scratch)) return;
   switch (path) {
     case MatmulPath::kDecode:
       if (matvec_path(w, x, n_tokens, y, pool, scratch)) return;
@@ -297,6 +350,20 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
       break;
   }
   row_dot_path(w, x, n_tokens, y, pool, scratch);
+}
+
+size_t packed_weight_bytes(const WeightView& w) {
+  if (!has_avx512() || !cpu::avx512_tile_plan(w.type, w.n_in).supported) return 0;
+  return cpu::avx512_packed_bytes(w.type, w.n_in, w.n_out);
+}
+
+void pack_weight(const WeightView& w, void* dst, ThreadPool& pool) {
+  assert(packed_weight_bytes(w) > 0);
+  const int64_t panels = (w.n_out + cpu::kPackedPanelRows - 1) / cpu::kPackedPanelRows;
+  auto* out = static_cast<uint8_t*>(dst);
+  pool.parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
+    cpu::avx512_pack_panels(w, p0, p1, out);
+  });
 }
 
 }  // namespace bie

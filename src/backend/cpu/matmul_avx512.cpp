@@ -44,12 +44,10 @@ using namespace quant::simd;  // NOLINT
 constexpr int kRows = 16;   // rows per panel (one per int32 lane)
 constexpr int kTokens = 8;  // tokens per micro-kernel call
 
-// Panel per super-block: 64 chunks x 16 rows x 4 bytes of qu, then per group g of 16 the rows'
-// int32 scales, per pair of groups h an int16 pair (m[2h], m[2h+1]) per row, then d[16],
-// dmin[16] (fp32).
-constexpr size_t kQBytes = 64 * 64;
-constexpr size_t kScOff = kQBytes, kMOff = kScOff + 16 * 64, kDOff = kMOff + 8 * 64,
-                 kDminOff = kDOff + 64, kPanelBytes = kDminOff + 64;
+// Panel per super-block: Avx512KPanel (matmul_kernels.h).
+constexpr size_t kScOff = Avx512KPanel::kScOff, kMOff = Avx512KPanel::kMOff,
+                 kDOff = Avx512KPanel::kDOff, kDminOff = Avx512KPanel::kDminOff,
+                 kPanelBytes = Avx512KPanel::kBytes;
 
 // Q4_K and Q5_K have 8 groups of 32 (each scale covers two of the unified groups of 16).
 template <typename U>
@@ -390,6 +388,18 @@ void avx512_prepare_acts(GgmlType type, int64_t n_in, const float* x, int64_t t0
                          uint8_t* acts) {
   assert(kernels(type) != nullptr);
   avx2_prepare_acts(type, n_in, x, t0, t1, acts);  // the same layout (and bits)
+}
+
+void avx512_tile_panel(GgmlType type, const uint8_t* panel, int64_t nb, const uint8_t* acts,
+                       size_t act_row_bytes, int64_t n_tokens, float* y, int64_t n_out,
+                       int n_valid) {
+  const Kernels* ks = kernels(type);
+  assert(ks != nullptr && ks->values_per_block == kQKK);
+  for (int64_t t = 0; t < n_tokens; t += kTokens) {
+    const int nt = static_cast<int>(std::min<int64_t>(kTokens, n_tokens - t));
+    ks->k[nt](panel, nb, acts + static_cast<size_t>(t) * act_row_bytes, act_row_bytes,
+              y + t * n_out, n_out, n_valid);
+  }
 }
 
 void avx512_tile_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,

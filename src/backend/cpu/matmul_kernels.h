@@ -65,6 +65,39 @@ void avx512_prepare_acts(quant::GgmlType type, int64_t n_in, const float* x, int
 void avx512_tile_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
                       int64_t n_tokens, int64_t r0, int64_t r1, float* y, uint8_t* panel);
 
+// The AVX-512 tiles' K-quant panel, per super-block of 16 rows: 64 chunks x 16 rows x 4 bytes of
+// the unsigned values (chunk c: values 4c..4c+3), then per group g of 16 values the rows' int32
+// scales, per pair of groups h the rows' int16 pair (m[2h], m[2h+1]) of min terms (the
+// mins; Q6_K: 32 * its scales), then d[16] and dmin[16] as fp32.
+struct Avx512KPanel {
+  static constexpr size_t kScOff = 64 * 64, kMOff = kScOff + 16 * 64, kDOff = kMOff + 8 * 64,
+                          kDminOff = kDOff + 64, kBytes = kDminOff + 64;
+};
+// The tile kernels on a K-quant panel of nb super-blocks made elsewhere (16 rows, n_valid of them
+// stored): y[t * n_out + i] for i < n_valid and every token.
+void avx512_tile_panel(quant::GgmlType type, const uint8_t* panel, int64_t nb, const uint8_t* acts,
+                       size_t act_row_bytes, int64_t n_tokens, float* y, int64_t n_out,
+                       int n_valid);
+
+// ---- AVX-512 kernels over Q4_K / Q6_K weights repacked once (matmul_packed_avx512.cpp) ----
+// The matrix in 16-row panels of its own bits (the file's size, plus at most 63 bytes a panel),
+// read in place by the tile kernels for any number of tokens: the tiles' bits, so a decode
+// token's bits do not depend on its batch, and prompt tokens get the tiles' bits. Activations:
+// avx512_prepare_acts (plan: avx512_tile_plan). note: call these only if has_avx512().
+
+// Bytes of the repacked matrix; 0 if the type has no packed layout (all but Q4_K and Q6_K).
+[[nodiscard]] size_t avx512_packed_bytes(quant::GgmlType type, int64_t n_in, int64_t n_out);
+// Repacks panels [p0, p1) (rows [16 p0, 16 p1)) of w into dst (avx512_packed_bytes long).
+void avx512_pack_panels(const WeightView& w, int64_t p0, int64_t p1, uint8_t* dst);
+inline constexpr int kPackedPanelRows = 16;
+// y rows [r0, r1) for all n_tokens tokens from w.packed; r0 a multiple of kPackedPanelRows, r1
+// cuts the last panel short only at the matrix's end. Up to kPackedInPlaceTokens tokens the
+// kernels read the packed panels in place; more tokens have each panel expanded once into
+// `scratch` (avx512_tile_plan's panel_bytes) in the tiles' layout, for the tile kernels.
+inline constexpr int64_t kPackedInPlaceTokens = 16;
+void avx512_packed_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
+                        int64_t n_tokens, int64_t r0, int64_t r1, float* y, uint8_t* scratch);
+
 // ---- decode: matrix-vector kernels over the weights in place (matvec_avx2.cpp) -------------
 
 // Token counts up to this use the matvec kernels; more tokens amortise the tile repacking.
