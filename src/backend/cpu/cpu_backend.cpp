@@ -2,10 +2,17 @@
 
 #include <fmt/format.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <new>
+#include <tuple>
 
 #include "bie/backend/ops.h"
 #include "bie/quant/traits.h"
@@ -14,7 +21,9 @@ namespace bie {
 
 namespace {
 
-// Host memory: owned (aligned, zero-filled) or a view of memory someone else owns.
+// Host memory: owned (aligned, zero-filled) or a view of memory someone else owns. A view of
+// the weights also owns their repacked copies (pack_weight), made when a matmul first reads a
+// matrix and freed with the view.
 class CpuBuffer final : public DeviceBuffer {
  public:
   CpuBuffer(uint64_t backend_id, size_t size, void* host, bool owned)
@@ -23,8 +32,54 @@ class CpuBuffer final : public DeviceBuffer {
     if (owned_) std::free(host_ptr());
   }
 
+  // The repacked copy of the weight matrix `w` (a view at `offset` of this buffer), made on
+  // first use; nullptr where the matrix has no packed layout. Views of owned buffers (not
+  // weights) are never repacked.
+  const void* packed(size_t offset, const WeightView& w, ThreadPool& pool) {
+    if (owned_) return nullptr;
+    const Key key{offset, w.n_out, w.n_in, w.type};
+    auto it = packed_.find(key);
+    if (it != packed_.end()) return it->second.get();
+    const size_t bytes = packed_weight_bytes(w);
+    std::unique_ptr<void, Free> copy;
+    if (bytes > 0) copy.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    if (copy != nullptr) {
+      // Slices of about kPackSliceBytes, each released once packed: the weights are held twice
+      // only a slice at a time (the output matrix alone is ~190 MB on a 1.5B model).
+      const int64_t per_slice =
+          std::max<int64_t>(1, static_cast<int64_t>(kPackSliceBytes / (16 * w.row_bytes))) * 16;
+      const size_t panel_bytes = packed_weight_bytes({w.type, w.n_in, 16, w.data, w.row_bytes});
+      for (int64_t r0 = 0; r0 < w.n_out; r0 += per_slice) {
+        const int64_t n = std::min(per_slice, w.n_out - r0);
+        const auto* src = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r0) * w.row_bytes;
+        pack_weight({w.type, w.n_in, n, src, w.row_bytes},
+                    static_cast<uint8_t*>(copy.get()) + static_cast<size_t>(r0 / 16) * panel_bytes,
+                    pool);
+        release_pages(src, static_cast<size_t>(n) * w.row_bytes);
+      }
+    }
+    return packed_.emplace(key, std::move(copy)).first->second.get();
+  }
+
  private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  using Key = std::tuple<size_t, int64_t, int64_t, quant::GgmlType>;
+  static constexpr size_t kPackSliceBytes = size_t{8} << 20;
+
+  // The matrix is read from its copy from now on: its pages of the (mmapped) file leave the
+  // process's resident set, so the weights are not held twice. MADV_PAGEOUT only reclaims (it
+  // never discards data), so any memory is safe to pass; a later read faults pages back in.
+  static void release_pages(const void* data, size_t bytes) {
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto b = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+    const auto e = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+    if (e > b) (void)::madvise(reinterpret_cast<void*>(b), e - b, MADV_PAGEOUT);
+  }
+
   bool owned_;
+  std::map<Key, std::unique_ptr<void, Free>> packed_;
 };
 
 float* f32(const Tensor& t) {
@@ -88,7 +143,10 @@ void CpuBackend::download(const Tensor& src, void* dst) {
 }
 
 void CpuBackend::matmul(const Tensor& w, const Tensor& x, const Tensor& y, MatmulPath path) {
-  const WeightView wv{w.type, w.cols, w.rows, w.host(), w.row_bytes};
+  WeightView wv{w.type, w.cols, w.rows, w.host(), w.row_bytes};
+  if (w.buffer->backend_id() == id()) {
+    wv.packed = static_cast<CpuBuffer*>(w.buffer)->packed(w.offset, wv, pool_);
+  }
   bie::matmul(wv, f32(x), x.rows, f32(y), pool_, scratch_, path);
 }
 

@@ -1,6 +1,9 @@
 // CpuBackend: the Backend on this machine's cores. Owns the compute ThreadPool and the matmul
-// scratch; buffers are 64-byte aligned host memory, weights are views of the mmapped file (no
-// copy). Every operation runs to completion before it returns (synchronize() is a no-op).
+// scratch; buffers are 64-byte aligned host memory, weights are views of the mmapped file. Where
+// the active ISA has kernels for a repacked layout (AVX-512: Q4_K and Q6_K), the first matmul by
+// a weight matrix repacks it (pack_weight, the file's size) and the view releases the matrix's
+// pages of the file: the weights stay held once, and every later matmul reads the copy. Every
+// operation runs to completion before it returns (synchronize() is a no-op).
 // Row-wise operations fan out over the pool when they have enough rows, the others run inline.
 // The KV data-path operations are not implemented here: the CPU KV storage executes them on its
 // host pools in kv/ (Backend::supports_paged_kv() is false).

@@ -1,6 +1,8 @@
 // AVX-512 (F/BW/VL/VNNI) matrix-vector kernels for decode (1 to kMaxMatvecTokensAvx512 tokens),
 // the 512-bit twins of matvec_avx2.cpp's K-quant kernels: weight rows are read in place, R rows
-// at a time; each super-block of a row is unpacked once and dotted with every token.
+// at a time; each super-block of a row is unpacked once and dotted with every token. A CPU
+// backend's weights are repacked on AVX-512 (matmul_packed_avx512.cpp) and decode on those; these
+// kernels run for a matrix that was not (a raw WeightView, or a failed allocation).
 //
 // Per 64 weight bytes and token the AVX2 kernels spend maddubs + madd + add on each half; here
 // one maddubs (u8 x s8 -> pairs of i16) and one vpdpwssd (VNNI: i16 pairs x group scales,
