@@ -369,11 +369,11 @@ TEST(Matmul, RepackedWeightsGiveThePrefillTilesBitsForAnyBatch) {
   }
 }
 
-// The CPU backend repacks a weight matrix of the mmapped file at its first matmul and releases
-// the matrix's file pages (the weights stay held once); buffers it allocated itself (not weights)
-// are never repacked. Telling the two apart: on AVX-512 the repacked matrix gives the prefill
+// The CPU backend repacks a weight matrix of the mmapped file when it is offered
+// (prepare_weight) or at its first matmul, and releases the matrix's file pages (the weights stay
+// held once); buffers it allocated itself (not weights) are never repacked. Telling the two apart: on AVX-512 the repacked matrix gives the prefill
 // tiles' bits for a decode token, the raw one the matrix-vector kernels' (the two differ here).
-TEST(CpuBackend, RepacksFileWeightsAtFirstUseAndReleasesTheirPages) {
+TEST(CpuBackend, RepacksFileWeightsOnceAndReleasesTheirPages) {
   if (best_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   IsaScope scope(Isa::kAvx512);
   const int64_t n_in = 2304, n_out = 2048;
@@ -431,13 +431,26 @@ TEST(CpuBackend, RepacksFileWeightsAtFirstUseAndReleasesTheirPages) {
   matmul(m.view(), x.data(), 1, matvec.data(), pool, scratch, MatmulPath::kDecode);
   ASSERT_NE(tiles, matvec);  // else this test could not tell the paths apart
 
-  be.matmul(tensor_of(**weights, G::Q4_K, n_out, n_in), xt, yt, MatmulPath::kDecode);
-  EXPECT_EQ(std::vector<float>(y, y + n_out), tiles);
-  // Pages shared with nothing else are reclaimed (all but a partial last page).
-  EXPECT_LE(resident(), 1u);
-  be.matmul(tensor_of(**weights, G::Q4_K, n_out, n_in), xt, yt, MatmulPath::kDecode);
-  EXPECT_EQ(std::vector<float>(y, y + n_out), tiles);
-  EXPECT_LE(resident(), 1u);  // the copy is read from now on
+  // Two matrices of 1024 rows (whole pages each): the first offered by prepare_weight (as
+  // Model::bind does), the second met first by a matmul.
+  const int64_t half = n_out / 2;
+  ASSERT_EQ(static_cast<size_t>(half) * m.row_bytes % page, 0u);
+  const Tensor top = tensor_of(**weights, G::Q4_K, half, n_in);
+  const Tensor bottom =
+      tensor_of(**weights, G::Q4_K, half, n_in, static_cast<size_t>(half) * m.row_bytes);
+  const Tensor yh = tensor_of(**yb, G::F32, 1, half);
+  // The kernel reclaims whole page-cache folios, which may reach past a range's ends: the bounds
+  // allow that (released pages of the other matrix fault back in when read).
+  be.prepare_weight(top);
+  EXPECT_LE(resident(), pages / 2);  // at least the first's pages are released
+  be.matmul(top, xt, yh, MatmulPath::kDecode);
+  EXPECT_EQ(std::vector<float>(y, y + half), std::vector<float>(tiles.begin(), tiles.begin() + half));
+  be.matmul(bottom, xt, yh, MatmulPath::kDecode);
+  EXPECT_EQ(std::vector<float>(y, y + half), std::vector<float>(tiles.begin() + half, tiles.end()));
+  EXPECT_LE(resident(), pages / 16);
+  be.matmul(bottom, xt, yh, MatmulPath::kDecode);  // the copy is read from now on
+  EXPECT_EQ(std::vector<float>(y, y + half), std::vector<float>(tiles.begin() + half, tiles.end()));
+  EXPECT_LE(resident(), pages / 16);
 
   be.matmul(tensor_of(**owned, G::Q4_K, n_out, n_in), xt, yt, MatmulPath::kDecode);
   EXPECT_EQ(std::vector<float>(y, y + n_out), matvec);

@@ -273,12 +273,11 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
       KvRegimes::create(rc, *g, model_->hparams().kv_geometry(), *sha, *backend_, report_);
   if (!regimes) return Error{regimes.error()};
   regimes_ = std::move(regimes).value();
-  if (plan_opts.device) {
-    // On a device the weights and the workspace are held from start-up, as the report says (a
-    // weight type without a device kernel is refused here too).
-    kind = CreateError::kModel;
-    if (Status st = model_->bind(*backend_); !st) return st;
-  }
+  // The weights and the workspace are held from start-up, as the report says: on a device (a
+  // weight type without a device kernel is refused here too), and on the CPU, whose backend
+  // repacks the weights for its kernels here rather than in the first request.
+  kind = CreateError::kModel;
+  if (Status st = model_->bind(*backend_); !st) return st;
   for (size_t i = 0; i < regimes_->size(); ++i) {
     const KvRegime& r = (*regimes_)[i];
     // A per-channel body block is written as one tile by one pass (Scheduler::chunk_for): a

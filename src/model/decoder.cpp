@@ -259,6 +259,11 @@ Status DecoderModel::upload_weights(Backend& be) {
     weights_[i]->buffer = weight_bufs_[piece].get();
     weights_[i]->offset = off - cuts[piece];
   }
+  // The matrices matmul reads (the token embeddings are only gathered from, unless tied to the
+  // output, which is offered as output_).
+  for (const Tensor* t : weights_) {
+    if (t->rows > 1 && t != &tok_embd_) be.prepare_weight(*t);
+  }
   return {};
 }
 

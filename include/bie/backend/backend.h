@@ -252,6 +252,10 @@ class Backend {
   // pieces, each a run of whole tensors.
   [[nodiscard]] virtual Result<std::unique_ptr<DeviceBuffer>> upload_weights(
       std::span<const uint8_t> bytes) = 0;
+  // A weight matrix of an uploaded buffer, offered once after the upload (Model::bind) so that a
+  // backend can convert it for its kernels now instead of at its first matmul (the CPU backend
+  // repacks Q4_K/Q6_K matrices on AVX-512). Default: nothing.
+  virtual void prepare_weight(const Tensor& /*w*/) {}
   // Bytes one buffer (alloc, upload_weights) may hold.
   [[nodiscard]] virtual uint64_t max_buffer_bytes() const { return UINT64_MAX; }
   // Host <-> device copies of dst.bytes() / src.bytes() bytes (contiguous views).

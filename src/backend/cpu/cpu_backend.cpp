@@ -142,11 +142,20 @@ void CpuBackend::download(const Tensor& src, void* dst) {
   if (src.bytes() != 0) std::memcpy(dst, src.host(), src.bytes());
 }
 
-void CpuBackend::matmul(const Tensor& w, const Tensor& x, const Tensor& y, MatmulPath path) {
+WeightView CpuBackend::weight_view(const Tensor& w) {
   WeightView wv{w.type, w.cols, w.rows, w.host(), w.row_bytes};
   if (w.buffer->backend_id() == id()) {
     wv.packed = static_cast<CpuBuffer*>(w.buffer)->packed(w.offset, wv, pool_);
   }
+  return wv;
+}
+
+void CpuBackend::prepare_weight(const Tensor& w) {
+  if (w.rows > 1 && quant::traits(w.type) != nullptr) (void)weight_view(w);
+}
+
+void CpuBackend::matmul(const Tensor& w, const Tensor& x, const Tensor& y, MatmulPath path) {
+  const WeightView wv = weight_view(w);
   bie::matmul(wv, f32(x), x.rows, f32(y), pool_, scratch_, path);
 }
 
