@@ -22,8 +22,8 @@ namespace bie {
 namespace {
 
 // Host memory: owned (aligned, zero-filled) or a view of memory someone else owns. A view of
-// the weights also owns their repacked copies (pack_weight), made when a matmul first reads a
-// matrix and freed with the view.
+// the weights also owns their repacked copies (pack_weight), made when the model offers a matrix
+// (prepare_weight) or a matmul first reads it, and freed with the view.
 class CpuBuffer final : public DeviceBuffer {
  public:
   CpuBuffer(uint64_t backend_id, size_t size, void* host, bool owned)
@@ -32,8 +32,8 @@ class CpuBuffer final : public DeviceBuffer {
     if (owned_) std::free(host_ptr());
   }
 
-  // The repacked copy of the weight matrix `w` (a view at `offset` of this buffer), made on
-  // first use; nullptr where the matrix has no packed layout. Views of owned buffers (not
+  // The repacked copy of the weight matrix `w` (a view at `offset` of this buffer), made at the
+  // first call; nullptr where the matrix has no packed layout. Views of owned buffers (not
   // weights) are never repacked.
   const void* packed(size_t offset, const WeightView& w, ThreadPool& pool) {
     if (owned_) return nullptr;
