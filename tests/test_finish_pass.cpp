@@ -68,7 +68,7 @@ TEST(FinishPass, ModelRunnerMovesWindowExitsToTheBodyPoolAfterThePass) {
   ASSERT_TRUE(m.ok()) << m.error();
   const planner::KvLayout layout = mixed_int8();
   auto cfg =
-      PagedKvStore::planned_config((*m)->hparams().kv_geometry(), layout, kPrompt + 8, 1, kPrompt);
+      PagedKvStore::planned_config(kv::kv_geometry((*m)->geometry()), layout, kPrompt + 8, 1, kPrompt);
   ASSERT_TRUE(cfg.ok()) << cfg.error();
   cfg->groups[0].fp16_blocks +=
       1;  // the pass completing block 2 holds it in FP16 beside the window
@@ -110,7 +110,7 @@ TEST(FinishPass, ModelForwardMovesWindowExitsToTheBodyPoolAfterThePass) {
   auto m = load_model(test::smollm2_path());
   ASSERT_TRUE(m.ok()) << m.error();
   PagedKvCacheConfig cfg;
-  cfg.geometry = (*m)->hparams().kv_geometry();
+  cfg.geometry = kv::kv_geometry((*m)->geometry());
   cfg.layout = mixed_int8();
   cfg.max_tokens = kPrompt + 8;
   auto c = PagedKvCache::create(cfg, 5, 3);  // one FP16 block beyond the sink and window

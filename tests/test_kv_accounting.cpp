@@ -18,12 +18,12 @@ TEST(KvAccounting, ContiguousCacheEqualsPlannerOnSmolLM2) {
   auto geo = planner::geometry_from_gguf((*model)->file());
   ASSERT_TRUE(geo.ok()) << geo.error();
   for (int64_t n_ctx : {1, 16, 4096, 8192}) {
-    ContiguousKvCache kv((*model)->hparams().kv_geometry(), n_ctx);
+    ContiguousKvCache kv(kv::kv_geometry((*model)->geometry()), n_ctx);
     EXPECT_EQ(kv.allocated_bytes(),
               planner::contiguous_kv_bytes(*geo, planner::kKvF16, planner::kKvF16, n_ctx, 1))
         << n_ctx;
   }
-  ContiguousKvCache kv8k((*model)->hparams().kv_geometry(), 8192);
+  ContiguousKvCache kv8k(kv::kv_geometry((*model)->geometry()), 8192);
   EXPECT_EQ(kv8k.allocated_bytes(), 188743680u);  // 23,040 B/token x 8192
 }
 

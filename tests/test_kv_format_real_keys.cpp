@@ -207,7 +207,7 @@ TEST(KvFormatRealKeys, DISABLED_Int4KeyRecipes) {
   ASSERT_GE(static_cast<int>(ids.size()), n_tok);
   ids.resize(static_cast<size_t>(n_tok));
 
-  const KvGeometry geo = model.hparams().kv_geometry();
+  const KvGeometry geo = kv::kv_geometry(model.geometry());
   RecordingKvCache rec(geo, n_tok);
   CpuBackend pool(2);
   std::vector<float> logits;
@@ -233,7 +233,7 @@ TEST(KvFormatRealKeys, DISABLED_Int4KeyRecipes) {
   std::printf(
       "model %s: %d layers, %d KV heads, head_dim %d, %d query heads, %d tokens of "
       "tinyshakespeare; queries every 32nd position from %d\n",
-      model.hparams().name.c_str(), geo.n_layer, geo.n_head_kv, geo.head_dim, rec.n_head_, n_tok,
+      model.geometry().name.c_str(), geo.n_layer, geo.n_head_kv, geo.head_dim, rec.n_head_, n_tok,
       std::min(512, n_tok / 2));
   std::vector<double> tv_regime(recipes.size());
   for (bool regime : {false, true}) {

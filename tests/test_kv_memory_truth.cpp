@@ -175,7 +175,7 @@ TEST_P(KvMemoryTruth, StorageReservesAndCommitsWhatBiePlanSays) {
   EXPECT_EQ(planner::kv_format_name(layout->k), opt["k"].get<std::string>());
   EXPECT_EQ(planner::kv_format_name(layout->v), opt["v"].get<std::string>());
   PagedKvCacheConfig cfg;
-  cfg.geometry = (*model)->hparams().kv_geometry();
+  cfg.geometry = kv::kv_geometry((*model)->geometry());
   cfg.layout = *layout;
   cfg.max_tokens = c.max_model_len;
   cfg.max_append = kChunk;

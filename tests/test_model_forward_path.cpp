@@ -59,7 +59,7 @@ TEST(ModelForward, RunsThePathItIsGiven) {
   };
   const std::vector<float> prefill = via_forward(MatmulPath::kPrefill);
   const std::vector<float> decode = via_forward(MatmulPath::kDecode);
-  ASSERT_EQ(prefill.size(), static_cast<size_t>(m.hparams().n_vocab));
+  ASSERT_EQ(prefill.size(), static_cast<size_t>(m.geometry().n_vocab));
   EXPECT_EQ(prefill, via_batch(MatmulPath::kPrefill));
   EXPECT_EQ(decode, via_batch(MatmulPath::kDecode));
   // The check has power only if the two kernel families differ here.

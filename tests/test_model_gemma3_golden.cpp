@@ -128,7 +128,7 @@ class Gemma3Golden : public ::testing::Test {
   }
   static std::unique_ptr<PagedKvCache> paged_f16() {
     PagedKvCacheConfig c;
-    c.geometry = model_->hparams().kv_geometry();
+    c.geometry = kv::kv_geometry(model_->geometry());
     c.layout.k = planner::kKvF16;
     c.layout.v = planner::kKvF16;
     c.max_tokens = kCtx;
@@ -151,7 +151,7 @@ class Gemma3Golden : public ::testing::Test {
     if (!logits.ok()) return INFINITY;
     const auto& top = p["top_logits"];
     // Same top-1, unless llama.cpp's own top-2 are closer than the noise (long_paragraph: 0.10).
-    const int32_t best = argmax(logits->data(), model_->hparams().n_vocab);
+    const int32_t best = argmax(logits->data(), model_->geometry().n_vocab);
     double best_ref = -INFINITY;
     for (const auto& e : top) {
       if (e[0].get<int32_t>() == best) best_ref = e[1].get<double>();
@@ -207,29 +207,34 @@ nlohmann::json* Gemma3Golden::golden_ = nullptr;
 std::string* Gemma3Golden::load_error_ = nullptr;
 
 TEST_F(Gemma3Golden, HyperParametersAsLlamaCpp) {
-  const ModelHParams& hp = model_->hparams();
+  const planner::ModelGeometry& hp = model_->geometry();
   EXPECT_EQ(hp.arch, "gemma3");
   EXPECT_EQ(hp.n_layer, 18);
   EXPECT_EQ(hp.n_embd, 640);
   EXPECT_EQ(hp.n_head, 4);
-  EXPECT_EQ(hp.n_head_kv, 1);
+  EXPECT_EQ(hp.n_head_kv(), 1);
   EXPECT_EQ(hp.head_dim, 256);
+  EXPECT_EQ(hp.n_rot, 256);
   EXPECT_EQ(hp.n_vocab, 262144);
-  EXPECT_TRUE(hp.tied_output);
-  EXPECT_EQ(hp.rope_layout, RopeLayout::kNeox);
-  EXPECT_FLOAT_EQ(hp.rope_freq_base, 1000000.0f);
-  ASSERT_EQ(hp.layer_window.size(), 18u);
+  EXPECT_TRUE(hp.tied_embeddings);
+  // (RoPE's layout and base are the architecture's and the file's: TopLogitsMatchLlamaCpp fails
+  // on either.)
+  ASSERT_EQ(hp.layers.size(), 18u);
   for (int il = 0; il < 18; ++il) {
     // llama.cpp's set_swa_pattern(6): layers 5, 11, 17 global, the rest local with window 512.
-    EXPECT_EQ(hp.layer_window[static_cast<size_t>(il)], il % 6 == 5 ? 0 : 512) << "layer " << il;
+    EXPECT_EQ(hp.layers[static_cast<size_t>(il)].window, il % 6 == 5 ? 0 : 512) << "layer " << il;
   }
+  const KvGeometry kg = kv::kv_geometry(hp);
+  ASSERT_EQ(kg.layer_window.size(), 18u);
+  EXPECT_EQ(kg.window(0), 512);
+  EXPECT_EQ(kg.window(5), 0);
 }
 
 TEST_F(Gemma3Golden, TopLogitsMatchLlamaCpp) {
   CpuBackend pool(2);
   double worst = 0.0;
   for (const auto& p : (*golden_)["prompts"]) {
-    ContiguousKvCache kv(model_->hparams().kv_geometry(), kCtx);
+    ContiguousKvCache kv(kv::kv_geometry(model_->geometry()), kCtx);
     const double e = top_logits_error(p, kv, pool);
     EXPECT_LT(e, tolerance(p)) << p["name"];
     std::printf("  %s (%zu tokens): worst top-10 logit difference %.4f\n",
@@ -243,7 +248,7 @@ TEST_F(Gemma3Golden, GreedyContinuationsMatchLlamaCpp) {
   CpuBackend pool(2);
   int identical = 0, total = 0;
   for (const auto& p : (*golden_)["prompts"]) {
-    ContiguousKvCache kv(model_->hparams().kv_geometry(), kCtx);
+    ContiguousKvCache kv(kv::kv_geometry(model_->geometry()), kCtx);
     ASSERT_TRUE(kIdenticalPrefix.count(p["name"].get<std::string>())) << p["name"];
     identical +=
         check_greedy(p, kv, pool, kIdenticalPrefix.at(p["name"].get<std::string>())) ? 1 : 0;
@@ -274,7 +279,7 @@ TEST_F(Gemma3Golden, SlidingWindowMaskIsExercised) {
   const nlohmann::json* p = prompt(kLongPrompt);
   ASSERT_NE(p, nullptr) << "regenerate tests/golden/gemma3/logits.json";
   CpuBackend pool(2);
-  NoWindowKvCache kv(model_->hparams().kv_geometry(), kCtx);
+  NoWindowKvCache kv(kv::kv_geometry(model_->geometry()), kCtx);
   const auto ids = (*p)["prompt_ids"].get<std::vector<int32_t>>();
   auto logits = prompt_logits(*model_, kv, pool, ids);
   ASSERT_TRUE(logits.ok()) << logits.error();
@@ -378,7 +383,7 @@ TEST_F(Gemma3Golden, LocalLayersKeepOnlyTheirWindow) {
   // Three decode steps, then a rollback of two tokens (rejected drafts) and one more step.
   std::vector<float> out = std::move(*logits);
   for (int i = 0; i < 3; ++i) {
-    const int32_t tok = argmax(out.data(), model_->hparams().n_vocab);
+    const int32_t tok = argmax(out.data(), model_->geometry().n_vocab);
     const int32_t one[1] = {tok};
     ASSERT_TRUE(forward_into(*model_, one, *kv, pool, out).ok());
     ASSERT_TRUE(kv->check_integrity().ok()) << kv->check_integrity().error();

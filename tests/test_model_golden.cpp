@@ -84,11 +84,11 @@ TEST_F(SmolLM2Golden, TopLogitsMatchLlamaCpp) {
   double worst = 0.0;
   for (const auto& p : (*golden_)["prompts"]) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
-    ContiguousKvCache kv(model_->hparams().kv_geometry(), 2048);
+    ContiguousKvCache kv(kv::kv_geometry(model_->geometry()), 2048);
     auto logits = prompt_logits(*model_, kv, pool, ids);
     ASSERT_TRUE(logits.ok()) << logits.error();
     const auto& top = p["top_logits"];
-    EXPECT_EQ(argmax(logits->data(), model_->hparams().n_vocab), top[0][0].get<int32_t>())
+    EXPECT_EQ(argmax(logits->data(), model_->geometry().n_vocab), top[0][0].get<int32_t>())
         << p["name"];
     for (const auto& e : top) {
       const int32_t id = e[0].get<int32_t>();
@@ -107,7 +107,7 @@ TEST_F(SmolLM2Golden, GreedyContinuationsMatchLlamaCpp) {
   for (const auto& p : (*golden_)["prompts"]) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
     const auto want = p["gen_ids"].get<std::vector<int32_t>>();
-    ContiguousKvCache kv(model_->hparams().kv_geometry(), 2048);
+    ContiguousKvCache kv(kv::kv_geometry(model_->geometry()), 2048);
     GenerateRequest req;
     req.prompt = ids;
     req.max_tokens = static_cast<int32_t>(want.size());

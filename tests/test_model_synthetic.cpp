@@ -33,7 +33,7 @@ void check_against_reference(test::TinyLlama& tiny, const std::string& tag, int 
   ASSERT_TRUE(model.ok()) << model.error();
   const std::vector<int> toks = {3, 17, 5, 39, 0, 22, 8, 8, 31, 2, 11};
   const auto ref = tiny.reference_logits(toks);
-  ContiguousKvCache kv((*model)->hparams().kv_geometry(), 64);
+  ContiguousKvCache kv(kv::kv_geometry((*model)->geometry()), 64);
   CpuBackend pool(2);
   std::vector<float> logits;
   // Feed in chunks of `chunk` tokens with logits for all.
@@ -149,7 +149,7 @@ TEST(ModelSynthetic, MissingTensorAndBadTokenAreErrors) {
   const std::string path = write_tmp(t, "ok");
   auto m = load_model(path);
   ASSERT_TRUE(m.ok());
-  ContiguousKvCache kv((*m)->hparams().kv_geometry(), 8);
+  ContiguousKvCache kv(kv::kv_geometry((*m)->geometry()), 8);
   CpuBackend pool(1);
   std::vector<float> logits;
   const int32_t bad[] = {1, 999};

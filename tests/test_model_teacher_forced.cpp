@@ -163,7 +163,7 @@ class TeacherForced : public ::testing::TestWithParam<Bars> {
   // their first max_steps steps (0: all).
   void run_batched(Backend& pool, Backend* kv_device, const std::string& path,
                    size_t max_prompt_tokens = 0, size_t max_steps = 0) {
-    const int32_t n_vocab = model_->hparams().n_vocab;
+    const int32_t n_vocab = model_->geometry().n_vocab;
     json prompts = json::array();
     for (json p : golden_["prompts"]) {
       if (max_prompt_tokens > 0 && p["prompt_ids"].size() > max_prompt_tokens) continue;
@@ -183,7 +183,7 @@ class TeacherForced : public ::testing::TestWithParam<Bars> {
     size_t longest = 0;
     for (size_t s = 0; s < n; ++s) {
       PagedKvCacheConfig c;
-      c.geometry = model_->hparams().kv_geometry();
+      c.geometry = kv::kv_geometry(model_->geometry());
       c.layout.k = planner::kKvF16;
       c.layout.v = planner::kKvF16;
       c.max_tokens = GetParam().max_ctx;
@@ -245,13 +245,13 @@ class TeacherForced : public ::testing::TestWithParam<Bars> {
 // Prefill the prompt, then llama.cpp's tokens one forward() call each through the decode kernels.
 TEST_P(TeacherForced, DecodePathMatchesLlamaCppAtEveryStep) {
   CpuBackend pool(2);
-  const int32_t n_vocab = model_->hparams().n_vocab;
+  const int32_t n_vocab = model_->geometry().n_vocab;
   double worst = 0.0, worst_c = 0.0;
   int checked = 0;
   for (const auto& p : golden_["prompts"]) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
     const auto gen = p["gen_ids"].get<std::vector<int32_t>>();
-    ContiguousKvCache kv(model_->hparams().kv_geometry(), GetParam().max_ctx);
+    ContiguousKvCache kv(kv::kv_geometry(model_->geometry()), GetParam().max_ctx);
     auto first = prompt_logits(*model_, kv, pool, ids);
     ASSERT_TRUE(first.ok()) << first.error();
     std::vector<float> logits = std::move(*first);

@@ -803,7 +803,7 @@ TEST(PagedCacheRotate, RotationReducesInt4KeyErrorOnSmolLM2) {
   for (auto t : tok->encode(text)) ids.push_back(static_cast<int32_t>(t));
   ASSERT_GE(ids.size(), 256u);
   ids.resize(256);
-  const KvGeometry g = model.hparams().kv_geometry();
+  const KvGeometry g = kv::kv_geometry(model.geometry());
   std::vector<std::unique_ptr<PagedKvCache>> paged;
   for (int i = 0; i < 3; ++i) {
     PagedKvCacheConfig cfg;

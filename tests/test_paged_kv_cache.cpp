@@ -115,8 +115,8 @@ TEST(PagedKvCache, F16CloseToContiguousOnTinyModels) {
     ASSERT_NE(m, nullptr);
     const auto toks = tokens(70, t.n_vocab, 1);
     for (int chunk : {1, 7, 70}) {
-      ContiguousKvCache ref(m->hparams().kv_geometry(), 128);
-      auto paged = make_paged(m->hparams().kv_geometry(), layout("f16", "f16", 8, 128), 128);
+      ContiguousKvCache ref(kv::kv_geometry(m->geometry()), 128);
+      auto paged = make_paged(kv::kv_geometry(m->geometry()), layout("f16", "f16", 8, 128), 128);
       ASSERT_NE(paged, nullptr);
       const auto a = run(*m, ref, toks, chunk);
       const auto b = run(*m, *paged, toks, chunk);
@@ -131,7 +131,7 @@ TEST(PagedKvCache, F16CloseToContiguousOnTinyModels) {
     }
     // And against the double-precision reference (the synthetic test's bar).
     const auto ref = t.reference_logits(std::vector<int>(toks.begin(), toks.begin() + 20));
-    auto paged = make_paged(m->hparams().kv_geometry(), layout("f16", "f16", 8, 128), 128);
+    auto paged = make_paged(kv::kv_geometry(m->geometry()), layout("f16", "f16", 8, 128), 128);
     const auto got = run(*m, *paged, std::vector<int32_t>(toks.begin(), toks.begin() + 20), 5);
     for (size_t i = 0; i < ref.size(); ++i) {
       double scale = 0.0;
@@ -158,7 +158,7 @@ TEST(PagedKvCache, MixedRegimesStayCloseToF16OnTinyModel) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   };
-  auto f16 = make_paged(m->hparams().kv_geometry(), layout("f16", "f16", 8, 16), 128);
+  auto f16 = make_paged(kv::kv_geometry(m->geometry()), layout("f16", "f16", 8, 16), 128);
   const auto base = run2(*f16);
   const double scale = max_abs(base);
   struct Case {
@@ -174,7 +174,7 @@ TEST(PagedKvCache, MixedRegimesStayCloseToF16OnTinyModel) {
   for (const Case& c : {Case{"int8", "int8", 0.3}, Case{"fp8_e4m3", "fp8_e4m3", 0.6},
                         Case{"int4_channel_t16", "int4_asym_g64", 1.0},
                         Case{"int4_asym_g64", "int4_asym_g64", 1.0}}) {
-    auto kv = make_paged(m->hparams().kv_geometry(), layout(c.k, c.v, 8, 16), 128);
+    auto kv = make_paged(kv::kv_geometry(m->geometry()), layout(c.k, c.v, 8, 16), 128);
     ASSERT_NE(kv, nullptr);
     const auto got = run2(*kv);
     const double rel = max_diff(got, base) / scale;
@@ -192,7 +192,7 @@ TEST(PagedKvCache, SinkAndWindowBlocksAreFp16After300Tokens) {
   auto m = load_tiny(t, "sink");
   ASSERT_NE(m, nullptr);
   const planner::KvLayout l = layout("int4_channel_t16", "int4_asym_g64", 8, 128);
-  auto kv = make_paged(m->hparams().kv_geometry(), l, 300);
+  auto kv = make_paged(kv::kv_geometry(m->geometry()), l, 300);
   ASSERT_NE(kv, nullptr);
   const auto toks = tokens(300, t.n_vocab, 3);
   CpuBackend pool(2);

@@ -39,7 +39,7 @@ class PagedSmolLM2 : public ::testing::Test {
   static std::unique_ptr<PagedKvCache> paged(const char* k, const char* v, int window,
                                              int64_t max_tokens) {
     PagedKvCacheConfig c;
-    c.geometry = model_->hparams().kv_geometry();
+    c.geometry = kv::kv_geometry(model_->geometry());
     c.layout.k = planner::parse_kv_format(k).value();
     c.layout.v = planner::parse_kv_format(v).value();
     c.layout.window_tokens = window;
@@ -74,7 +74,7 @@ TEST_F(PagedSmolLM2, F16PagedCloseToContiguousOnGoldenPrompts) {
   double worst = 0.0;
   for (const auto& p : (*golden_)["prompts"]) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
-    ContiguousKvCache ref(model_->hparams().kv_geometry(), 256);
+    ContiguousKvCache ref(kv::kv_geometry(model_->geometry()), 256);
     auto kv = paged("f16", "f16", 128, 256);
     ASSERT_NE(kv, nullptr);
     auto a = prompt_logits(*model_, ref, pool, ids, 64);

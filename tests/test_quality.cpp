@@ -207,14 +207,14 @@ TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
   for (size_t w = 0; w < 2; ++w) {
     for (size_t j = 16; j < 31; ++j) {
       PagedKvCacheConfig pc;
-      pc.geometry = model_->hparams().kv_geometry();
+      pc.geometry = kv::kv_geometry(model_->geometry());
       pc.max_tokens = 32;
       auto kv = PagedKvCache::create(pc);
       ASSERT_TRUE(kv.ok()) << kv.error();
       const std::vector<int32_t> prefix(ids.begin() + 32 * w, ids.begin() + 32 * w + j + 1);
       auto logits = prompt_logits(*model_, **kv, pool, prefix);
       ASSERT_TRUE(logits.ok()) << logits.error();
-      log_softmax_inplace(logits->data(), model_->hparams().n_vocab);
+      log_softmax_inplace(logits->data(), model_->geometry().n_vocab);
       nll -= (*logits)[static_cast<size_t>(ids[32 * w + j + 1])];
     }
   }

@@ -150,7 +150,7 @@ TEST(Synth, WritesALoadableModelOfExactShapesMarkedSynthetic) {
   // It loads and runs a forward pass with finite logits.
   auto m = load_model(path);
   ASSERT_TRUE(m.ok()) << m.error();
-  EXPECT_EQ((*m)->hparams().n_vocab, 1000);
+  EXPECT_EQ((*m)->geometry().n_vocab, 1000);
   EXPECT_EQ((*m)->weight_bytes(), r->weight_bytes);
   KvEngineOptions ko;
   ko.kv.dtype = "int4_asym";

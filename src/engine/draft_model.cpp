@@ -52,17 +52,16 @@ Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
   if (Status s = check_same_vocab(target_vocab, tok->vocab()); !s) {
     return fail("not usable as a draft: " + s.error());
   }
-  if ((*model)->hparams().n_vocab != target_vocab.n_tokens()) {
+  if ((*model)->geometry().n_vocab != target_vocab.n_tokens()) {
     return fail(fmt::format("its output has {} logits, the vocabulary {} tokens",
-                            (*model)->hparams().n_vocab, target_vocab.n_tokens()));
+                            (*model)->geometry().n_vocab, target_vocab.n_tokens()));
   }
-  auto g = planner::geometry_from_gguf((*model)->file());
-  if (!g) return fail(g.error());
+  const planner::ModelGeometry* g = &(*model)->geometry();
   // Unmixed FP16: drafts are rolled back anywhere, and the copy is a cache, not the answer.
   const planner::KvLayout layout;
   // A draft model with sliding-window layers holds a chunk beyond its local windows while it reads.
   auto sc =
-      PagedKvStore::planned_config((*model)->hparams().kv_geometry(), layout, kv_tokens, 1, chunk);
+      PagedKvStore::planned_config(kv::kv_geometry((*model)->geometry()), layout, kv_tokens, 1, chunk);
   if (!sc) return fail(sc.error());
   sc->model_id = "draft:" + path;
   sc->enable_prefix_caching = false;
@@ -165,7 +164,7 @@ void DraftModelDrafter::propose(kv::SeqId seq, std::span<const int32_t> tokens, 
   }
   touch(seq);
   if (!read(seq, tokens.subspan(static_cast<size_t>(keep)))) return;
-  const auto n_vocab = static_cast<size_t>(model_->hparams().n_vocab);
+  const auto n_vocab = static_cast<size_t>(model_->geometry().n_vocab);
   for (int i = 0; i < max_tokens; ++i) {
     const auto best = std::max_element(logits_.begin(), logits_.begin() + n_vocab);
     out.push_back(static_cast<int32_t>(best - logits_.begin()));

@@ -195,8 +195,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   auto model = load_model(*path, lo);
   if (!model) return Error{model.error()};
   model_ = std::move(model).value();
-  auto g = planner::geometry_from_gguf(model_->file());
-  if (!g) return Error{g.error()};
+  const planner::ModelGeometry* g = &model_->geometry();
   kind = CreateError::kInvalidConfig;  // the layout against this model's geometry
   if (auto layout = kv_layout_for_model(*g, o.kv); !layout) return Error{layout.error()};
   kind = CreateError::kModel;
@@ -214,7 +213,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     if (!dpath) return Error{"--speculative-model: " + dpath.error()};
     // Its cache holds one sequence of the context the target serves (sequences share it).
     const int64_t draft_ctx =
-        effective_max_model_len(o.max_model_len, model_->hparams().n_ctx_train);
+        effective_max_model_len(o.max_model_len, model_->geometry().n_ctx_train);
     auto d = DraftModelDrafter::create(*dpath, tok_->vocab(), draft_ctx,
                                        static_cast<int32_t>(o.chunked_prefill_size), *backend_);
     if (!d) return Error{d.error()};
@@ -252,7 +251,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     auto n = KvRegimes::device_regime_count(rc, *g);
     if (!n) return Error{n.error()};
     plan_opts.kv_regime_shares = *n;
-    const int64_t n_ctx_train = model_->hparams().n_ctx_train;
+    const int64_t n_ctx_train = model_->geometry().n_ctx_train;
     rc.plan_device_pools = [g = *g, weights, n_ctx_train,
                             plan_opts](const planner::KvLayoutFlags& f) -> Result<KvSetupReport> {
       KvEngineOptions o = plan_opts;
@@ -261,7 +260,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     };
     kind = CreateError::kOutOfBudget;
   }
-  auto rep = plan_kv_setup(*g, weights, model_->hparams().n_ctx_train, plan_opts);
+  auto rep = plan_kv_setup(*g, weights, model_->geometry().n_ctx_train, plan_opts);
   if (!rep) return Error{rep.error()};
   report_ = std::move(rep).value();
   max_model_len_ = report_.max_model_len;
@@ -270,7 +269,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   if (!sha) return Error{sha.error()};
   kind = CreateError::kInvalidConfig;
   auto regimes =
-      KvRegimes::create(rc, *g, model_->hparams().kv_geometry(), *sha, *backend_, report_);
+      KvRegimes::create(rc, *g, kv::kv_geometry(model_->geometry()), *sha, *backend_, report_);
   if (!regimes) return Error{regimes.error()};
   regimes_ = std::move(regimes).value();
   // The weights and the workspace are held from start-up, as the report says: on a device (a
@@ -315,14 +314,14 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   info_.path = *path;
   info_.id = std::filesystem::path(*path).stem().string();
   info_.sha256 = *sha;
-  info_.arch = model_->hparams().arch;
+  info_.arch = model_->geometry().arch;
   if (!cfg_.chat_template.empty()) {
     info_.chat_template = cfg_.chat_template;
   } else if (auto t = model_->file().get_string("tokenizer.chat_template")) {
     info_.chat_template = *t;
   }
   info_.max_model_len = max_model_len_;
-  info_.n_vocab = model_->hparams().n_vocab;
+  info_.n_vocab = model_->geometry().n_vocab;
   info_.synthetic = model_->file().get_bool(kSyntheticKey).value_or(false);
 
   publish_metrics();
@@ -610,7 +609,7 @@ std::span<attention::HeadEntropy> EngineImpl::entropy_probe(const ScheduledSeq& 
   const bool wanted = r.regime == 0 && r.req.kv_cache_dtype.empty() && r.attn_entropy < 0 &&
                       s.n_prompt < (*regimes_)[*regimes_->fallback()].tokens_fit;
   if (!wanted || !sc.sample || sc.n_draft > 0 || s.computed + sc.n_tokens != s.n_prompt) return {};
-  const ModelHParams& hp = model_->hparams();
+  const planner::ModelGeometry& hp = model_->geometry();
   r.entropy.assign(static_cast<size_t>(hp.n_layer) * static_cast<size_t>(hp.n_head), {});
   r.probe_now = true;
   return r.entropy;

@@ -81,7 +81,7 @@ Result<GenerationStats> generate(Model& model, KvCache& kv, Backend& backend,
   std::span<float> logits(first);
   stats.prompt_seconds = seconds_since(t0);
 
-  Sampler sampler(req.sampling, model.hparams().n_vocab);
+  Sampler sampler(req.sampling, model.geometry().n_vocab);
   std::vector<int32_t> history = req.prompt;
   history.reserve(history.size() + static_cast<size_t>(req.max_tokens));
   stats.finish_reason = "length";

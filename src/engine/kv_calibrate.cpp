@@ -66,8 +66,7 @@ double mean_kld(const RegimeQuality& r) {
 Result<KvCalibration> calibrate_kv_layer_map(Model& model, const tokenizer::Tokenizer& tok,
                                              const std::string& text, const KvCalibrateConfig& cfg,
                                              Backend& backend, const QualityProgress& progress) {
-  auto geom = planner::geometry_from_gguf(model.file());
-  if (!geom) return Error{geom.error()};
+  const planner::ModelGeometry* geom = &model.geometry();
   const size_t n_layer = geom->layers.size();
   if (n_layer == 0) return Error{"the model has no layers"};
   auto steps = value_steps(*geom);

@@ -259,15 +259,14 @@ uint64_t apply_backend_memory(KvEngineOptions& opts, const planner::ModelGeometr
 }
 
 Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts, Backend* device) {
-  auto g = planner::geometry_from_gguf(model.file());
-  if (!g) return Error{g.error()};
+  const planner::ModelGeometry* g = &model.geometry();
   KvEngineOptions o = opts;
   const uint64_t weights =
       device != nullptr ? apply_backend_memory(o, *g, model, *device, 1) : model.weight_bytes();
-  auto r = plan_kv_setup(*g, weights, model.hparams().n_ctx_train, o);
+  auto r = plan_kv_setup(*g, weights, model.geometry().n_ctx_train, o);
   if (!r) return Error{r.error()};
   PagedKvCacheConfig c;
-  c.geometry = model.hparams().kv_geometry();
+  c.geometry = kv::kv_geometry(model.geometry());
   c.layout = r->layout;
   c.max_tokens = r->max_model_len;
   c.max_append = r->chunked_prefill_size;

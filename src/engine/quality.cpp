@@ -115,7 +115,7 @@ Result<std::unique_ptr<PagedKvCache>> make_cache(const Model& model,
                                                  int64_t max_tokens, int32_t batch,
                                                  Backend& backend) {
   PagedKvCacheConfig c;
-  c.geometry = model.hparams().kv_geometry();
+  c.geometry = kv::kv_geometry(model.geometry());
   c.layout = layout;
   c.max_tokens = max_tokens;
   c.max_append = batch;
@@ -140,7 +140,7 @@ class QualityRun {
         backend_(backend),
         pool_(backend.host_threads()),
         progress_(progress),
-        n_vocab_(model.hparams().n_vocab),
+        n_vocab_(model.geometry().n_vocab),
         t0_(Clock::now()) {}
 
   Status perplexity(const std::vector<int32_t>& text, size_t ci, QualityReport& rep);
@@ -394,8 +394,7 @@ Result<QualityReport> measure_kv_quality(Model& model, const tokenizer::Tokenize
     if (n < 64) return Error{fmt::format("needle context {} is too small (at least 64 tokens)", n)};
   }
 
-  auto geom = planner::geometry_from_gguf(model.file());
-  if (!geom) return Error{geom.error()};
+  const planner::ModelGeometry* geom = &model.geometry();
   QualityRegime base;
   base.spec = "f16";
   rep.regimes.push_back({base, {}, {}, {}, 0, {}});

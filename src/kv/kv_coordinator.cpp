@@ -20,6 +20,15 @@ planner::ModelGeometry planner_geometry(const KvGeometry& geo) {
   return g;
 }
 
+KvGeometry kv_geometry(const planner::ModelGeometry& g) {
+  KvGeometry kg{static_cast<int>(g.n_layer), static_cast<int>(g.n_head_kv()),
+                static_cast<int>(g.head_dim_kv()), {}};
+  if (g.n_swa_layers() > 0) {
+    for (const planner::LayerKv& l : g.layers) kg.layer_window.push_back(static_cast<int32_t>(l.window));
+  }
+  return kg;
+}
+
 Result<std::unique_ptr<KvCoordinator>> KvCoordinator::create(const KvCoordinatorConfig& cfg) {
   const planner::ModelGeometry g = planner_geometry(cfg.geometry);
   const planner::KvPoolPlan plan = planner::kv_pool_plan(g, cfg.layout, 1, 1);

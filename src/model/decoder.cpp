@@ -39,7 +39,7 @@ class DecoderModel final : public Model {
     max_batch_ = opts.max_batch_tokens;
     max_out_ = std::max<int32_t>(1, opts.max_output_rows);
     Binder b(*file_);
-    read_hparams(b);
+    read_geometry(b);
     bind_weights(b);
     weight_bytes_ = b.bound_bytes();
   }
@@ -94,7 +94,7 @@ class DecoderModel final : public Model {
     Tensor logits;  // [logits rows, n_vocab], grown to the most rows a pass needed
   };
 
-  void read_hparams(Binder& b);
+  void read_geometry(Binder& b);
   void bind_weights(Binder& b);
   [[nodiscard]] Result<Tensor> alloc(Backend& be, quant::GgmlType type, int64_t rows, int64_t cols);
 
@@ -103,6 +103,7 @@ class DecoderModel final : public Model {
   int32_t max_out_ = 1;      // logits rows allocated by bind()
   float attn_scale_ = 1.0f;  // 1/sqrt(head_dim), or the architecture's own rule
   float softcap_ = 0.0f;     // final logit soft-capping; 0 = none
+  float rms_eps_ = 1e-5f;    // RMSNorm epsilon
   Tensor tok_embd_;          // [n_embd, n_vocab] rows are token embeddings
   Tensor output_norm_;       // [n_embd]
   Tensor output_;            // [n_embd -> n_vocab] (token_embd when tied)
@@ -124,28 +125,17 @@ class DecoderModel final : public Model {
   attention::AttentionRunner attn_runner_;  // paged attention over host KV blocks
 };
 
-void DecoderModel::read_hparams(Binder& b) {
-  ModelHParams& hp = hp_;
+void DecoderModel::read_geometry(Binder& b) {
   const std::string a = file_->architecture() + ".";
-  model_loader::read_transformer_hparams(*file_, b, hp, spec_.default_ctx, spec_.default_eps);
-  hp.rope_layout = spec_.rope;
-  hp.qkv_bias = file_->find_tensor("blk.0.attn_q.bias") != nullptr;
-
-  if (spec_.sliding_window) {
-    // Local layers and their window, read as the planner reads them (llama.cpp's rule: the
-    // sliding_window_pattern array, or period p = pattern key or 6 for gemma3, local iff
-    // il % p < p - 1).
-    auto geo = planner::geometry_from_gguf(*file_);
-    if (!geo.ok()) throw LoadError{geo.error()};
-    if (static_cast<int32_t>(geo->layers.size()) != hp.n_layer) {
-      throw LoadError{"layer geometry does not match block_count"};
-    }
-    hp.layer_window.assign(static_cast<size_t>(hp.n_layer), 0);
-    for (int il = 0; il < hp.n_layer; ++il) {
-      hp.layer_window[static_cast<size_t>(il)] =
-          static_cast<int32_t>(geo->layers[static_cast<size_t>(il)].window);
-    }
+  geo_ = model_loader::read_transformer_geometry(*file_, b, spec_.default_ctx);
+  const planner::ModelGeometry& hp = geo_;
+  // Local layers and their window as the planner reads them (llama.cpp's rule: the
+  // sliding_window_pattern array, or period p = pattern key or 6 for gemma3, local iff
+  // il % p < p - 1); an architecture without local layers attends to the whole prefix.
+  if (!spec_.sliding_window) {
+    for (planner::LayerKv& l : geo_.layers) l.window = 0;
   }
+  rms_eps_ = model_loader::read_rms_eps(*file_, b, spec_.default_eps);
 
   // llama.cpp's gemma rule: 1/sqrt(n_embd / n_head) for the 27B (62 layers); else 1/sqrt(head_dim).
   const float scale_dim = spec_.scale_q && hp.n_layer == 62
@@ -154,22 +144,20 @@ void DecoderModel::read_hparams(Binder& b) {
   attn_scale_ = 1.0f / std::sqrt(scale_dim);
   if (spec_.softcap) softcap_ = b.optional_float(a + "final_logit_softcapping").value_or(0.0f);
 
-  rope_global_.n_rot = hp.n_rot;
-  rope_global_.freq_base = hp.rope_freq_base;
-  rope_global_.freq_scale = hp.rope_freq_scale;
-  rope_global_.neox = hp.rope_layout == RopeLayout::kNeox;
+  rope_global_ = model_loader::read_rope(*file_, b, geo_);
+  rope_global_.neox = spec_.rope == RopeLayout::kNeox;
   rope_local_ = rope_global_;
   rope_local_.freq_base = b.optional_float(a + "rope.freq_base_swa").value_or(10000.0f);
   rope_local_.freq_scale = 1.0f;
 }
 
 void DecoderModel::bind_weights(Binder& b) {
-  const ModelHParams& hp = hp_;
+  const planner::ModelGeometry& hp = geo_;
   const int64_t q_dim = static_cast<int64_t>(hp.n_head) * hp.head_dim;
-  const int64_t kv_dim = static_cast<int64_t>(hp.n_head_kv) * hp.head_dim;
+  const int64_t kv_dim = hp.n_head_kv() * hp.head_dim;
   tok_embd_ = b.matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
   output_norm_ = b.vector_f32("output_norm.weight", hp.n_embd);
-  output_ = hp.tied_output ? tok_embd_ : b.matrix("output.weight", hp.n_embd, hp.n_vocab);
+  output_ = hp.tied_embeddings ? tok_embd_ : b.matrix("output.weight", hp.n_embd, hp.n_vocab);
   weights_ = {&tok_embd_, &output_norm_, &output_};
   if (b.has("rope_freqs.weight")) {
     rope_global_.freq_factors = b.vector_f32("rope_freqs.weight", hp.n_rot / 2);
@@ -284,10 +272,10 @@ Status DecoderModel::bind(Backend& be) {
   }
   if (Status s = upload_weights(be); !s.ok()) return s;
 
-  const ModelHParams& hp = hp_;
+  const planner::ModelGeometry& hp = geo_;
   const int64_t n = max_batch_;
   const int64_t q_dim = static_cast<int64_t>(hp.n_head) * hp.head_dim;
-  const int64_t kv_dim = static_cast<int64_t>(hp.n_head_kv) * hp.head_dim;
+  const int64_t kv_dim = hp.n_head_kv() * hp.head_dim;
   const auto f32 = quant::GgmlType::F32;
   struct Slot {
     Tensor* t;
@@ -329,12 +317,12 @@ Status DecoderModel::bind(Backend& be) {
 Status DecoderModel::last_token_entropy(KvCache& kv, int il, int64_t pos, const Tensor& q,
                                         float scale, int64_t window,
                                         std::span<attention::HeadEntropy> out, Backend& be) const {
-  const size_t n_head = static_cast<size_t>(hp_.n_head);
-  if (out.size() != static_cast<size_t>(hp_.n_layer) * n_head) {
+  const size_t n_head = static_cast<size_t>(geo_.n_head);
+  if (out.size() != static_cast<size_t>(geo_.n_layer) * n_head) {
     return Error{
         fmt::format("attention entropy: {} values asked for, the model has {} layers x {} "
                     "heads",
-                    out.size(), hp_.n_layer, n_head)};
+                    out.size(), geo_.n_layer, n_head)};
   }
   const kv::HostKvBlocks blocks = kv.host_blocks(il, pos + 1);
   if (blocks.empty()) {
@@ -344,14 +332,14 @@ Status DecoderModel::last_token_entropy(KvCache& kv, int il, int64_t pos, const 
   }
   float *qp = nullptr, *unused = nullptr;
   if (Status st = host_rows(be, q, q, "queries", &qp, &unused); !st) return st;
-  attention::attention_entropy(blocks, kv.geometry(), pos, qp, hp_.n_head, scale, window,
+  attention::attention_entropy(blocks, kv.geometry(), pos, qp, geo_.n_head, scale, window,
                                out.data() + static_cast<size_t>(il) * n_head);
   return {};
 }
 
 Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequence> seqs,
                                                      Backend& be) {
-  const ModelHParams& hp = hp_;
+  const planner::ModelGeometry& hp = geo_;
   if (Status st = bind(be); !st) return Error{st.error()};
   if (Status st = plan_.prepare(seqs, hp.n_vocab, max_batch_); !st) return Error{st.error()};
   const int64_t n = plan_.n_tokens();
@@ -382,10 +370,10 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
 
   for (int il = 0; il < hp.n_layer; ++il) {
     const Layer& l = layers_[static_cast<size_t>(il)];
-    const int64_t window = hp.layer_window.empty() ? 0 : hp.layer_window[static_cast<size_t>(il)];
+    const int64_t window = hp.layers[static_cast<size_t>(il)].window;
     const RopeConfig& rope = window > 0 ? rope_local_ : rope_global_;
     const Tensor& cs = window > 0 ? cs_l : cs_g;
-    be.rms_norm(x, l.attn_norm, xn, hp.rms_eps);
+    be.rms_norm(x, l.attn_norm, xn, rms_eps_);
     plan_.mm(be, l.wq, xn, q);
     plan_.mm(be, l.wk, xn, k);
     plan_.mm(be, l.wv, xn, v);
@@ -396,12 +384,12 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
     }
     if (!l.q_norm.empty()) {
       const Tensor qh = q.reshape(n * hp.n_head, hd);
-      const Tensor kh = k.reshape(n * hp.n_head_kv, hd);
-      be.rms_norm(qh, l.q_norm, qh, hp.rms_eps);
-      be.rms_norm(kh, l.k_norm, kh, hp.rms_eps);
+      const Tensor kh = k.reshape(n * hp.n_head_kv(), hd);
+      be.rms_norm(qh, l.q_norm, qh, rms_eps_);
+      be.rms_norm(kh, l.k_norm, kh, rms_eps_);
     }
     be.rope(rope, cs, q, hp.n_head, hp.head_dim);
-    be.rope(rope, cs, k, hp.n_head_kv, hp.head_dim);
+    be.rope(rope, cs, k, hp.n_head_kv(), hp.head_dim);
     if (spec_.scale_q) be.scale(q, attn_scale_);
     for (size_t sq = 0; sq < seqs.size(); ++sq) {
       KvCache& kv = *seqs[sq].kv;
@@ -425,9 +413,9 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
       }
     }
     plan_.mm(be, l.wo, attn, proj);
-    if (!l.attn_post_norm.empty()) be.rms_norm(proj, l.attn_post_norm, proj, hp.rms_eps);
+    if (!l.attn_post_norm.empty()) be.rms_norm(proj, l.attn_post_norm, proj, rms_eps_);
     be.add(x, proj);
-    be.rms_norm(x, l.ffn_norm, xn, hp.rms_eps);
+    be.rms_norm(x, l.ffn_norm, xn, rms_eps_);
     plan_.mm(be, l.w_gate, xn, gate);
     plan_.mm(be, l.w_up, xn, up);
     if (spec_.act == FfnActivation::kGelu) {
@@ -436,7 +424,7 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
       be.silu_mul(gate, up);
     }
     plan_.mm(be, l.w_down, gate, proj);
-    if (!l.ffn_post_norm.empty()) be.rms_norm(proj, l.ffn_post_norm, proj, hp.rms_eps);
+    if (!l.ffn_post_norm.empty()) be.rms_norm(proj, l.ffn_post_norm, proj, rms_eps_);
     be.add(x, proj);
   }
 
@@ -449,7 +437,7 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
   const Tensor xo = ws_.xn.slice_rows(0, n_out);
   be.upload(out_ids, out_ids_.data());
   be.get_rows(ws_.x, out_ids, xo);
-  be.rms_norm(xo, output_norm_, xo, hp.rms_eps);
+  be.rms_norm(xo, output_norm_, xo, rms_eps_);
   if (ws_.logits.rows < n_out) {
     auto buf = be.alloc(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab) * 4);
     if (!buf.ok()) return Error{buf.error()};

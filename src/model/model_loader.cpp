@@ -94,51 +94,68 @@ Tensor Binder::vector_f32(const std::string& name, int64_t n) {
   return v;
 }
 
-void read_transformer_hparams(const gguf::GgufFile& f, const Binder& b, ModelHParams& hp,
-                              int32_t default_ctx, float default_eps) {
-  hp.arch = f.architecture();
-  const std::string a = hp.arch + ".";
-  if (auto name = f.get_string("general.name")) hp.name = std::string(*name);
-  hp.n_layer = b.require_int(a + "block_count");
-  hp.n_embd = b.require_int(a + "embedding_length");
-  hp.n_ff = b.require_int(a + "feed_forward_length");
-  hp.n_head = b.require_int(a + "attention.head_count");
-  hp.n_head_kv = b.optional_int(a + "attention.head_count_kv").value_or(hp.n_head);
-  hp.n_ctx_train = b.optional_int(a + "context_length").value_or(default_ctx);
-  if (hp.n_head_kv > hp.n_head || hp.n_head % hp.n_head_kv != 0) {
-    throw LoadError{fmt::format("head_count {} is not a multiple of head_count_kv {}", hp.n_head,
-                                hp.n_head_kv)};
+planner::ModelGeometry read_transformer_geometry(const gguf::GgufFile& f, const Binder& b,
+                                                 int32_t default_ctx) {
+  const std::string a = f.architecture() + ".";
+  // The integer keys the decoder needs, present and > 0, one value for every layer.
+  for (const char* key : {"block_count", "embedding_length", "feed_forward_length",
+                          "attention.head_count"}) {
+    (void)b.require_int(a + key);
   }
-  hp.head_dim = b.optional_int(a + "attention.key_length").value_or(hp.n_embd / hp.n_head);
-  if (hp.head_dim % 2 != 0 || hp.head_dim > 512) {
+  const std::optional<int32_t> n_head_kv = b.optional_int(a + "attention.head_count_kv");
+  auto r = planner::geometry_from_gguf(f);
+  if (!r.ok()) throw LoadError{r.error()};
+  planner::ModelGeometry g = std::move(r).value();
+  if (g.mla || g.is_moe()) {
+    throw LoadError{fmt::format("{}: {} layers are not supported by the decoder",
+                                g.arch, g.mla ? "MLA" : "mixture-of-experts")};
+  }
+  const int64_t hkv = n_head_kv.value_or(static_cast<int32_t>(g.n_head));
+  if (hkv > g.n_head || g.n_head % hkv != 0) {
     throw LoadError{
-        fmt::format("head dimension {} is unsupported (must be even, <= 512)", hp.head_dim)};
+        fmt::format("head_count {} is not a multiple of head_count_kv {}", g.n_head, hkv)};
   }
-  if (auto vl = b.optional_int(a + "attention.value_length"); vl && *vl != hp.head_dim) {
+  if (g.head_dim % 2 != 0 || g.head_dim > 512) {
+    throw LoadError{
+        fmt::format("head dimension {} is unsupported (must be even, <= 512)", g.head_dim)};
+  }
+  if (auto vl = b.optional_int(a + "attention.value_length"); vl && *vl != g.head_dim) {
     throw LoadError{"key_length != value_length is not supported for this architecture"};
   }
-  hp.rms_eps = b.optional_float(a + "attention.layer_norm_rms_epsilon").value_or(default_eps);
-  hp.rope_freq_base = b.optional_float(a + "rope.freq_base").value_or(10000.0f);
-  hp.n_rot = b.optional_int(a + "rope.dimension_count").value_or(hp.head_dim);
-  if (hp.n_rot > hp.head_dim || hp.n_rot % 2 != 0) {
+  for (planner::LayerKv& l : g.layers) l.head_dim_v = static_cast<int>(g.head_dim);
+  if (g.n_rot > g.head_dim || g.n_rot % 2 != 0) {
     throw LoadError{
-        fmt::format("rope.dimension_count {} is invalid for head dim {}", hp.n_rot, hp.head_dim)};
+        fmt::format("rope.dimension_count {} is invalid for head dim {}", g.n_rot, g.head_dim)};
   }
+  if (g.n_ctx_train <= 0) g.n_ctx_train = default_ctx;
+  if (f.find_tensor("token_embd.weight") == nullptr) {
+    throw LoadError{"missing tensor 'token_embd.weight'"};
+  }
+  return g;
+}
+
+float read_rms_eps(const gguf::GgufFile& f, const Binder& b, float default_eps) {
+  return b.optional_float(f.architecture() + ".attention.layer_norm_rms_epsilon")
+      .value_or(default_eps);
+}
+
+RopeConfig read_rope(const gguf::GgufFile& f, const Binder& b, const planner::ModelGeometry& g) {
+  const std::string a = f.architecture() + ".";
+  RopeConfig rope;
+  rope.n_rot = static_cast<int>(g.n_rot);
+  rope.freq_base = b.optional_float(a + "rope.freq_base").value_or(10000.0f);
   if (auto st = f.get_string(a + "rope.scaling.type")) {
     if (*st == "linear") {
       const float factor = b.optional_float(a + "rope.scaling.factor").value_or(1.0f);
       if (!(factor > 0.0f)) throw LoadError{"rope.scaling.factor must be > 0"};
-      hp.rope_freq_scale = 1.0f / factor;
+      rope.freq_scale = 1.0f / factor;
     } else if (*st != "none") {
       throw LoadError{
           fmt::format("rope scaling type '{}' is not supported yet (supported: none, linear)",
                       std::string(*st))};
     }
   }
-  const gguf::TensorInfo* emb = f.find_tensor("token_embd.weight");
-  if (emb == nullptr) throw LoadError{"missing tensor 'token_embd.weight'"};
-  hp.n_vocab = static_cast<int32_t>(emb->ne[1]);
-  hp.tied_output = f.find_tensor("output.weight") == nullptr;
+  return rope;
 }
 
 }  // namespace bie::model_loader

@@ -11,6 +11,7 @@
 #include "bie/common/result.h"
 #include "bie/gguf/gguf_file.h"
 #include "bie/model/model.h"
+#include "bie/planner/model_geometry.h"
 
 namespace bie::model_loader {
 
@@ -45,12 +46,22 @@ class Binder {
   uint64_t bound_bytes_ = 0;
 };
 
-// The decoder-only transformer hyper-parameters every architecture reads the same way: name,
-// layers, widths, heads (GQA checked), head dim (key_length; even, <= 512, = value_length), RMS
-// epsilon, RoPE base, rotated dims and linear RoPE scaling, vocabulary (token_embd rows) and a
-// tied output. Defaults where the file is silent: context default_ctx, epsilon default_eps.
-// Throws LoadError naming the key.
-void read_transformer_hparams(const gguf::GgufFile& f, const Binder& b, ModelHParams& hp,
-                              int32_t default_ctx, float default_eps);
+// The decoder-only transformer's geometry, read by the planner's one reader of a file's shape
+// (planner::geometry_from_gguf: widths, heads, head dim = key_length, rotated dims, vocabulary =
+// token_embd rows, tied output, per-layer KV heads and sliding windows) and checked for what the
+// decoder computes: every layer one head count, GQA (head_count a multiple of head_count_kv),
+// head dim even, <= 512 and = value_length, rotated dims even and <= head dim. The context is
+// default_ctx where the file is silent. Throws LoadError naming the key.
+[[nodiscard]] planner::ModelGeometry read_transformer_geometry(const gguf::GgufFile& f,
+                                                               const Binder& b,
+                                                               int32_t default_ctx);
+
+// RMS epsilon (default_eps where the file is silent).
+[[nodiscard]] float read_rms_eps(const gguf::GgufFile& f, const Binder& b, float default_eps);
+
+// RoPE of the global layers: rotated dims (the geometry's), base, and linear scaling (other
+// scaling types are refused with a LoadError).
+[[nodiscard]] RopeConfig read_rope(const gguf::GgufFile& f, const Binder& b,
+                                   const planner::ModelGeometry& g);
 
 }  // namespace bie::model_loader

@@ -234,12 +234,14 @@ Result<ModelGeometry> geometry_from_gguf(const gguf::GgufFile& f) {
   g.head_dim = dk;
   g.n_rot = f.get_int(A + "rope.dimension_count").value_or(dk);
   g.n_ctx_train = f.get_int(A + "context_length").value_or(0);
-  if (auto v = f.get_int(A + "vocab_size")) {
+  // The logits' width is the embedding table's row count (Qwen2.5 pads it past its 151,665
+  // tokens); the keys only stand in for a file without the table.
+  if (const gguf::TensorInfo* t = f.find_tensor("token_embd.weight"); t && t->n_dims >= 2) {
+    g.n_vocab = t->ne[1];
+  } else if (auto v = f.get_int(A + "vocab_size")) {
     g.n_vocab = *v;
   } else if (const gguf::Array* toks = f.get_array("tokenizer.ggml.tokens")) {
     g.n_vocab = static_cast<int64_t>(toks->items.size());
-  } else if (const gguf::TensorInfo* t = f.find_tensor("token_embd.weight")) {
-    g.n_vocab = t->ne[1];
   }
 
   // MLA (deepseek2 and kin): the cache holds the compressed latent plus the rope part of K.
@@ -306,6 +308,7 @@ Result<ModelGeometry> geometry_from_gguf(const gguf::GgufFile& f) {
   // Exact parameters and bytes from the tensor index (the data itself is never touched).
   const bool has_output = f.find_tensor("output.weight") != nullptr;
   g.tied_embeddings = !has_output;
+  g.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
   uint64_t bytes = 0;
   uint64_t bytes_active = 0;
   double params = 0;

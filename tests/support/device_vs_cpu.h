@@ -70,7 +70,7 @@ inline int identical_where_margins_allow(const std::vector<std::vector<int32_t>>
     }
     std::vector<int32_t> ctx = tok.encode(prompts[i]);
     ctx.insert(ctx.end(), want[i].begin(), diff.first);
-    ContiguousKvCache kv((*model)->hparams().kv_geometry(), 512);
+    ContiguousKvCache kv(kv::kv_geometry((*model)->geometry()), 512);
     auto logits = prompt_logits(**model, kv, be, ctx);
     EXPECT_TRUE(logits.ok()) << logits.error();
     if (!logits.ok()) continue;

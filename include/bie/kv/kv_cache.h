@@ -31,6 +31,15 @@ struct KvGeometry {
   }
 };
 
+namespace planner {
+struct ModelGeometry;
+}
+namespace kv {
+// A model's KV geometry: its layers, the first layer's KV heads and K width, and each layer's
+// sliding window (none kept when every layer is global).
+[[nodiscard]] KvGeometry kv_geometry(const planner::ModelGeometry& g);
+}  // namespace kv
+
 class KvCache {
  public:
   virtual ~KvCache() = default;

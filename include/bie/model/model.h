@@ -19,39 +19,13 @@
 #include "bie/common/result.h"
 #include "bie/gguf/gguf_file.h"
 #include "bie/kv/kv_cache.h"
+#include "bie/planner/model_geometry.h"
 
 namespace bie {
 
 enum class RopeLayout {
   kNorm,  // rotate adjacent pairs (x[2i], x[2i+1]) — llama, mistral (GGUF Q/K are pre-permuted)
   kNeox,  // rotate halves (x[i], x[i + n_rot/2]) — qwen2
-};
-
-struct ModelHParams {
-  std::string arch;  // general.architecture
-  std::string name;  // general.name
-  int32_t n_vocab = 0;
-  int32_t n_ctx_train = 0;
-  int32_t n_embd = 0;
-  int32_t n_layer = 0;
-  int32_t n_head = 0;
-  int32_t n_head_kv = 0;
-  int32_t head_dim = 0;  // n_embd / n_head unless attention.key_length says otherwise
-  int32_t n_ff = 0;
-  float rms_eps = 1e-5f;
-  float rope_freq_base = 10000.0f;
-  float rope_freq_scale = 1.0f;  // 1 / linear scaling factor
-  int32_t n_rot = 0;             // rotated dims per head (rope.dimension_count)
-  RopeLayout rope_layout = RopeLayout::kNorm;
-  bool tied_output = false;  // no output.weight: logits use token_embd
-  bool qkv_bias = false;
-  // [n_layer] sliding window of each layer (0: attends to the whole prefix). Empty for
-  // architectures without local layers.
-  std::vector<int32_t> layer_window;
-
-  [[nodiscard]] KvGeometry kv_geometry() const {
-    return {n_layer, n_head_kv, head_dim, layer_window};
-  }
 };
 
 struct ForwardOptions {
@@ -85,7 +59,9 @@ class Model {
  public:
   virtual ~Model() = default;
 
-  [[nodiscard]] const ModelHParams& hparams() const { return hp_; }
+  // The model's shape, read once at load by the planner's reader of a file's shape (the engine,
+  // the planner and the KV cache read this one description).
+  [[nodiscard]] const planner::ModelGeometry& geometry() const { return geo_; }
   [[nodiscard]] const gguf::GgufFile& file() const { return *file_; }
   // Bytes of weight tensors (as stored in the file).
   [[nodiscard]] uint64_t weight_bytes() const { return weight_bytes_; }
@@ -112,7 +88,7 @@ class Model {
 
  protected:
   std::unique_ptr<gguf::GgufFile> file_;
-  ModelHParams hp_;
+  planner::ModelGeometry geo_;
   uint64_t weight_bytes_ = 0;
 };
 
