@@ -11,13 +11,16 @@
 #include <thread>
 #include <vector>
 
+#include "bie/engine/draft_model.h"
 #include "bie/engine/drafter.h"
 #include "bie/engine/engine.h"
 #include "bie/engine/model_path.h"
+#include "bie/gguf/gguf_file.h"
 #include "bie/sampling/sampler.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "support/engine_collect.h"
 #include "support/paths.h"
+#include "support/reference_backend.h"
 #include "support/tiny_llama.h"
 
 namespace bie {
@@ -295,6 +298,27 @@ TEST(SpeculativeCostModel, DraftsOnlyWhereTheyPay) {
   // Unmeasured step sizes fall back to +44 % per token; the base estimated from a measured one.
   const std::vector<double> only4 = {0.0, 0.0, 0.0, 0.0, 15.20};
   EXPECT_EQ(best_draft_len(1.0, 1, 3, only4, 0.00651), 0);
+}
+
+// The draft model's weights are put on the backend when the drafter is made (engine start-up),
+// as the target's are: no speculative request pays for it (on the CPU, the repacking).
+TEST(Speculative, DraftModelHoldsItsWeightsFromStartUp) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  struct CountingBackend : test::ReferenceBackend {
+    int uploads = 0;
+    Result<std::unique_ptr<DeviceBuffer>> upload_weights(std::span<const uint8_t> bytes) override {
+      ++uploads;
+      return test::ReferenceBackend::upload_weights(bytes);
+    }
+  };
+  auto file = gguf::GgufFile::open(test::smollm2_path());
+  ASSERT_TRUE(file.ok()) << file.error();
+  auto tok = tokenizer::Tokenizer::from_gguf(**file);
+  ASSERT_TRUE(tok.ok()) << tok.error();
+  CountingBackend be;
+  auto d = DraftModelDrafter::create(test::smollm2_path(), tok->vocab(), 256, 64, be);
+  ASSERT_TRUE(d.ok()) << d.error();
+  EXPECT_EQ(be.uploads, 1);
 }
 
 TEST(Speculative, DraftModelWithAnotherVocabularyIsRefused) {

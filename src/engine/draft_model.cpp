@@ -68,6 +68,9 @@ Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
   if (backend.supports_paged_kv()) sc->device = &backend;  // the draft's KV beside the target's
   auto store = PagedKvStore::create(*sc);
   if (!store) return fail(store.error());
+  // The draft's weights and workspace are held from start-up, as the target's are (on the CPU
+  // its weights are repacked here, not inside the first speculative request).
+  if (Status st = (*model)->bind(backend); !st) return fail(st.error());
   DraftModelBytes bytes;
   bytes.weights = (*model)->weight_bytes();
   bytes.workspace = planner::activation_bytes(*g, chunk, 1);
