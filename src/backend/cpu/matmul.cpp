@@ -66,6 +66,42 @@ int64_t matvec_chunk_rows(const WeightView& w, int n_threads) {
   return (rows + kRowChunk - 1) / kRowChunk * kRowChunk;
 }
 
+// fn(t0, t1) over the tokens [0, n): inline when n <= inline_max (a few rows are not worth
+// waking the pool), else split evenly over the pool's threads.
+template <class Fn>
+void for_token_ranges(ThreadPool& pool, int64_t n, int64_t inline_max, const Fn& fn) {
+  if (n <= inline_max) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  const Fn* f = &fn;
+  pool.run_on_all([f, n](int ith, int nt) {
+    const auto [t0, t1] = split(n, 1, ith, nt);
+    if (t0 < t1) (*f)(t0, t1);
+  });
+}
+
+// fn(r0, r1, part) over the rows [0, n_rows) in chunks of `chunk` rows that the threads take as
+// they come free (part: the thread's index), so a thread slowed by another process does not hold
+// the call back. Which thread computes a row does not change its bits.
+template <class Fn>
+void for_row_chunks(ThreadPool& pool, int64_t n_rows, int64_t chunk, const Fn& fn) {
+  struct State {
+    std::atomic<int64_t> next{0};
+    int64_t n_rows;
+    int64_t chunk;
+    const Fn* fn;
+  } st{{0}, n_rows, chunk, &fn};
+  State* sp = &st;
+  pool.run_on_all([sp](int part, int) {
+    for (;;) {
+      const int64_t r0 = sp->next.fetch_add(sp->chunk, std::memory_order_relaxed);
+      if (r0 >= sp->n_rows) break;
+      (*sp->fn)(r0, std::min(sp->n_rows, r0 + sp->chunk), part);
+    }
+  });
+}
+
 }  // namespace
 
 void MatmulScratch::Buffer::Free::operator()(void* p) const {
@@ -133,45 +169,16 @@ bool matvec_path(const WeightView& w, const float* x, int64_t n_tokens, float* y
   const size_t arb = ops.plan.act_row_bytes;
   const int nth = pool.size();
   auto* acts = static_cast<uint8_t*>(scratch.activations(arb * static_cast<size_t>(n_tokens)));
-  if (n_tokens <= cpu::kMaxMatvecTokens) {
-    // A few rows of n_in values: not worth waking the pool.
-    for (int64_t t = 0; t < n_tokens; ++t) {
+  for_token_ranges(pool, n_tokens, cpu::kMaxMatvecTokens, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
       ops.prepare(w.type, w.n_in, x + t * w.n_in, acts + static_cast<size_t>(t) * arb);
     }
-  } else {
-    const MatvecOps* op = &ops;
-    const WeightView* wp = &w;
-    pool.run_on_all([op, wp, x, n_tokens, arb, acts](int ith, int nt) {
-      const auto [t0, t1] = split(n_tokens, 1, ith, nt);
-      for (int64_t t = t0; t < t1; ++t) {
-        op->prepare(wp->type, wp->n_in, x + t * wp->n_in, acts + static_cast<size_t>(t) * arb);
-      }
-    });
-  }
-  struct Job {
-    const WeightView* w;
-    const MatvecOps* ops;
-    const uint8_t* acts;
-    size_t act_row_bytes;
-    int64_t n_tokens;
-    float* y;
-    int64_t chunk_rows;
-    std::atomic<int64_t> next;
-  } job{&w, &ops, acts, arb, n_tokens, y, matvec_chunk_rows(w, nth), {0}};
-  Job* jp = &job;
-  pool.run_on_all([jp](int, int) {
-    // Threads take contiguous chunks of rows as they come free, so a thread slowed by
-    // another process does not hold the whole step back.
-    for (;;) {
-      const int64_t r0 = jp->next.fetch_add(jp->chunk_rows, std::memory_order_relaxed);
-      if (r0 >= jp->w->n_out) break;
-      const int64_t r1 = std::min(jp->w->n_out, r0 + jp->chunk_rows);
-      const int64_t group = jp->ops->plan.max_tokens;
-      for (int64_t t = 0; t < jp->n_tokens; t += group) {
-        const int64_t nt = std::min(group, jp->n_tokens - t);
-        jp->ops->rows(*jp->w, jp->acts + static_cast<size_t>(t) * jp->act_row_bytes,
-                      jp->act_row_bytes, nt, r0, r1, jp->y + t * jp->w->n_out);
-      }
+  });
+  const int64_t group = ops.plan.max_tokens;
+  for_row_chunks(pool, w.n_out, matvec_chunk_rows(w, nth), [&](int64_t r0, int64_t r1, int) {
+    for (int64_t t = 0; t < n_tokens; t += group) {
+      ops.rows(w, acts + static_cast<size_t>(t) * arb, arb, std::min(group, n_tokens - t), r0, r1,
+               y + t * w.n_out);
     }
   });
   return true;
@@ -190,44 +197,20 @@ bool tile_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, 
   const int nth = pool.size();
   scratch.reserve(plan.act_row_bytes * static_cast<size_t>(n_tokens), nth, plan.panel_bytes);
   auto* acts = static_cast<uint8_t*>(scratch.activations(0));
-  struct Job {
-    const WeightView* w;
-    const float* x;
-    int64_t n_tokens;
-    float* y;
-    MatmulScratch* scratch;
-    cpu::TilePlan plan;
-    uint8_t* acts;
-    bool wide;
-  } job{&w, x, n_tokens, y, &scratch, plan, acts, wide};
-  const Job* jp = &job;
-  pool.run_on_all([jp](int ith, int nt) {
-    const auto [t0, t1] = split(jp->n_tokens, 1, ith, nt);
-    if (t0 >= t1) return;
-    if (jp->wide) {
-      cpu::avx512_prepare_acts(jp->w->type, jp->w->n_in, jp->x, t0, t1, jp->acts);
+  for_token_ranges(pool, n_tokens, 0, [&](int64_t t0, int64_t t1) {
+    if (wide) {
+      cpu::avx512_prepare_acts(w.type, w.n_in, x, t0, t1, acts);
     } else {
-      cpu::avx2_prepare_acts(jp->w->type, jp->w->n_in, jp->x, t0, t1, jp->acts);
+      cpu::avx2_prepare_acts(w.type, w.n_in, x, t0, t1, acts);
     }
   });
-  // Threads take chunks of kTileChunkRows rows as they come free (a thread slowed by another
-  // process does not hold the call back); a chunk is whole panels and whole 64-byte lines of y.
-  // Which thread computes a row does not change its bits.
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t>* np = &next;
-  pool.run_on_all([jp, np](int part, int) {
-    auto* panel = static_cast<uint8_t*>(jp->scratch->panel(part, 0));
-    for (;;) {
-      const int64_t r0 = np->fetch_add(kTileChunkRows, std::memory_order_relaxed);
-      if (r0 >= jp->w->n_out) break;
-      const int64_t r1 = std::min(jp->w->n_out, r0 + kTileChunkRows);
-      if (jp->wide) {
-        cpu::avx512_tile_rows(*jp->w, jp->acts, jp->plan.act_row_bytes, jp->n_tokens, r0, r1, jp->y,
-                              panel);
-      } else {
-        cpu::avx2_tile_rows(*jp->w, jp->acts, jp->plan.act_row_bytes, jp->n_tokens, r0, r1, jp->y,
-                            panel);
-      }
+  // A chunk is whole panels and whole 64-byte lines of y.
+  for_row_chunks(pool, w.n_out, kTileChunkRows, [&](int64_t r0, int64_t r1, int part) {
+    auto* panel = static_cast<uint8_t*>(scratch.panel(part, 0));
+    if (wide) {
+      cpu::avx512_tile_rows(w, acts, plan.act_row_bytes, n_tokens, r0, r1, y, panel);
+    } else {
+      cpu::avx2_tile_rows(w, acts, plan.act_row_bytes, n_tokens, r0, r1, y, panel);
     }
   });
   return true;
@@ -247,40 +230,16 @@ bool packed_path(const WeightView& w, const float* x, int64_t n_tokens, float* y
   const bool expand = n_tokens > cpu::kPackedInPlaceTokens;
   scratch.reserve(arb * static_cast<size_t>(n_tokens), pool.size(), expand ? plan.panel_bytes : 0);
   auto* acts = static_cast<uint8_t*>(scratch.activations(0));
-  if (n_tokens <= cpu::kMaxMatvecTokens) {
-    cpu::avx512_prepare_acts(w.type, w.n_in, x, 0, n_tokens, acts);  // not worth waking the pool
-  } else {
-    const WeightView* wp = &w;
-    pool.run_on_all([wp, x, n_tokens, acts](int ith, int nt) {
-      const auto [t0, t1] = split(n_tokens, 1, ith, nt);
-      if (t0 < t1) cpu::avx512_prepare_acts(wp->type, wp->n_in, x, t0, t1, acts);
-    });
-  }
+  for_token_ranges(pool, n_tokens, cpu::kMaxMatvecTokens, [&](int64_t t0, int64_t t1) {
+    cpu::avx512_prepare_acts(w.type, w.n_in, x, t0, t1, acts);
+  });
   const int64_t chunk = n_tokens <= cpu::kMaxMatvecTokensAvx512
                             ? matvec_chunk_rows(w, pool.size())
                             : int64_t{cpu::kPackedPanelRows};
   static_assert(kRowChunk % cpu::kPackedPanelRows == 0);
-  struct Job {
-    const WeightView* w;
-    const uint8_t* acts;
-    size_t act_row_bytes;
-    int64_t n_tokens;
-    float* y;
-    int64_t chunk_rows;
-    MatmulScratch* scratch;
-    bool expand;
-    std::atomic<int64_t> next;
-  } job{&w, acts, arb, n_tokens, y, chunk, &scratch, expand, {0}};
-  Job* jp = &job;
-  pool.run_on_all([jp](int part, int) {
-    auto* panel = jp->expand ? static_cast<uint8_t*>(jp->scratch->panel(part, 0)) : nullptr;
-    for (;;) {
-      const int64_t r0 = jp->next.fetch_add(jp->chunk_rows, std::memory_order_relaxed);
-      if (r0 >= jp->w->n_out) break;
-      const int64_t r1 = std::min(jp->w->n_out, r0 + jp->chunk_rows);
-      cpu::avx512_packed_rows(*jp->w, jp->acts, jp->act_row_bytes, jp->n_tokens, r0, r1, jp->y,
-                              panel);
-    }
+  for_row_chunks(pool, w.n_out, chunk, [&](int64_t r0, int64_t r1, int part) {
+    auto* panel = expand ? static_cast<uint8_t*>(scratch.panel(part, 0)) : nullptr;
+    cpu::avx512_packed_rows(w, acts, arb, n_tokens, r0, r1, y, panel);
   });
   return true;
 }
@@ -296,26 +255,11 @@ void row_dot_path(const WeightView& w, const float* x, int64_t n_tokens, float* 
   if (tr->vec_dot_type != quant::GgmlType::F32) {
     auto* buf =
         static_cast<uint8_t*>(scratch.activations(act_row_bytes * static_cast<size_t>(n_tokens)));
-    if (n_tokens == 1) {
-      at->from_float(x, buf, w.n_in);  // a single row: not worth waking the pool
-    } else {
-      struct QJob {
-        const quant::TypeTraits* at;
-        const float* x;
-        int64_t n_in;
-        int64_t n_tokens;
-        size_t row_bytes;
-        uint8_t* buf;
-      } qjob{at, x, w.n_in, n_tokens, act_row_bytes, buf};
-      const QJob* qp = &qjob;
-      pool.run_on_all([qp](int ith, int nt) {
-        const auto [t0, t1] = split(qp->n_tokens, 1, ith, nt);
-        for (int64_t t = t0; t < t1; ++t) {
-          qp->at->from_float(qp->x + t * qp->n_in, qp->buf + static_cast<size_t>(t) * qp->row_bytes,
-                             qp->n_in);
-        }
-      });
-    }
+    for_token_ranges(pool, n_tokens, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        at->from_float(x + t * w.n_in, buf + static_cast<size_t>(t) * act_row_bytes, w.n_in);
+      }
+    });
     acts = buf;
   }
   const RowDotJob job{&w, tr, acts, act_row_bytes, n_tokens, y};

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/cpu/avx512_inl.h"
 #include "backend/cpu/matmul_kernels.h"
 #include "bie/quant/blocks.h"
 #include "bie/quant/traits.h"
@@ -112,12 +113,6 @@ void pack(const WeightView& w, int64_t r0, int n_valid, uint8_t* panel) {
       }
     }
   }
-}
-
-inline __m512i bcast32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
 }
 
 template <typename U, int T>

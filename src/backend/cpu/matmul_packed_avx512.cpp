@@ -28,6 +28,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/cpu/avx512_inl.h"
 #include "backend/cpu/matmul_kernels.h"
 #include "bie/quant/blocks.h"
 
@@ -153,12 +154,6 @@ void pack_panel(const WeightView& w, int64_t r0, int n_valid, const Layout& l, u
       }
     }
   }
-}
-
-inline __m512i bcast32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
 }
 
 // Byte i of every 32-bit lane, zero-extended.
