@@ -23,14 +23,14 @@ inline float round_fp16(float x) {
   return quant::fp16_to_fp32(quant::fp32_to_fp16(x));
 }
 
-// A block's tiles are a few hundred bytes each, one block (all layers) apart: too short and too
-// far apart for the hardware prefetcher, so the next block's K and V tiles of this head are
-// requested while the current block is computed.
-void prefetch_tiles(const PagedBlockView& bv, int kv_head, int n_kv) {
-  const uint8_t* k = bv.k + static_cast<size_t>(kv_head) * bv.k_tile_bytes;
-  const uint8_t* v = bv.v + static_cast<size_t>(kv_head) * bv.v_tile_bytes;
-  for (size_t o = 0; o < n_kv * bv.k_tile_bytes; o += 64) __builtin_prefetch(k + o);
-  for (size_t o = 0; o < n_kv * bv.v_tile_bytes; o += 64) __builtin_prefetch(v + o);
+// A block's tiles are a few hundred bytes to a few KiB each, one block (all layers) apart: too
+// short and too far apart for the hardware prefetcher. So while a head's tile of the current
+// block is computed, the same head's tile of the next block is requested, into L2 (prefetcht1),
+// one tile at a time. (Requesting the next block's every K and V tile at once into L1 made
+// decode attention at 8k slower than no prefetch at all on an AMD EPYC: a single thread's
+// SmolLM2 f16 block took 2.3 us against 2.1 without and 1.5 this way, docs/performance.md.)
+void prefetch_tile(const uint8_t* tile, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(tile + o, 0, 2);
 }
 
 void generic_score(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* const* q,
@@ -120,11 +120,15 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
     if (kv0 >= vis_end) break;
     const int rows = static_cast<int>(std::min<int64_t>(B, vis_end - kv0));
     const PagedBlockView& bv = t.blocks[b];
-    if (b + 1 < t.block_end && (b + 1) * B < vis_end) {
-      prefetch_tiles(t.blocks[b + 1], t.kv_head, t.n_kv);
-    }
+    // The next block this tile reads (null: none).
+    const PagedBlockView* next =
+        b + 1 < t.block_end && (b + 1) * B < vis_end ? &t.blocks[b + 1] : nullptr;
     // The tile's KV heads' K tiles are adjacent in the block: one sequential read.
     for (int h = 0; h < t.n_kv; ++h) {
+      if (next != nullptr) {
+        prefetch_tile(next->k + static_cast<size_t>(t.kv_head + h) * next->k_tile_bytes,
+                      next->k_tile_bytes);
+      }
       const uint8_t* kt = bv.k + static_cast<size_t>(t.kv_head + h) * bv.k_tile_bytes;
       kern.score(bv, kt, rows, (bv.k_f16 ? qh : qf) + h * QG, QG, s + h * QG * B, B);
     }
@@ -150,6 +154,10 @@ void attend_paged_tile_with(const TileKernels& kern, const PagedAttnTile& t, flo
     // enough to the 0.6 bar that a lane-wise order moved one past it). Masked weights are 0.
     kern.add_row_sums(s, R, B, rows, part.l);
     for (int h = 0; h < t.n_kv; ++h) {
+      if (next != nullptr) {
+        prefetch_tile(next->v + static_cast<size_t>(t.kv_head + h) * next->v_tile_bytes,
+                      next->v_tile_bytes);
+      }
       const uint8_t* vt = bv.v + static_cast<size_t>(t.kv_head + h) * bv.v_tile_bytes;
       kern.accum(bv, vt, rows, s + h * QG * B, B, acc + h * QG, QG);
     }
