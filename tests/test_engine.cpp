@@ -5,14 +5,16 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "bie/engine/engine.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "bie/engine/kv_setup.h"
 #include "bie/engine/model_path.h"
 #include "bie/planner/kv_layout_flags.h"
@@ -514,6 +516,142 @@ TEST(Engine, ShutdownFinishesRunningRequests) {
   auto late = eng.submit(2, greedy(eng.tokenizer(), kPrompts[0], 8), collect(c));
   ASSERT_TRUE(late.has_value());
   EXPECT_EQ(late->kind, SubmitError::kShuttingDown);
+}
+
+
+// ---- prompt logits (teacher-forced scoring, `bie quality`) ----------------------------------
+
+// What one request's on_prompt_logits received: positions in call order, a copy of each row.
+struct PromptRows {
+  std::vector<int64_t> pos;
+  std::vector<std::vector<float>> rows;
+};
+
+EngineRequest scored(const tokenizer::Tokenizer& tok, const std::string& text, int max_tokens,
+                     int64_t from, PromptRows& out) {
+  EngineRequest r = greedy(tok, text, max_tokens);
+  r.prompt_logits_from = from;
+  r.on_prompt_logits = [&out](int64_t pos, std::span<const float> logits) {
+    out.pos.push_back(pos);
+    out.rows.emplace_back(logits.begin(), logits.end());
+  };
+  return r;
+}
+
+std::vector<int64_t> iota_positions(int64_t from, int64_t to) {
+  std::vector<int64_t> v;
+  for (int64_t p = from; p < to; ++p) v.push_back(p);
+  return v;
+}
+
+const char* kLongPrompt =
+    "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First "
+    "Citizen: You are all resolved rather to die than to famish? All: Resolved. resolved. First "
+    "Citizen: First, you know Caius Marcius is chief enemy to the people. All: We know't, we "
+    "know't. First Citizen: Let us kill him, and we'll have corn at our own price.";
+
+EngineConfig prompt_logits_config() {
+  EngineConfig cfg = base_config();
+  cfg.prompt_logits = true;
+  cfg.enable_prefix_caching = false;
+  return cfg;
+}
+
+// Every prompt position from prompt_logits_from comes once, in order, across chunk boundaries;
+// the rows do not depend on the chunk size or on the requests batched beside them; the last
+// row is the one the first greedy token is sampled from.
+TEST(Engine, PromptLogitsComeOncePerPositionAndDoNotDependOnChunksOrBatch) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  EngineConfig cfg = prompt_logits_config();
+  cfg.kv.chunked_prefill_size = 32;
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  PromptRows alone;
+  EngineRequest req = scored(eng.tokenizer(), kLongPrompt, 4, 20, alone);
+  const auto n = static_cast<int64_t>(req.prompt.size());
+  ASSERT_GT(n, 2 * cfg.kv.chunked_prefill_size);  // three chunks
+  Collected c;
+  test::run_to_end(eng, 1, req, c);
+  ASSERT_EQ(c.finish->finish_reason, "length") << c.finish->error;
+  EXPECT_EQ(alone.pos, iota_positions(20, n));
+  const std::vector<float>& last = alone.rows.back();
+  EXPECT_EQ(std::max_element(last.begin(), last.end()) - last.begin(), c.tokens[0]);
+
+  // 16-token chunks (12-token steps), beside three other requests.
+  cfg.kv.chunked_prefill_size = 16;
+  cfg.max_num_batched_tokens = 12;
+  auto e2 = Engine::create(cfg);
+  ASSERT_TRUE(e2.ok()) << e2.error();
+  PromptRows batched;
+  std::vector<std::unique_ptr<Collected>> others;
+  for (int i = 0; i < 3; ++i) {
+    others.push_back(std::make_unique<Collected>());
+    ASSERT_FALSE((*e2)->submit(10 + i, greedy((*e2)->tokenizer(), kPrompts[i], 8),
+                               collect(*others.back()))
+                     .has_value());
+  }
+  Collected c2;
+  test::run_to_end(**e2, 20, scored((*e2)->tokenizer(), kLongPrompt, 4, 20, batched), c2);
+  for (auto& o : others) o->wait();
+  EXPECT_EQ(batched.pos, alone.pos);
+  EXPECT_TRUE(batched.rows == alone.rows) << "rows differ with the chunk size or the batch";
+  EXPECT_EQ(c2.tokens, c.tokens);
+  (*e2)->wait_idle();
+  EXPECT_EQ(used_blocks(**e2), 0);
+}
+
+// A preempted request recomputes its prompt; its rows are not given twice.
+TEST(Engine, PromptLogitsSurvivePreemptionWithoutRepeats) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  EngineConfig cfg = prompt_logits_config();
+  cfg.kv.max_model_len = 128;
+  cfg.kv.kv_cache_memory = 20 * 16 * 23040ull;  // as PreemptionUnderATightBudgetLosesNothing
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.error();
+  Engine& eng = **e;
+  std::vector<PromptRows> rows(std::size(kPrompts));
+  std::vector<std::unique_ptr<Collected>> cs;
+  std::vector<int64_t> n_prompt;
+  for (size_t i = 0; i < std::size(kPrompts); ++i) {
+    EngineRequest r = scored(eng.tokenizer(), kPrompts[i], 52, 0, rows[i]);
+    n_prompt.push_back(static_cast<int64_t>(r.prompt.size()));
+    cs.push_back(std::make_unique<Collected>());
+    ASSERT_FALSE(eng.submit(200 + i, std::move(r), collect(*cs.back())).has_value());
+  }
+  for (auto& c : cs) c->wait();
+  EXPECT_GT(eng.metrics().preemptions, 0);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].pos, iota_positions(0, n_prompt[i])) << kPrompts[i];
+  }
+  eng.wait_idle();
+  EXPECT_EQ(used_blocks(eng), 0);
+}
+
+TEST(Engine, PromptLogitsNeedAnEngineMadeForThem) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  EngineConfig cfg = prompt_logits_config();
+  cfg.enable_prefix_caching = true;
+  auto bad = Engine::create(cfg);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().find("prefix caching off"), std::string::npos) << bad.error();
+
+  auto e = Engine::create(base_config());
+  ASSERT_TRUE(e.ok()) << e.error();
+  PromptRows rows;
+  auto refused = (*e)->submit(1, scored((*e)->tokenizer(), kPrompts[0], 4, 0, rows), {});
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->kind, SubmitError::kInvalid);
+  EXPECT_NE(refused->message.find("EngineConfig::prompt_logits"), std::string::npos);
+
+  auto ok = Engine::create(prompt_logits_config());
+  ASSERT_TRUE(ok.ok()) << ok.error();
+  EngineRequest past = scored((*ok)->tokenizer(), kPrompts[0], 4, 0, rows);
+  past.prompt_logits_from = static_cast<int64_t>(past.prompt.size());
+  auto r2 = (*ok)->submit(2, past, {});
+  ASSERT_TRUE(r2.has_value());
+  EXPECT_NE(r2->message.find("prompt_logits_from must be in"), std::string::npos) << r2->message;
+  EXPECT_TRUE(rows.pos.empty());
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "support/contiguous_kv_cache.h"
 #include "bie/kv/kv_format.h"
 #include "bie/kv/kv_format_rotate.h"

@@ -17,7 +17,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "bie/engine/engine.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
 #include "bie/tokenizer/chat_template.h"

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "support/contiguous_kv_cache.h"
 #include "bie/model/model.h"
 #include "support/paths.h"

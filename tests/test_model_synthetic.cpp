@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "backend/cpu/cpu_backend.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "bie/model/model.h"
 #include "support/contiguous_kv_cache.h"
 #include "support/reference_backend.h"

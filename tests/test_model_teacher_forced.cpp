@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
 #include "support/contiguous_kv_cache.h"

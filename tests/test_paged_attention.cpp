@@ -16,7 +16,7 @@
 #include "bie/attention/paged_attention.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/common/cpu_features.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "bie/kv/kv_format.h"
 #include "bie/kv/kv_format_rotate.h"
 #include "bie/kv/paged_kv_cache.h"

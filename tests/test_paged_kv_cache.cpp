@@ -13,7 +13,7 @@
 #include "bie/attention/attention_runner.h"
 #include "bie/attention/paged_attention.h"
 #include "bie/common/cpu_features.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
 #include "support/contiguous_kv_cache.h"

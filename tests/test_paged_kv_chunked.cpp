@@ -10,7 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "bie/attention/attention_runner.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/planner/kv_bytes.h"
 

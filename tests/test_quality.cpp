@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "backend/cpu/cpu_backend.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "bie/engine/quality.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
@@ -22,6 +22,11 @@ namespace {
 
 using planner::KvFormat;
 using planner::KvType;
+
+// The measurements below run on SmolLM2, 2 threads.
+QualityTarget smollm2() {
+  return QualityTarget{test::smollm2_path(), "cpu", 2};
+}
 
 QualityRegime regime(const std::string& spec, planner::KvLayoutFlags base = {}) {
   auto r = parse_quality_regime(spec, base);
@@ -131,8 +136,7 @@ TEST_F(QualitySmolLM2, F16AgainstItselfIsExactAndInt8IsClose) {
   cfg.continuation_tokens = 8;
   cfg.needle_depths = {50};
   cfg.needle_ctx = {128};
-  CpuBackend pool(2);
-  auto rep = measure_kv_quality(*model_, *tok_, text_, cfg, pool);
+  auto rep = measure_kv_quality(smollm2(), text_, cfg);
   ASSERT_TRUE(rep.ok()) << rep.error();
   ASSERT_EQ(rep->regimes.size(), 3u);  // "f16" is the baseline, not run twice
   const RegimeQuality& base = rep->regimes[0];
@@ -172,8 +176,7 @@ TEST_F(QualitySmolLM2, ScoresDoNotDependOnTheBatchSize) {
     cfg.batch = batch;
     cfg.prompts = 0;
     cfg.needle_ctx = {};
-    CpuBackend pool(2);
-    auto rep = measure_kv_quality(*model_, *tok_, text_, cfg, pool);
+    auto rep = measure_kv_quality(smollm2(), text_, cfg);
     ASSERT_TRUE(rep.ok()) << rep.error();
     kld.push_back(rep->regimes[1].ppl[0].kld_sum);
   }
@@ -189,10 +192,10 @@ TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
   cfg.batch = 32;
   cfg.prompts = 0;
   cfg.needle_ctx = {};
-  CpuBackend pool(2);
-  auto rep = measure_kv_quality(*model_, *tok_, text_, cfg, pool);
+  auto rep = measure_kv_quality(smollm2(), text_, cfg);
   ASSERT_TRUE(rep.ok()) << rep.error();
   ASSERT_EQ(rep->regimes[0].ppl[0].n_scored, 2 * 15);
+  CpuBackend pool(2);
 
   // Independently: window w is tokens [32w, 32w + 32); prompt_logits of its first j + 1 tokens
   // (a fresh f16 paged cache each time, the baseline's cache) predicts its token j + 1, for
@@ -234,10 +237,6 @@ TEST_F(QualitySmolLM2, PerplexityIsExpMeanNllOfPromptLogits) {
 TEST(QualityQwen15B, OutlierRobust4BitRegimeStaysUnderTheKldBar) {
   const std::string path = test::models_dir() + "/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
   BIE_REQUIRE_FILE(path);
-  auto m = load_model(path);
-  ASSERT_TRUE(m.ok()) << m.error();
-  auto tok = tokenizer::Tokenizer::from_gguf((*m)->file());
-  ASSERT_TRUE(tok.ok()) << tok.error();
   std::string text = test::read_file(test::source_dir() + "/../shared/data/tinyshakespeare.txt");
   if (text.empty()) text = test::read_file("/work/shared/data/tinyshakespeare.txt");
   ASSERT_GT(text.size(), 8000u) << "tinyshakespeare.txt not found next to the checkout";
@@ -250,8 +249,7 @@ TEST(QualityQwen15B, OutlierRobust4BitRegimeStaysUnderTheKldBar) {
   cfg.batch = 128;
   cfg.prompts = 0;
   cfg.needle_ctx = {};
-  CpuBackend pool(2);
-  auto rep = measure_kv_quality(**m, *tok, text, cfg, pool);
+  auto rep = measure_kv_quality(QualityTarget{path, "cpu", 2}, text, cfg);
   ASSERT_TRUE(rep.ok()) << rep.error();
   ASSERT_EQ(rep->regimes.size(), 2u);
   const double ppl16 = rep->regimes[0].ppl[0].ppl();

@@ -12,7 +12,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "bie/backend/thread_pool.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "bie/engine/kv_setup.h"
 #include "bie/engine/synth_model.h"
 #include "bie/engine/synthetic_kv.h"

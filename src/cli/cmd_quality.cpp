@@ -9,14 +9,13 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
-#include "bie/backend/backend.h"
 #include "bie/backend/device.h"
-#include "bie/backend/thread_pool.h"
 #include "bie/engine/kv_calibrate.h"
 #include "bie/engine/model_path.h"
 #include "bie/engine/quality.h"
-#include "bie/model/model.h"
+#include "bie/planner/model_geometry.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "cli/commands.h"
 
@@ -160,15 +159,19 @@ std::string to_text(const QualityReport& rep, const QualityArgs& a) {
   return s;
 }
 
-int run_calibration(const QualityArgs& a, Model& model, const tokenizer::Tokenizer& tok,
-                    const std::string& text, Backend& be, const QualityProgress& say) {
+int run_calibration(const QualityArgs& a, const QualityTarget& target, const std::string& text,
+                    const QualityProgress& say) {
+  auto path = resolve_model_path(a.model);
+  if (!path) return fail(kExitFailure, path.error());
+  auto geom = planner::geometry_from_gguf_path(*path);
+  if (!geom) return fail(kExitFailure, geom.error());
   KvCalibrateConfig cc;
   cc.base = a.kv;
   cc.max_bits_per_value = a.calibrate_bits;
   cc.ctx_sizes = a.ctx_sizes;
   cc.windows = a.windows;
   cc.batch = a.batch;
-  auto c = calibrate_kv_layer_map(model, tok, text, cc, be, say);
+  auto c = calibrate_kv_layer_map(target, *geom, text, cc, say);
   if (!c) return fail(kExitBadInput, c.error());
   const std::string json = kv_calibration_json(*c, a.model, a.text_file, cc);
   std::ofstream out(a.calibrate, std::ios::binary);
@@ -223,28 +226,24 @@ int run(const QualityArgs& a) {
   }
   cfg.seed = static_cast<uint64_t>(a.seed);
 
-  // The backend first: it outlives the model and caches whose buffers it holds.
+  // The measurement runs on an Engine (the server's scheduler and KV regimes) on this device.
   auto device = backend_for_device(a.device);
   if (!device) return fail(kExitBadInput, device.error());
-  auto backend = create_backend(BackendConfig{*device, std::max(0, a.threads)});
-  if (!backend) return fail(kExitFailure, backend.error());
-  Backend& be = **backend;
-  LoadOptions lo;
-  lo.max_batch_tokens = a.batch;
-  lo.max_output_rows = a.batch;  // every scored token's logits
-  auto model = load_named_model(a.model, lo);
-  if (!model) return fail(kExitFailure, model.error());
-  auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
-  if (!tok) return fail(kExitFailure, tok.error());
+  QualityTarget target;
+  target.model = a.model;
+  target.device = *device;
+  target.threads = std::max(0, a.threads);
+  const int threads =
+      a.threads > 0 ? a.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 
   const QualityProgress say = [](const std::string& line) {
     std::fprintf(stderr, "bie quality: %s\n", line.c_str());
   };
-  if (!a.calibrate.empty()) return run_calibration(a, **model, *tok, text, be, say);
-  auto rep = measure_kv_quality(**model, *tok, text, cfg, be, say);
+  if (!a.calibrate.empty()) return run_calibration(a, target, text, say);
+  auto rep = measure_kv_quality(target, text, cfg, say);
   if (!rep) return fail(kExitBadInput, rep.error());
   const std::string out =
-      a.json ? to_json(*rep, a, be.host_threads().size()).dump(2) + "\n" : to_text(*rep, a);
+      a.json ? to_json(*rep, a, threads).dump(2) + "\n" : to_text(*rep, a);
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;
 }

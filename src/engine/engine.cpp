@@ -158,6 +158,10 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
         batched, o.max_num_seqs)};
   }
   if (cfg.max_queue < 0) return Error{"--max-queue must be >= 0"};
+  if (cfg.prompt_logits && cfg.enable_prefix_caching) {
+    return Error{
+        "prompt logits need prefix caching off: a position served from the cache is not computed"};
+  }
   if (cfg.speculative_draft_tokens < 0 || cfg.speculative_draft_tokens > kMaxDraftTokens) {
     return Error{fmt::format("--speculative-draft-tokens must be in [0, {}], got {}",
                              kMaxDraftTokens, cfg.speculative_draft_tokens)};
@@ -188,9 +192,13 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   if (!path) return Error{path.error()};
   LoadOptions lo;
   lo.max_batch_tokens = static_cast<int32_t>(batched);
-  // Logits rows of one step: a row per running sequence, one per verified draft token too.
+  // Logits rows of one step: a row per running sequence, one per verified draft token too; with
+  // prompt logits a row per token.
   const int64_t out_rows =
-      std::min<int64_t>(batched, o.max_num_seqs * (1 + int64_t{cfg.speculative_draft_tokens}));
+      cfg.prompt_logits
+          ? batched
+          : std::min<int64_t>(batched,
+                              o.max_num_seqs * (1 + int64_t{cfg.speculative_draft_tokens}));
   lo.max_output_rows = static_cast<int32_t>(out_rows);
   auto model = load_model(*path, lo);
   if (!model) return Error{model.error()};
@@ -224,6 +232,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   KvRegimesConfig rc;
   rc.base = o.kv;
   rc.extra = cfg.kv_regimes;
+  rc.layouts = cfg.kv_regime_layouts;
   rc.policy = cfg.kv_policy;
   if (cfg.kv_fallback_entropy != 0) {
     if (!(cfg.kv_fallback_entropy > 0 && cfg.kv_fallback_entropy <= 1)) {
@@ -367,6 +376,21 @@ std::optional<SubmitFailure> EngineImpl::submit(RequestId id, EngineRequest req,
                   fmt::format("synthetic_kv_prefix must be in [0, {}) (the prompt's last token is "
                               "computed), got {}",
                               n_prompt, req.synthetic_kv_prefix));
+  }
+  if (req.on_prompt_logits) {
+    if (!cfg_.prompt_logits) {
+      return refuse(SubmitError::kInvalid,
+                    "prompt logits need an engine made with EngineConfig::prompt_logits");
+    }
+    if (req.synthetic_kv_prefix > 0) {
+      return refuse(SubmitError::kInvalid, "prompt logits and a synthetic K/V prefix exclude "
+                                           "each other (synthetic positions are not computed)");
+    }
+    if (req.prompt_logits_from < 0 || req.prompt_logits_from >= n_prompt) {
+      return refuse(SubmitError::kInvalid,
+                    fmt::format("prompt_logits_from must be in [0, {}), got {}", n_prompt,
+                                req.prompt_logits_from));
+    }
   }
   if (n_prompt >= max_model_len_) {
     return refuse(SubmitError::kTooLong,
@@ -520,6 +544,10 @@ void EngineImpl::loop() {
       sched_->add(sid, r->req.prompt, (*regimes_)[r->regime].store.get());
       sched_->find(sid)->forks = r->forks_pending;
       sched_->find(sid)->synthetic_prefix = r->req.synthetic_kv_prefix;
+      if (r->req.on_prompt_logits) {
+        sched_->find(sid)->prompt_logits_from = r->req.prompt_logits_from;
+        r->prompt_logits_next = r->req.prompt_logits_from;
+      }
       m_.prompt_tokens += static_cast<int64_t>(r->req.prompt.size());
       reqs_.emplace(sid, std::move(r));
     }
@@ -621,7 +649,7 @@ void EngineImpl::fall_back_spiky(SchedulerOutput& out, std::span<float> logits) 
   std::vector<ScheduledSeq> kept;
   size_t row = 0, kept_row = 0;
   for (const ScheduledSeq& sc : out.scheduled) {
-    const size_t rows = sc.sample ? static_cast<size_t>(1 + sc.n_draft) : 0;
+    const auto rows = static_cast<size_t>(logits_rows(sc));
     const size_t at = row;
     row += rows;
     Request& r = *reqs_.at(sc.seq->id);

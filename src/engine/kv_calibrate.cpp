@@ -47,7 +47,7 @@ Result<QualityRegime> mapped_regime(const std::string& spec,
   f.layer_map = map;
   auto l = planner::resolve_kv_layout(f);
   if (!l) return Error{l.error()};
-  return QualityRegime{spec, *l};
+  return QualityRegime{spec, f, *l};
 }
 
 // Mean KLD over every context size's scored positions of regime r.
@@ -63,10 +63,11 @@ double mean_kld(const RegimeQuality& r) {
 
 }  // namespace
 
-Result<KvCalibration> calibrate_kv_layer_map(Model& model, const tokenizer::Tokenizer& tok,
+Result<KvCalibration> calibrate_kv_layer_map(const QualityTarget& target,
+                                             const planner::ModelGeometry& model_geom,
                                              const std::string& text, const KvCalibrateConfig& cfg,
-                                             Backend& backend, const QualityProgress& progress) {
-  const planner::ModelGeometry* geom = &model.geometry();
+                                             const QualityProgress& progress) {
+  const planner::ModelGeometry* geom = &model_geom;
   const size_t n_layer = geom->layers.size();
   if (n_layer == 0) return Error{"the model has no layers"};
   auto steps = value_steps(*geom);
@@ -106,7 +107,7 @@ Result<KvCalibration> calibrate_kv_layer_map(Model& model, const tokenizer::Toke
     progress(fmt::format("calibrating {} layers: {} regimes in lock step with f16", n_layer,
                          qc.regimes.size()));
   }
-  auto rep = measure_kv_quality(model, tok, text, qc, backend, progress);
+  auto rep = measure_kv_quality(target, text, qc, progress);
   if (!rep) return Error{rep.error()};
   // rep->regimes: f16, base, then per layer its three moves.
   KvCalibration c;
@@ -186,9 +187,9 @@ Result<KvCalibration> calibrate_kv_layer_map(Model& model, const tokenizer::Toke
   uf.rotate.reset();
   auto uniform = planner::resolve_kv_layout(uf);
   if (!uniform) return Error{uniform.error()};
-  check.regimes.push_back({"int4_asym", *uniform});
+  check.regimes.push_back({"int4_asym", uf, *uniform});
   if (progress) progress("measuring the chosen map beside the uniform int4_asym");
-  auto rep2 = measure_kv_quality(model, tok, text, check, backend, progress);
+  auto rep2 = measure_kv_quality(target, text, check, progress);
   if (!rep2) return Error{rep2.error()};
   c.map_kld = mean_kld(rep2->regimes[1]);
   c.map_dppl_pct = rep2->delta_ppl_pct(1, 0);

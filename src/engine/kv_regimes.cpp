@@ -6,6 +6,7 @@
 #include <array>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "bie/planner/plan_report.h"
@@ -47,7 +48,8 @@ Result<std::vector<KvRegimes::Wanted>> KvRegimes::wanted(const KvRegimesConfig& 
   for (const std::string& n : cfg.extra) asked.emplace_back(n, "--kv-regimes");
   for (const KvLengthRule& r : policy) asked.emplace_back(r.regime, "--kv-policy");
   if (!cfg.fallback.empty()) asked.emplace_back(cfg.fallback, "--kv-fallback-entropy");
-  std::vector<Wanted> out;
+  // (name, what asked for it, flags): the named ones are the default's flags with that dtype.
+  std::vector<std::tuple<std::string, std::string, planner::KvLayoutFlags>> flagged;
   for (const auto& [name, why] : asked) {
     planner::KvLayoutFlags f = base;
     if (!name.empty() || !split_kv) {
@@ -56,6 +58,11 @@ Result<std::vector<KvRegimes::Wanted>> KvRegimes::wanted(const KvRegimesConfig& 
       f.dtype_v.clear();
     }
     if (why != std::string("default")) f.layer_map.clear();  // a layer map refines the default only
+    flagged.emplace_back(name, why, f);
+  }
+  for (const planner::KvLayoutFlags& f : cfg.layouts) flagged.emplace_back("", "layout", f);
+  std::vector<Wanted> out;
+  for (const auto& [name, why, f] : flagged) {
     auto layout = kv_layout_for_model(g, f);
     if (!layout) return Error{fmt::format("{} regime '{}': {}", why, name, layout.error())};
     const std::string label = planner::kv_layout_label(*layout);

@@ -36,6 +36,8 @@ struct KvRegime {
 struct KvRegimesConfig {
   planner::KvLayoutFlags base;     // the default regime's flags
   std::vector<std::string> extra;  // --kv-regimes
+  // Regimes given as whole flags (EngineConfig::kv_regime_layouts), named by their labels.
+  std::vector<planner::KvLayoutFlags> layouts;
   std::string policy;              // --kv-policy text, may be empty
   std::string fallback;            // --kv-fallback-entropy's regime, may be empty
   bool enable_prefix_caching = true;

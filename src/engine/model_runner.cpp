@@ -62,9 +62,9 @@ Result<RunOutput> ModelRunner::run(SchedulerOutput& out, EngineMetrics& m,
                                                             static_cast<size_t>(n_tokens));
     }
     b.kv = &views.back();
-    b.logits = sc.n_draft > 0 ? BatchSequence::Logits::kAll
-               : sc.sample    ? BatchSequence::Logits::kLast
-                              : BatchSequence::Logits::kNone;
+    b.logits = sc.n_draft > 0 || wants_prompt_rows(sc) ? BatchSequence::Logits::kAll
+               : sc.sample                                ? BatchSequence::Logits::kLast
+                                                          : BatchSequence::Logits::kNone;
     b.decode_from = std::max<int64_t>(0, s.n_prompt - computed);
     if (probe) b.attn_entropy = probe(sc);
     batch.push_back(b);

@@ -27,6 +27,21 @@ struct RunOutput {
   double forward_ms = 0;     // the forward pass's wall time
 };
 
+// Whether sc's chunk runs prompt positions whose logits its request asked for
+// (Sequence::prompt_logits_from): the pass then returns a row for every token of the chunk.
+[[nodiscard]] inline bool wants_prompt_rows(const ScheduledSeq& sc) {
+  const Sequence& s = *sc.seq;
+  return sc.n_draft == 0 && s.prompt_logits_from >= 0 && s.computed < s.n_prompt &&
+         s.computed + sc.n_tokens > s.prompt_logits_from;
+}
+// The logits rows a pass returns for sc, in the scheduled order: one per token of a chunk that
+// wants its prompt rows, else 1 + n_draft when it samples (the last row is the one it samples
+// from), else none.
+[[nodiscard]] inline int64_t logits_rows(const ScheduledSeq& sc) {
+  if (wants_prompt_rows(sc)) return sc.n_tokens;
+  return sc.sample ? 1 + sc.n_draft : 0;
+}
+
 // Where a scheduled sequence's attention entropy is measured this pass
 // (BatchSequence::attn_entropy, [n_layer * n_head]); empty: not measured.
 using EntropyProbe = std::function<std::span<attention::HeadEntropy>(const ScheduledSeq&)>;

@@ -10,15 +10,34 @@ void OutputProcessor::process(const std::vector<ScheduledSeq>& scheduled, std::s
   const auto n_vocab = static_cast<size_t>(d_.n_vocab);
   size_t row = 0;
   for (const ScheduledSeq& sc : scheduled) {
+    float* rows = logits.data() + row * n_vocab;
+    const auto n_rows = static_cast<size_t>(logits_rows(sc));
+    row += n_rows;
+    if (wants_prompt_rows(sc)) {
+      give_prompt_rows(sc, rows);
+      rows += (n_rows - 1) * n_vocab;  // the chunk's last row: the one it samples from
+    }
     if (!sc.sample) {
       if (Status st = d_.sched->commit(sc, sc.n_tokens); !st) {
         finish(*d_.reqs->at(sc.seq->id), "error", st.error());
       }
       continue;
     }
-    float* rows = logits.data() + row * n_vocab;
-    row += static_cast<size_t>(1 + sc.n_draft);
     sample(sc, rows);
+  }
+}
+
+void OutputProcessor::give_prompt_rows(const ScheduledSeq& sc, const float* rows) {
+  const Sequence& s = *sc.seq;
+  Request& r = *d_.reqs->at(s.id);
+  if (!r.req.on_prompt_logits) return;
+  const auto n_vocab = static_cast<size_t>(d_.n_vocab);
+  // Row i holds the logits at position s.computed + i; prompt positions only, each once.
+  const int64_t end = std::min(s.computed + sc.n_tokens, s.n_prompt);
+  for (int64_t p = std::max(s.computed, r.prompt_logits_next); p < end; ++p) {
+    const float* row = rows + static_cast<size_t>(p - s.computed) * n_vocab;
+    r.req.on_prompt_logits(p, std::span<const float>(row, n_vocab));
+    r.prompt_logits_next = p + 1;
   }
 }
 
@@ -94,6 +113,7 @@ bool OutputProcessor::fork_choices(Request& r, const float* row) {
     c->sid = sid;
     c->index = i;
     c->req = r.req;
+    c->req.on_prompt_logits = nullptr;  // the prompt's rows went to choice 0
     c->req.sampling.seed = r.req.sampling.seed + static_cast<uint64_t>(i);
     c->cb = r.cb;
     c->max_tokens = r.max_tokens;
@@ -111,6 +131,7 @@ bool OutputProcessor::fork_choices(Request& r, const float* row) {
     Request& child = *c;
     d_.reqs->emplace(sid, std::move(c));
     Sequence& s = *d_.sched->find(sid);
+    s.prompt_logits_from = -1;
     logits.assign(row, row + n_vocab);
     if (want_raw) raw_.assign(row, row + n_vocab);
     const int32_t tok = child.sampler->sample(

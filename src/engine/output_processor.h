@@ -14,6 +14,7 @@
 #include "bie/engine/engine.h"
 #include "bie/engine/scheduler.h"
 #include "bie/tokenizer/tokenizer.h"
+#include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/speculative_policy.h"
 
@@ -53,6 +54,9 @@ class OutputProcessor {
   void finish(Request& r, const std::string& reason, const std::string& error = {});
 
  private:
+  // Gives sc's request the logits of the prompt positions of its chunk it has not had yet
+  // (EngineRequest::on_prompt_logits); `rows` holds one row per token of the chunk.
+  void give_prompt_rows(const ScheduledSeq& sc, const float* rows);
   // Samples (or verifies drafts) from sc's logits rows and commits the verified tokens.
   void sample(const ScheduledSeq& sc, float* logits);
   // Streams one generated token; false when the request finished (it is gone then).

@@ -3,18 +3,23 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <span>
 
-#include "bie/backend/thread_pool.h"
-#include "bie/engine/generate.h"
-#include "bie/engine/kv_setup.h"
-#include "bie/kv/paged_kv_cache.h"
+#include "bie/engine/engine.h"
+#include "bie/engine/model_path.h"
+#include "bie/gguf/gguf_file.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/kv_layer_map.h"
 #include "bie/planner/model_geometry.h"
 #include "bie/sampling/sampler.h"
+#include "bie/tokenizer/tokenizer.h"
 
 namespace bie {
 
@@ -65,7 +70,7 @@ Result<QualityRegime> parse_quality_regime(const std::string& spec,
   }
   auto layout = planner::resolve_kv_layout(f);
   if (!layout) return Error{fmt::format("regime '{}': {}", spec, layout.error())};
-  return QualityRegime{spec, *layout};
+  return QualityRegime{spec, f, *layout};
 }
 
 // ---- per-position statistics --------------------------------------------------------------
@@ -105,23 +110,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A cache for one sequence of max_tokens, with pools planned for exactly that, appended in passes
-// of up to `batch` tokens (chunked prefill fits them: PagedKvCache::append migrates window exits
-// between blocks; local layer groups get the pass headroom).
-// On a backend that holds paged KV (a GPU) the pools live in its memory.
-Result<std::unique_ptr<PagedKvCache>> make_cache(const Model& model,
-                                                 const planner::ModelGeometry& g,
-                                                 const planner::KvLayout& layout,
-                                                 int64_t max_tokens, int32_t batch,
-                                                 Backend& backend) {
-  PagedKvCacheConfig c;
-  c.geometry = kv::kv_geometry(model.geometry());
-  c.layout = layout;
-  c.max_tokens = max_tokens;
-  c.max_append = batch;
-  if (backend.supports_paged_kv()) c.device = &backend;
-  return PagedKvCache::create(c, planner::kv_pool_plan(g, layout, max_tokens, 1, batch).groups);
-}
+// The logits rows of one engine step, for the regimes that run side by side, stay within this
+// many bytes: the regimes run in groups of as many as fit, each group beside the baseline.
+constexpr uint64_t kStepLogitsBytes = uint64_t{1} << 30;
 
 // The first token of every scored sequence is BOS when the model asks for one (llama-perplexity
 // overwrites the first token of each window the same way).
@@ -129,123 +120,190 @@ void set_bos(std::vector<int32_t>& seq, const tokenizer::Tokenizer& tok) {
   if (!seq.empty() && tok.vocab().data().add_bos && tok.bos() >= 0) seq[0] = tok.bos();
 }
 
+// The prompt-logits rows of one prompt run by several requests (the baseline first, then the
+// regimes of a group), matched position by position as they arrive and handed on together as
+// log-probabilities. Every request delivers the same positions, in order
+// (EngineRequest::on_prompt_logits), so a request's rows wait only for the others' of the same
+// positions. Called on the engine thread.
+class RowMatcher {
+ public:
+  // fn(pos, logp): logp[i] the log-probabilities at `pos` of request i.
+  using Fn = std::function<void(int64_t pos, std::span<const float* const> logp)>;
+  RowMatcher(size_t n_requests, int32_t n_vocab, Fn fn)
+      : queues_(n_requests), n_vocab_(n_vocab), fn_(std::move(fn)) {}
+
+  void add(size_t i, int64_t pos, std::span<const float> logits) {
+    queues_[i].push_back({pos, std::vector<float>(logits.begin(), logits.end())});
+    log_softmax_inplace(queues_[i].back().logp.data(), n_vocab_);
+    const auto ready = [&] {
+      return std::all_of(queues_.begin(), queues_.end(), [](const auto& q) { return !q.empty(); });
+    };
+    while (ready()) {
+      const int64_t p = queues_[0].front().pos;
+      ptrs_.clear();
+      for (const auto& q : queues_) {
+        assert(q.front().pos == p);
+        ptrs_.push_back(q.front().logp.data());
+      }
+      fn_(p, ptrs_);
+      for (auto& q : queues_) q.pop_front();
+    }
+  }
+
+ private:
+  struct Row {
+    int64_t pos;
+    std::vector<float> logp;
+  };
+  std::vector<std::deque<Row>> queues_;
+  int32_t n_vocab_;
+  Fn fn_;
+  std::vector<const float*> ptrs_;
+};
+
+// The measurement's engine: every regime is one of its KV regimes, requests run side by side.
 class QualityRun {
  public:
-  QualityRun(Model& model, const planner::ModelGeometry& geom, const tokenizer::Tokenizer& tok,
-             const QualityConfig& cfg, Backend& backend, const QualityProgress& progress)
-      : model_(model),
-        geom_(geom),
-        tok_(tok),
+  QualityRun(Engine& engine, const QualityConfig& cfg, std::vector<std::string> labels,
+             size_t group, const QualityProgress& progress)
+      : eng_(engine),
+        tok_(engine.tokenizer()),
         cfg_(cfg),
-        backend_(backend),
-        pool_(backend.host_threads()),
+        labels_(std::move(labels)),
+        n_vocab_(engine.model_info().n_vocab),
         progress_(progress),
-        n_vocab_(model.geometry().n_vocab),
-        t0_(Clock::now()) {}
+        t0_(Clock::now()) {
+    // The regimes other than the baseline, in groups of `group`, each run beside the baseline.
+    for (size_t r = 1; r < labels_.size(); r += group) {
+      std::vector<size_t> g = {0};
+      for (size_t i = r; i < std::min(labels_.size(), r + group); ++i) g.push_back(i);
+      groups_.push_back(std::move(g));
+    }
+    if (groups_.empty()) groups_.push_back({0});
+  }
 
   Status perplexity(const std::vector<int32_t>& text, size_t ci, QualityReport& rep);
   Status continuations(const std::vector<int32_t>& text, QualityReport& rep);
   Status needle(const std::vector<int32_t>& text, QualityReport& rep);
 
  private:
-  // Tokens per forward for a cache of this layout, as the engine chunks a prompt.
-  [[nodiscard]] int32_t chunk_for(const planner::KvLayout& layout) const {
-    return static_cast<int32_t>(layout.prefill_chunk(cfg_.batch));
-  }
+  // Runs `prompt` once in each regime of `regimes` (indices into labels_), side by side, and
+  // waits for all of them: greedy, max_tokens tokens (EOS ignored). on_rows(i, pos, logits), if
+  // set, receives request i's prompt logits from position `from`; out[i], if given, its tokens.
+  using RowsFn = std::function<void(size_t i, int64_t pos, std::span<const float> logits)>;
+  Status run_side_by_side(const std::vector<int32_t>& prompt, const std::vector<size_t>& regimes,
+                          int32_t max_tokens, const RowsFn& on_rows, int64_t from,
+                          std::vector<std::vector<int32_t>>* out);
   void say(const std::string& what) const {
     if (!progress_) return;
     const double s = std::chrono::duration<double>(Clock::now() - t0_).count();
     progress_(fmt::format("[{:7.1f} s] {}", s, what));
   }
-  Model& model_;
-  const planner::ModelGeometry& geom_;
+  [[nodiscard]] std::string group_note(size_t gi) const {
+    if (groups_.size() == 1) return {};
+    return fmt::format(" (regimes {}-{} of {})", groups_[gi][1], groups_[gi].back(),
+                       labels_.size() - 1);
+  }
+
+  Engine& eng_;
   const tokenizer::Tokenizer& tok_;
   const QualityConfig& cfg_;
-  Backend& backend_;
-  ThreadPool& pool_;  // the backend's host threads
-  const QualityProgress& progress_;
+  std::vector<std::string> labels_;  // each regime's engine regime, the baseline first
+  std::vector<std::vector<size_t>> groups_;
   int32_t n_vocab_;
+  const QualityProgress& progress_;
   Clock::time_point t0_;
-  std::vector<float> base_;  // [batch, n_vocab] baseline log-probabilities of one chunk
-  std::vector<float> test_;  // [batch, n_vocab] a regime's logits of the same chunk
+  RequestId next_id_ = 1;
 };
+
+Status QualityRun::run_side_by_side(const std::vector<int32_t>& prompt,
+                                    const std::vector<size_t>& regimes, int32_t max_tokens,
+                                    const RowsFn& on_rows, int64_t from,
+                                    std::vector<std::vector<int32_t>>* out) {
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t done = 0;
+  std::string error;
+  if (out != nullptr) out->assign(regimes.size(), {});
+  for (size_t i = 0; i < regimes.size(); ++i) {
+    EngineRequest r;
+    r.prompt = prompt;
+    r.sampling.temperature = 0.0f;  // greedy
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.kv_cache_dtype = labels_[regimes[i]];
+    if (on_rows) {
+      r.on_prompt_logits = [&on_rows, i](int64_t pos, std::span<const float> logits) {
+        on_rows(i, pos, logits);
+      };
+      r.prompt_logits_from = from;
+    }
+    RequestCallbacks cb;
+    cb.on_token = [&, i](const TokenEvent& e) {
+      if (out != nullptr) {
+        std::lock_guard lk(mu);
+        (*out)[i].push_back(e.token);
+      }
+      return true;
+    };
+    cb.on_finish = [&](const FinishEvent& f) {
+      std::lock_guard lk(mu);
+      if (f.finish_reason == "error" && error.empty()) error = f.error;
+      ++done;
+      cv.notify_all();
+    };
+    if (auto refused = eng_.submit(next_id_++, std::move(r), std::move(cb))) {
+      std::unique_lock lk(mu);
+      cv.wait(lk, [&] { return done == i; });  // the ones already accepted still run
+      return Error{fmt::format("regime {}: {}", labels_[regimes[i]], refused->message)};
+    }
+  }
+  std::unique_lock lk(mu);
+  cv.wait(lk, [&] { return done == regimes.size(); });
+  if (!error.empty()) return Error{error};
+  return {};
+}
 
 Status QualityRun::perplexity(const std::vector<int32_t>& text, size_t ci, QualityReport& rep) {
   const int32_t n = cfg_.ctx_sizes[ci];
   const int64_t n_windows = std::min<int64_t>(cfg_.windows, static_cast<int64_t>(text.size()) / n);
   const int32_t first = n / 2;  // logits at first .. n-2 score tokens first+1 .. n-1
-  const size_t n_reg = rep.regimes.size();
   for (auto& r : rep.regimes) {
     PplStats st;
     st.n_ctx = n;
     st.windows = static_cast<int32_t>(n_windows);
     r.ppl.push_back(st);
   }
-  std::vector<PositionStats> rows(static_cast<size_t>(cfg_.batch));
-  // The regimes run in lock step, chunk by chunk: every one takes the smallest regime's chunk (an
-  // f16 cache's logits do not depend on the chunking).
-  int32_t step = cfg_.batch;
-  for (const auto& r : rep.regimes) step = std::min(step, chunk_for(r.regime.layout));
   for (int64_t w = 0; w < n_windows; ++w) {
-    say(fmt::format("perplexity ctx {} window {}/{}", n, w + 1, n_windows));
     std::vector<int32_t> win(text.begin() + w * n, text.begin() + (w + 1) * n);
     set_bos(win, tok_);
-    std::vector<std::unique_ptr<PagedKvCache>> kv;
-    for (const auto& r : rep.regimes) {
-      auto c = make_cache(model_, geom_, r.regime.layout, n, cfg_.batch, backend_);
-      if (!c) return Error{c.error()};
-      kv.push_back(std::move(c).value());
-    }
-    for (int32_t c0 = 0; c0 < n; c0 += step) {
-      const int32_t len = std::min(step, n - c0);
-      if (c0 > 0 && n > 2048) say(fmt::format("  ... {} of {} tokens", c0, n));
-      const std::span<const int32_t> chunk(win.data() + c0, static_cast<size_t>(len));
-      ForwardOptions fo;
-      fo.logits_all = c0 + len > first;
-      // Rows of this chunk that score a token: positions j in [first, n-1).
-      const int32_t j0 = std::max(c0, first), j1 = std::min(c0 + len, n - 1);
-      if (Status s = forward_into(model_, chunk, *kv[0], backend_, base_, fo); !s) return s;
-      if (!fo.logits_all) {
-        for (size_t r = 1; r < n_reg; ++r) {
-          if (Status s = forward_into(model_, chunk, *kv[r], backend_, test_, fo); !s) return s;
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      say(fmt::format("perplexity ctx {} window {}/{}{}", n, w + 1, n_windows, group_note(gi)));
+      const std::vector<size_t>& g = groups_[gi];
+      // The baseline's own figures come from the first group; every group compares with it.
+      RowMatcher rows(g.size(), n_vocab_, [&](int64_t pos, std::span<const float* const> logp) {
+        if (pos >= n - 1) return;  // the window's last row predicts past it
+        const int32_t target = win[static_cast<size_t>(pos + 1)];
+        if (gi == 0) {
+          PplStats& b = rep.regimes[0].ppl[ci];
+          b.nll_sum += -logp[0][target];
+          ++b.n_scored;
+          ++b.top1_same;
         }
-        continue;
-      }
-      pool_.parallel_for(j1 - j0, [&](int64_t b, int64_t e, int) {
-        for (int64_t i = b; i < e; ++i) {
-          float* row = base_.data() + (j0 - c0 + i) * static_cast<int64_t>(n_vocab_);
-          log_softmax_inplace(row, n_vocab_);
-          rows[static_cast<size_t>(i)].nll = -row[win[static_cast<size_t>(j0 + i + 1)]];
-        }
-      });
-      PplStats& b = rep.regimes[0].ppl[ci];
-      for (int32_t i = 0; i < j1 - j0; ++i) b.nll_sum += rows[static_cast<size_t>(i)].nll;
-      b.n_scored += j1 - j0;
-      b.top1_same += j1 - j0;
-      for (size_t r = 1; r < n_reg; ++r) {
-        if (Status s = forward_into(model_, chunk, *kv[r], backend_, test_, fo); !s) return s;
-        pool_.parallel_for(j1 - j0, [&](int64_t bgn, int64_t e, int) {
-          for (int64_t i = bgn; i < e; ++i) {
-            const int64_t off = (j0 - c0 + i) * static_cast<int64_t>(n_vocab_);
-            log_softmax_inplace(test_.data() + off, n_vocab_);
-            rows[static_cast<size_t>(i)] =
-                compare_logprobs(base_.data() + off, test_.data() + off, n_vocab_,
-                                 win[static_cast<size_t>(j0 + i + 1)]);
-          }
-        });
-        PplStats& st = rep.regimes[r].ppl[ci];
-        for (int32_t i = 0; i < j1 - j0; ++i) {
-          const PositionStats& p = rows[static_cast<size_t>(i)];
+        for (size_t i = 1; i < g.size(); ++i) {
+          const PositionStats p = compare_logprobs(logp[0], logp[i], n_vocab_, target);
+          PplStats& st = rep.regimes[g[i]].ppl[ci];
           st.nll_sum += p.nll;
           st.kld_sum += p.kld;
           st.kld_max = std::max(st.kld_max, p.kld);
           st.top1_same += p.top1_same;
+          ++st.n_scored;
         }
-        st.n_scored += j1 - j0;
-      }
-    }
-    for (size_t r = 0; r < n_reg; ++r) {
-      if (Status s = kv[r]->check_integrity(); !s) return s;
+      });
+      const RowsFn on_rows = [&](size_t i, int64_t pos, std::span<const float> logits) {
+        rows.add(i, pos, logits);
+      };
+      if (Status s = run_side_by_side(win, g, 1, on_rows, first, nullptr); !s) return s;
     }
   }
   return Status{};
@@ -253,31 +311,23 @@ Status QualityRun::perplexity(const std::vector<int32_t>& text, size_t ci, Quali
 
 Status QualityRun::continuations(const std::vector<int32_t>& text, QualityReport& rep) {
   const int64_t span = static_cast<int64_t>(text.size()) - cfg_.prompt_tokens;
-  GenerateRequest req;
-  req.sampling.temperature = 0.0f;  // greedy
-  req.max_tokens = cfg_.continuation_tokens;
-  const int64_t max_tokens = cfg_.prompt_tokens + cfg_.continuation_tokens;
+  std::vector<size_t> all(labels_.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   for (int32_t p = 0; p < cfg_.prompts; ++p) {
     say(fmt::format("greedy continuations prompt {}/{}", p + 1, cfg_.prompts));
     const int64_t start = span * p / cfg_.prompts;
-    req.prompt.assign(text.begin() + start, text.begin() + start + cfg_.prompt_tokens);
-    set_bos(req.prompt, tok_);
-    std::vector<int32_t> base;
-    for (size_t r = 0; r < rep.regimes.size(); ++r) {
-      auto kv =
-          make_cache(model_, geom_, rep.regimes[r].regime.layout, max_tokens, cfg_.batch, backend_);
-      if (!kv) return Error{kv.error()};
-      req.prefill_chunk = chunk_for(rep.regimes[r].regime.layout);
-      std::vector<int32_t> out;
-      auto st = generate(model_, **kv, backend_, req, [&](int32_t id) {
-        out.push_back(id);
-        return true;
-      });
-      if (!st) return Error{st.error()};
-      if (r == 0) base = out;
+    std::vector<int32_t> prompt(text.begin() + start, text.begin() + start + cfg_.prompt_tokens);
+    set_bos(prompt, tok_);
+    // Every regime at once: the engine runs as many side by side as it holds, queues the rest.
+    std::vector<std::vector<int32_t>> out;
+    if (Status s = run_side_by_side(prompt, all, cfg_.continuation_tokens, {}, 0, &out); !s) {
+      return s;
+    }
+    const std::vector<int32_t>& base = out[0];
+    for (size_t r = 0; r < out.size(); ++r) {
       int32_t d = 0;
-      while (d < static_cast<int32_t>(std::min(out.size(), base.size())) &&
-             out[static_cast<size_t>(d)] == base[static_cast<size_t>(d)]) {
+      while (d < static_cast<int32_t>(std::min(out[r].size(), base.size())) &&
+             out[r][static_cast<size_t>(d)] == base[static_cast<size_t>(d)]) {
         ++d;
       }
       rep.regimes[r].first_divergence.push_back(d);
@@ -293,6 +343,8 @@ Status QualityRun::needle(const std::vector<int32_t>& text, QualityReport& rep) 
   const auto question = tok_.encode(
       "\nQuestion: What is the secret passphrase?\nAnswer: The secret passphrase is", raw);
   const auto answer = tok_.encode(" " + rep.passphrase, raw);
+  std::vector<size_t> all(labels_.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   for (int32_t n : cfg_.needle_ctx) {
     const int64_t hay = n - static_cast<int64_t>(fact.size() + question.size() + answer.size());
     for (int32_t depth : cfg_.needle_depths) {
@@ -311,33 +363,25 @@ Status QualityRun::needle(const std::vector<int32_t>& text, QualityReport& rep) 
       set_bos(seq, tok_);
       const int64_t a0 = static_cast<int64_t>(seq.size() - answer.size());  // first answer token
       say(fmt::format("needle ctx {} depth {}%", n, depth));
-      for (auto& r : rep.regimes) {
-        auto kv = make_cache(model_, geom_, r.regime.layout, n, cfg_.batch, backend_);
-        if (!kv) return Error{kv.error()};
-        NeedleStats ns;
-        ns.n_ctx = n;
-        ns.depth_pct = depth;
-        ns.needle_pos = static_cast<int32_t>(at);
-        ns.answer_greedy = true;
-        const int32_t step = chunk_for(r.regime.layout);
-        for (int64_t c0 = 0; c0 < n; c0 += step) {
-          const int64_t len = std::min<int64_t>(step, n - c0);
-          ForwardOptions fo;
-          fo.logits_all = c0 + len > a0 - 1;
-          const std::span<const int32_t> chunk(seq.data() + c0, static_cast<size_t>(len));
-          if (Status s = forward_into(model_, chunk, **kv, backend_, test_, fo); !s) return s;
-          if (!fo.logits_all) continue;
-          // Logits at position j predict token j + 1: rows a0-1 .. n-2 score the answer.
-          for (int64_t j = std::max(c0, a0 - 1); j < std::min(c0 + len, int64_t{n} - 1); ++j) {
-            float* row = test_.data() + (j - c0) * n_vocab_;
-            const int32_t target = seq[static_cast<size_t>(j + 1)];
-            ns.answer_greedy = ns.answer_greedy && argmax(row, n_vocab_) == target;
-            log_softmax_inplace(row, n_vocab_);
-            ns.answer_logprob += row[target];
-          }
-        }
-        r.needle.push_back(ns);
+      std::vector<NeedleStats> ns(all.size());
+      for (NeedleStats& s : ns) {
+        s.n_ctx = n;
+        s.depth_pct = depth;
+        s.needle_pos = static_cast<int32_t>(at);
+        s.answer_greedy = true;
       }
+      // Each regime scores its own rows: every regime at once, no matching needed.
+      std::vector<float> logp(static_cast<size_t>(n_vocab_));
+      const RowsFn on_rows = [&](size_t i, int64_t pos, std::span<const float> logits) {
+        if (pos >= n - 1) return;  // logits at position j predict token j + 1
+        const int32_t target = seq[static_cast<size_t>(pos + 1)];
+        logp.assign(logits.begin(), logits.end());
+        ns[i].answer_greedy = ns[i].answer_greedy && argmax(logp.data(), n_vocab_) == target;
+        log_softmax_inplace(logp.data(), n_vocab_);
+        ns[i].answer_logprob += logp[static_cast<size_t>(target)];
+      };
+      if (Status s = run_side_by_side(seq, all, 1, on_rows, a0 - 1, nullptr); !s) return s;
+      for (size_t r = 0; r < ns.size(); ++r) rep.regimes[r].needle.push_back(ns[r]);
     }
   }
   return Status{};
@@ -347,11 +391,18 @@ Status QualityRun::needle(const std::vector<int32_t>& text, QualityReport& rep) 
 constexpr const char* kPassphrases[] = {"zucchini",    "trampoline", "saxophone",  "bulldozer",
                                         "spreadsheet", "kangaroo",   "helicopter", "avocado"};
 
+// The baseline: the all-FP16 cache with the default block size.
+planner::KvLayoutFlags baseline_flags() {
+  planner::KvLayoutFlags f;
+  f.dtype = "f16";
+  return f;
+}
+
 }  // namespace
 
-Result<QualityReport> measure_kv_quality(Model& model, const tokenizer::Tokenizer& tok,
-                                         const std::string& text, const QualityConfig& cfg,
-                                         Backend& backend, const QualityProgress& progress) {
+Result<QualityReport> measure_kv_quality(const QualityTarget& target, const std::string& text,
+                                         const QualityConfig& cfg,
+                                         const QualityProgress& progress) {
   if (cfg.batch < 1) return Error{"batch must be at least 1 token"};
   for (const QualityRegime& r : cfg.regimes) {
     // Per-channel keys are written a whole block at a time; chunks that end inside a block would
@@ -361,12 +412,34 @@ Result<QualityReport> measure_kv_quality(Model& model, const tokenizer::Tokenize
                                r.layout.block_size)};
     }
   }
+  for (int32_t n : cfg.ctx_sizes) {
+    if (n < 4) return Error{fmt::format("context size {} is too small (at least 4 tokens)", n)};
+  }
+  if (cfg.prompts > 0 && (cfg.prompt_tokens < 1 || cfg.continuation_tokens < 1)) {
+    return Error{"prompts and continuations need at least one token each"};
+  }
+  for (int32_t d : cfg.needle_depths) {
+    if (d < 0 || d > 100) return Error{fmt::format("needle depth {}% is not in 0..100", d)};
+  }
+  for (int32_t n : cfg.needle_ctx) {
+    if (n < 64) return Error{fmt::format("needle context {} is too small (at least 64 tokens)", n)};
+  }
+  // The file's shape and tokenizer first: the text is checked before the engine loads.
+  auto path = resolve_model_path(target.model);
+  if (!path) return Error{path.error()};
+  auto file = gguf::GgufFile::open(*path);
+  if (!file) return Error{file.error()};
+  auto geometry = planner::geometry_from_gguf(**file);
+  if (!geometry) return Error{geometry.error()};
+  const planner::ModelGeometry& geom = *geometry;
+  auto tokenizer = tokenizer::Tokenizer::from_gguf(**file);
+  if (!tokenizer) return Error{tokenizer.error()};
+  const tokenizer::Tokenizer& tok = *tokenizer;
   tokenizer::EncodeOptions raw;
   raw.add_special = false;
   const std::vector<int32_t> tokens = tok.encode(text, raw);
   const int64_t n_text = static_cast<int64_t>(tokens.size());
   for (int32_t n : cfg.ctx_sizes) {
-    if (n < 4) return Error{fmt::format("context size {} is too small (at least 4 tokens)", n)};
     if (n_text < n) {
       return Error{fmt::format(
           "the text has {} tokens, too few for one perplexity window of {} tokens", n_text, n)};
@@ -376,28 +449,20 @@ Result<QualityReport> measure_kv_quality(Model& model, const tokenizer::Tokenize
     return Error{fmt::format("the text has {} tokens, too few for a prompt of {} tokens", n_text,
                              cfg.prompt_tokens)};
   }
-  if (cfg.prompts > 0 && (cfg.prompt_tokens < 1 || cfg.continuation_tokens < 1)) {
-    return Error{"prompts and continuations need at least one token each"};
-  }
-  for (int32_t d : cfg.needle_depths) {
-    if (d < 0 || d > 100) return Error{fmt::format("needle depth {}% is not in 0..100", d)};
-  }
-
-  QualityReport rep;
-  rep.text_tokens = n_text;
-  rep.passphrase = kPassphrases[cfg.seed % std::size(kPassphrases)];
   for (int32_t n : cfg.needle_ctx) {
     if (n > n_text) {
       return Error{fmt::format("the text has {} tokens, too few for a needle haystack of {} tokens",
                                n_text, n)};
     }
-    if (n < 64) return Error{fmt::format("needle context {} is too small (at least 64 tokens)", n)};
   }
 
-  const planner::ModelGeometry* geom = &model.geometry();
-  QualityRegime base;
-  base.spec = "f16";
-  rep.regimes.push_back({base, {}, {}, {}, 0, {}});
+  QualityReport rep;
+  rep.text_tokens = n_text;
+  rep.passphrase = kPassphrases[cfg.seed % std::size(kPassphrases)];
+  const planner::KvLayoutFlags base_flags = baseline_flags();
+  auto base_layout = planner::resolve_kv_layout(base_flags);
+  if (!base_layout) return Error{base_layout.error()};
+  rep.regimes.push_back({QualityRegime{"f16", base_flags, *base_layout}, {}, {}, {}, 0, {}});
   for (const auto& r : cfg.regimes) {
     // The baseline runs once. Other spellings of f16 ("k=f16:v=f16") run as regimes of their
     // own, which checks the comparison itself: they must match the baseline exactly.
@@ -405,17 +470,57 @@ Result<QualityReport> measure_kv_quality(Model& model, const tokenizer::Tokenize
     rep.regimes.push_back({r, {}, {}, {}, 0, {}});
   }
   for (auto& r : rep.regimes) {
-    if (Status s = planner::check_kv_layout(*geom, r.regime.layout); !s) {
+    if (Status s = planner::check_kv_layout(geom, r.regime.layout); !s) {
       return Error{fmt::format("regime '{}': {}", r.regime.spec, s.error())};
     }
-    r.body_bytes_per_token = planner::kv_bytes_per_token(*geom, r.regime.layout);
+    r.body_bytes_per_token = planner::kv_bytes_per_token(geom, r.regime.layout);
     for (int32_t n : cfg.ctx_sizes) {
       r.bytes_per_token.push_back(
-          static_cast<double>(planner::kv_sequence_bytes(*geom, r.regime.layout, n)) / n);
+          static_cast<double>(planner::kv_sequence_bytes(geom, r.regime.layout, n)) / n);
     }
   }
 
-  QualityRun run(model, *geom, tok, cfg, backend, progress);
+  // Tokens per chunk: every regime takes the smallest regime's chunk, so the regimes advance in
+  // lock step (an f16 cache's logits do not depend on the chunking). Groups of regimes run side
+  // by side within kStepLogitsBytes of logits per step.
+  int64_t step = cfg.batch;
+  for (const auto& r : rep.regimes) step = std::min(step, r.regime.layout.prefill_chunk(cfg.batch));
+  const uint64_t row_bytes = static_cast<uint64_t>(geom.n_vocab) * sizeof(float);
+  const auto side_by_side = static_cast<size_t>(
+      std::clamp<uint64_t>(kStepLogitsBytes / (static_cast<uint64_t>(step) * row_bytes), 2,
+                           std::max<size_t>(rep.regimes.size(), 2)));
+  int64_t longest = 0;
+  for (int32_t n : cfg.ctx_sizes) longest = std::max<int64_t>(longest, n);
+  for (int32_t n : cfg.needle_ctx) longest = std::max<int64_t>(longest, n);
+  if (cfg.prompts > 0) longest = std::max<int64_t>(longest, cfg.prompt_tokens + cfg.continuation_tokens);
+
+  EngineConfig ec;
+  ec.model = *path;
+  ec.device = target.device;
+  ec.threads = target.threads;
+  ec.kv.kv = base_flags;
+  ec.kv.max_model_len = longest + 1;  // a window's last row comes with one generated token
+  ec.kv.max_num_seqs = static_cast<int64_t>(side_by_side);
+  ec.kv.chunked_prefill_size = step;
+  ec.max_num_batched_tokens = step * static_cast<int64_t>(side_by_side);
+  ec.max_queue = static_cast<int64_t>(rep.regimes.size()) + 1;
+  ec.enable_prefix_caching = false;
+  ec.prompt_logits = true;
+  ec.f16_kill_switch = false;
+  ec.check_integrity = true;
+  std::vector<std::string> labels = {planner::kv_layout_label(*base_layout)};
+  for (size_t r = 1; r < rep.regimes.size(); ++r) {
+    ec.kv_regime_layouts.push_back(rep.regimes[r].regime.flags);
+    labels.push_back(planner::kv_layout_label(rep.regimes[r].regime.layout));
+  }
+  if (progress) {
+    progress(fmt::format("{} regimes beside f16, {} at a time, {}-token chunks",
+                         rep.regimes.size() - 1, side_by_side - 1, step));
+  }
+  auto engine = Engine::create(ec);
+  if (!engine) return Error{engine.error()};
+
+  QualityRun run(**engine, cfg, std::move(labels), side_by_side - 1, progress);
   // llama-perplexity tokenizes with add_special: a model that wants BOS gets one in front of the
   // text, then the first token of every window is overwritten with BOS (set_bos). The same
   // windows here, so the two engines score the same tokens figure for figure.

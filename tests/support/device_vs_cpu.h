@@ -13,7 +13,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "bie/engine/engine.h"
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 #include "bie/engine/model_path.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "support/contiguous_kv_cache.h"

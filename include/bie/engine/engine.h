@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,14 @@ struct EngineConfig {
   // and evicts here, under the medium "<regime name>/<fp16|body>" (a model with sliding-window
   // layers: "<regime>/g<group>/<pool>"). Called on the engine thread; must outlive the engine.
   kv::KvEventSink* kv_events = nullptr;
+  // Regimes given as whole layout flags (`bie quality`'s --regimes: K and V apart, a layer map,
+  // rotation on or off), beside kv_regimes; a request picks one by its label
+  // (planner::kv_layout_label of kv_layout_for_model(geometry, flags)).
+  std::vector<planner::KvLayoutFlags> kv_regime_layouts;
+  // Requests may ask for the logits of their prompt positions (EngineRequest::on_prompt_logits,
+  // teacher-forced scoring): the logits workspace then holds a row per batched token. Needs
+  // enable_prefix_caching off (a cached position is never computed, so it has no logits).
+  bool prompt_logits = false;
 };
 
 // Why a request's submission was refused (maps onto an HTTP status).
@@ -176,6 +185,14 @@ struct EngineRequest {
   // keeps those blocks under the prompt's token ids like any others: an engine that serves real
   // requests must never set it (the server and the SDK do not). 0 <= it < the prompt's length.
   int64_t synthetic_kv_prefix = 0;
+  // Teacher-forced scoring (`bie quality`; an engine made with EngineConfig::prompt_logits):
+  // called on the engine thread with the raw logits at every prompt position p >=
+  // prompt_logits_from (the row that predicts prompt token p + 1; the last position's row is the
+  // one the first generated token is sampled from), once per position and in order, also when a
+  // preempted request recomputes its prompt. The span is valid during the call only. Not with
+  // synthetic_kv_prefix.
+  std::function<void(int64_t pos, std::span<const float> logits)> on_prompt_logits;
+  int64_t prompt_logits_from = 0;
 };
 
 using RequestId = uint64_t;

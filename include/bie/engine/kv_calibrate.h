@@ -52,9 +52,10 @@ struct KvCalibration {
   double uniform_kld = 0.0, uniform_dppl_pct = 0.0, uniform_bits = 0.0;
 };
 
+// `geom` is the target model's (the bits of a map); every measurement runs on `target`.
 [[nodiscard]] Result<KvCalibration> calibrate_kv_layer_map(
-    Model& model, const tokenizer::Tokenizer& tok, const std::string& text,
-    const KvCalibrateConfig& cfg, Backend& backend, const QualityProgress& progress = {});
+    const QualityTarget& target, const planner::ModelGeometry& geom, const std::string& text,
+    const KvCalibrateConfig& cfg, const QualityProgress& progress = {});
 
 // The --kv-layer-map file of a calibration (planner::kv_layer_map_json), with the measurements
 // as informative fields.

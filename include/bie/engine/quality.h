@@ -2,9 +2,8 @@
 // paged cache on the same model and text — perplexity over non-overlapping windows, ΔPPL, mean KL
 // divergence and top-1 agreement of the next-token distributions, the first divergence of greedy
 // continuations, and the log-probability of a planted fact ("needle") at several depths.
-// Every regime runs in lock step with the baseline, one forward chunk at a time, so no regime's
-// logits are ever held beyond one chunk. Pure library code: progress goes to a callback.
-// Not thread-safe (uses the model's forward, which is not re-entrant).
+// Every regime runs in lock step with the baseline on one Engine, chunk by chunk, so no regime's
+// logits are held much beyond one chunk. Pure library code: progress goes to a callback.
 #pragma once
 
 #include <cstdint>
@@ -12,17 +11,15 @@
 #include <string>
 #include <vector>
 
-#include "bie/backend/backend.h"
 #include "bie/common/result.h"
-#include "bie/model/model.h"
 #include "bie/planner/kv_layout_flags.h"
 #include "bie/sampling/sampler.h"
-#include "bie/tokenizer/tokenizer.h"
 
 namespace bie {
 
 struct QualityRegime {
-  std::string spec;  // as the user wrote it, e.g. "int4_asym-rotate"
+  std::string spec;              // as the user wrote it, e.g. "int4_asym-rotate"
+  planner::KvLayoutFlags flags;  // what it resolves from (the engine's regime is made of them)
   planner::KvLayout layout;
 };
 
@@ -102,13 +99,22 @@ struct QualityReport {
 
 using QualityProgress = std::function<void(const std::string&)>;
 
-// Runs everything `cfg` asks for on `text`. Errors (before any work) when the text has fewer
-// tokens than one window of the largest context size or than one prompt plus its continuation,
-// or a needle context cannot hold the needle and question.
-[[nodiscard]] Result<QualityReport> measure_kv_quality(Model& model,
-                                                       const tokenizer::Tokenizer& tok,
+// Where a measurement runs: EngineConfig's model, device and threads.
+struct QualityTarget {
+  std::string model = "default";  // a GGUF path or a shipped model's name
+  std::string device = "cpu";
+  int32_t threads = 0;  // 0: hardware threads
+};
+
+// Runs everything `cfg` asks for on `text`, on one Engine (the server's scheduler, KV regimes
+// and model runner) whose KV regimes are the baseline and cfg.regimes: the regimes' requests run
+// side by side and their prompt logits (EngineRequest::on_prompt_logits) are compared position
+// by position as they arrive. Errors (before any measurement) when the text has fewer tokens
+// than one window of the largest context size or than one prompt plus its continuation, or a
+// needle context cannot hold the needle and question.
+[[nodiscard]] Result<QualityReport> measure_kv_quality(const QualityTarget& target,
                                                        const std::string& text,
-                                                       const QualityConfig& cfg, Backend& backend,
+                                                       const QualityConfig& cfg,
                                                        const QualityProgress& progress = {});
 
 // log_softmax_inplace (the rows compared below): bie/sampling/sampler.h.

@@ -31,6 +31,9 @@ struct Sequence {
   // Leading prompt tokens whose K/V the model runner writes as synthetic values instead of
   // computing them (EngineRequest::synthetic_kv_prefix; measurements only).
   int64_t synthetic_prefix = 0;
+  // Prompt positions from which each pass returns every row's logits (a request's
+  // EngineRequest::on_prompt_logits); -1: none, a pass returns the sampling rows only.
+  int64_t prompt_logits_from = -1;
   SeqStatus status = SeqStatus::kWaiting;
   [[nodiscard]] int64_t n_generated() const {
     return static_cast<int64_t>(tokens.size()) - n_prompt;

@@ -1,4 +1,4 @@
-#include "bie/engine/generate.h"
+#include "support/generate.h"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,7 @@
-// Single-sequence generation on the contiguous cache: prompt prefill in chunks (matrix-matrix),
-// then one token per step. The foundation's path for `bie run` and golden tests; the
-// continuous-batching scheduler builds on the same Model/KvCache interfaces. Not thread-safe.
+// Single-sequence generation on one KvCache: prompt prefill in chunks (matrix-matrix), then one
+// token per step. A test reference only: every command, the server and the SDK generate through
+// the Engine; the golden and cache tests drive a model on one cache directly with this.
+// Not thread-safe.
 #pragma once
 
 #include <cstdint>
