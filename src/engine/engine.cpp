@@ -544,10 +544,7 @@ void EngineImpl::loop() {
       sched_->add(sid, r->req.prompt, (*regimes_)[r->regime].store.get());
       sched_->find(sid)->forks = r->forks_pending;
       sched_->find(sid)->synthetic_prefix = r->req.synthetic_kv_prefix;
-      if (r->req.on_prompt_logits) {
-        sched_->find(sid)->prompt_logits_from = r->req.prompt_logits_from;
-        r->prompt_logits_next = r->req.prompt_logits_from;
-      }
+      if (r->req.on_prompt_logits) sched_->find(sid)->prompt_logits_from = r->req.prompt_logits_from;
       m_.prompt_tokens += static_cast<int64_t>(r->req.prompt.size());
       reqs_.emplace(sid, std::move(r));
     }

@@ -27,11 +27,11 @@ struct RunOutput {
   double forward_ms = 0;     // the forward pass's wall time
 };
 
-// Whether sc's chunk runs prompt positions whose logits its request asked for
+// Whether sc's chunk runs prompt positions whose logits its request has still to be given
 // (Sequence::prompt_logits_from): the pass then returns a row for every token of the chunk.
 [[nodiscard]] inline bool wants_prompt_rows(const ScheduledSeq& sc) {
   const Sequence& s = *sc.seq;
-  return sc.n_draft == 0 && s.prompt_logits_from >= 0 && s.computed < s.n_prompt &&
+  return sc.n_draft == 0 && s.prompt_logits_from >= 0 && s.prompt_logits_from < s.n_prompt &&
          s.computed + sc.n_tokens > s.prompt_logits_from;
 }
 // The logits rows a pass returns for sc, in the scheduled order: one per token of a chunk that

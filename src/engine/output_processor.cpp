@@ -1,6 +1,7 @@
 #include "engine/output_processor.h"
 
 #include <algorithm>
+#include <cassert>
 
 #include "bie/sampling/sampler.h"
 
@@ -28,16 +29,16 @@ void OutputProcessor::process(const std::vector<ScheduledSeq>& scheduled, std::s
 }
 
 void OutputProcessor::give_prompt_rows(const ScheduledSeq& sc, const float* rows) {
-  const Sequence& s = *sc.seq;
-  Request& r = *d_.reqs->at(s.id);
-  if (!r.req.on_prompt_logits) return;
+  Sequence& s = *sc.seq;
+  const Request& r = *d_.reqs->at(s.id);
   const auto n_vocab = static_cast<size_t>(d_.n_vocab);
   // Row i holds the logits at position s.computed + i; prompt positions only, each once.
   const int64_t end = std::min(s.computed + sc.n_tokens, s.n_prompt);
-  for (int64_t p = std::max(s.computed, r.prompt_logits_next); p < end; ++p) {
+  assert(s.prompt_logits_from >= s.computed);  // every position is computed (no prefix hits)
+  for (; s.prompt_logits_from < end; ++s.prompt_logits_from) {
+    const int64_t p = s.prompt_logits_from;
     const float* row = rows + static_cast<size_t>(p - s.computed) * n_vocab;
     r.req.on_prompt_logits(p, std::span<const float>(row, n_vocab));
-    r.prompt_logits_next = p + 1;
   }
 }
 

@@ -55,9 +55,6 @@ struct Request {
   bool probe_now = false;
   double attn_entropy = -1;
   bool kv_fallback = false;
-  // The next prompt position whose logits on_prompt_logits is given (a recompute after a
-  // preemption delivers none twice).
-  int64_t prompt_logits_next = 0;
 };
 
 // The engine's requests by sequence id (each choice of n > 1 is its own entry).

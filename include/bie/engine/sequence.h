@@ -31,8 +31,10 @@ struct Sequence {
   // Leading prompt tokens whose K/V the model runner writes as synthetic values instead of
   // computing them (EngineRequest::synthetic_kv_prefix; measurements only).
   int64_t synthetic_prefix = 0;
-  // Prompt positions from which each pass returns every row's logits (a request's
-  // EngineRequest::on_prompt_logits); -1: none, a pass returns the sampling rows only.
+  // The next prompt position whose logits the request is given (EngineRequest::on_prompt_logits;
+  // the output processor moves it on, so a recompute after a preemption gives none twice); a
+  // pass returns every row of a chunk that reaches it. -1: none, a pass returns the sampling
+  // rows only.
   int64_t prompt_logits_from = -1;
   SeqStatus status = SeqStatus::kWaiting;
   [[nodiscard]] int64_t n_generated() const {
