@@ -64,13 +64,12 @@ double mean_kld(const RegimeQuality& r) {
 }  // namespace
 
 Result<KvCalibration> calibrate_kv_layer_map(const QualityTarget& target,
-                                             const planner::ModelGeometry& model_geom,
+                                             const planner::ModelGeometry& geom,
                                              const std::string& text, const KvCalibrateConfig& cfg,
                                              const QualityProgress& progress) {
-  const planner::ModelGeometry* geom = &model_geom;
-  const size_t n_layer = geom->layers.size();
+  const size_t n_layer = geom.layers.size();
   if (n_layer == 0) return Error{"the model has no layers"};
-  auto steps = value_steps(*geom);
+  auto steps = value_steps(geom);
   if (!steps) return Error{steps.error()};
   const std::string kValBase = steps->base;
   const std::string kValMid = steps->mid;
@@ -84,7 +83,7 @@ Result<KvCalibration> calibrate_kv_layer_map(const QualityTarget& target,
   qc.needle_ctx.clear();
   auto base = mapped_regime("base", base_map, cfg.base);
   if (!base) return Error{base.error()};
-  if (const double bits = planner::kv_body_bits_per_value(*geom, base->layout);
+  if (const double bits = planner::kv_body_bits_per_value(geom, base->layout);
       bits > cfg.max_bits_per_value + 1e-9) {
     return Error{fmt::format(
         "a map within {:.3f} bits/value is impossible: the cheapest recipe (K int4_channel_t{} / "
@@ -115,7 +114,7 @@ Result<KvCalibration> calibrate_kv_layer_map(const QualityTarget& target,
   c.value_mid = kValMid;
   c.block_size = base->layout.block_size;
   c.base_kld = mean_kld(rep->regimes[1]);
-  c.base_bits = planner::kv_body_bits_per_value(*geom, base->layout);
+  c.base_bits = planner::kv_body_bits_per_value(geom, base->layout);
   for (size_t il = 0; il < n_layer; ++il) {
     const size_t r0 = 2 + 3 * il;
     KvLayerSensitivity s;
@@ -130,7 +129,7 @@ Result<KvCalibration> calibrate_kv_layer_map(const QualityTarget& target,
   auto bits_of = [&](const std::vector<planner::KvLayerNames>& map) -> Result<double> {
     auto r = mapped_regime("map", map, cfg.base);
     if (!r) return Error{r.error()};
-    return planner::kv_body_bits_per_value(*geom, r->layout);
+    return planner::kv_body_bits_per_value(geom, r->layout);
   };
   double bits = c.base_bits;
   c.predicted_kld = c.base_kld;
@@ -195,7 +194,7 @@ Result<KvCalibration> calibrate_kv_layer_map(const QualityTarget& target,
   c.map_dppl_pct = rep2->delta_ppl_pct(1, 0);
   c.uniform_kld = mean_kld(rep2->regimes[2]);
   c.uniform_dppl_pct = rep2->delta_ppl_pct(2, 0);
-  c.uniform_bits = planner::kv_body_bits_per_value(*geom, *uniform);
+  c.uniform_bits = planner::kv_body_bits_per_value(geom, *uniform);
   return c;
 }
 

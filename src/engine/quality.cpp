@@ -180,6 +180,7 @@ class QualityRun {
       groups_.push_back(std::move(g));
     }
     if (groups_.empty()) groups_.push_back({0});
+    for (size_t i = 0; i < labels_.size(); ++i) all_.push_back(i);
   }
 
   Status perplexity(const std::vector<int32_t>& text, size_t ci, QualityReport& rep);
@@ -210,6 +211,7 @@ class QualityRun {
   const QualityConfig& cfg_;
   std::vector<std::string> labels_;  // each regime's engine regime, the baseline first
   std::vector<std::vector<size_t>> groups_;
+  std::vector<size_t> all_;  // every regime, the baseline first
   int32_t n_vocab_;
   const QualityProgress& progress_;
   Clock::time_point t0_;
@@ -311,8 +313,6 @@ Status QualityRun::perplexity(const std::vector<int32_t>& text, size_t ci, Quali
 
 Status QualityRun::continuations(const std::vector<int32_t>& text, QualityReport& rep) {
   const int64_t span = static_cast<int64_t>(text.size()) - cfg_.prompt_tokens;
-  std::vector<size_t> all(labels_.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   for (int32_t p = 0; p < cfg_.prompts; ++p) {
     say(fmt::format("greedy continuations prompt {}/{}", p + 1, cfg_.prompts));
     const int64_t start = span * p / cfg_.prompts;
@@ -320,7 +320,7 @@ Status QualityRun::continuations(const std::vector<int32_t>& text, QualityReport
     set_bos(prompt, tok_);
     // Every regime at once: the engine runs as many side by side as it holds, queues the rest.
     std::vector<std::vector<int32_t>> out;
-    if (Status s = run_side_by_side(prompt, all, cfg_.continuation_tokens, {}, 0, &out); !s) {
+    if (Status s = run_side_by_side(prompt, all_, cfg_.continuation_tokens, {}, 0, &out); !s) {
       return s;
     }
     const std::vector<int32_t>& base = out[0];
@@ -343,8 +343,6 @@ Status QualityRun::needle(const std::vector<int32_t>& text, QualityReport& rep) 
   const auto question = tok_.encode(
       "\nQuestion: What is the secret passphrase?\nAnswer: The secret passphrase is", raw);
   const auto answer = tok_.encode(" " + rep.passphrase, raw);
-  std::vector<size_t> all(labels_.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   for (int32_t n : cfg_.needle_ctx) {
     const int64_t hay = n - static_cast<int64_t>(fact.size() + question.size() + answer.size());
     for (int32_t depth : cfg_.needle_depths) {
@@ -363,7 +361,7 @@ Status QualityRun::needle(const std::vector<int32_t>& text, QualityReport& rep) 
       set_bos(seq, tok_);
       const int64_t a0 = static_cast<int64_t>(seq.size() - answer.size());  // first answer token
       say(fmt::format("needle ctx {} depth {}%", n, depth));
-      std::vector<NeedleStats> ns(all.size());
+      std::vector<NeedleStats> ns(all_.size());
       for (NeedleStats& s : ns) {
         s.n_ctx = n;
         s.depth_pct = depth;
@@ -380,7 +378,7 @@ Status QualityRun::needle(const std::vector<int32_t>& text, QualityReport& rep) 
         log_softmax_inplace(logp.data(), n_vocab_);
         ns[i].answer_logprob += logp[static_cast<size_t>(target)];
       };
-      if (Status s = run_side_by_side(seq, all, 1, on_rows, a0 - 1, nullptr); !s) return s;
+      if (Status s = run_side_by_side(seq, all_, 1, on_rows, a0 - 1, nullptr); !s) return s;
       for (size_t r = 0; r < ns.size(); ++r) rep.regimes[r].needle.push_back(ns[r]);
     }
   }
