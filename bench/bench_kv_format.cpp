@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "bie/common/cpu_features.h"
-#include "bie/kv/kv_format.h"
-#include "bie/kv/kv_format_rotate.h"
+#include "bie/backend/kv_format.h"
+#include "bie/backend/kv_format_rotate.h"
 
 namespace {
 

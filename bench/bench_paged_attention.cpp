@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "bie/attention/attention_runner.h"
+#include "backend/cpu/attention_runner.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/kv_layout_flags.h"
@@ -90,7 +90,8 @@ void time_decode(benchmark::State& state, bie::PagedKvCache& c, int n_head, floa
   for (float& x : q) x = nd(rng);
   for (auto _ : state) {
     for (int il = 0; il < geo.n_layer; ++il) {
-      runner.run(c, il, pos, 1, q.data(), n_head, scale, out.data(), pool);
+      runner.run_blocks(c.host_blocks(il, pos + 1), geo.n_head_kv, geo.head_dim, pos, 1, q.data(),
+                        n_head, scale, out.data(), pool.host_threads());
     }
     benchmark::DoNotOptimize(out.data());
   }
@@ -136,7 +137,8 @@ void BM_PagedAttnDecodeCold(benchmark::State& state) {
     std::memset(evict.data(), ++tick, evict.size());
     state.ResumeTiming();
     for (int il = 0; il < kLayers; ++il) {
-      runner.run(*c, il, depth - 1, 1, q.data(), kHeads, 0.125f, out.data(), pool);
+      runner.run_blocks(c->host_blocks(il, depth), kHeadsKv, kHeadDim, depth - 1, 1, q.data(),
+                        kHeads, 0.125f, out.data(), pool.host_threads());
     }
     benchmark::DoNotOptimize(out.data());
   }

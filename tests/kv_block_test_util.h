@@ -4,12 +4,26 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "bie/kv/block_manager.h"
 
 namespace bie::kv::test {
+
+// Memory for a pool's blocks, reserved from a CPU backend and attached (what the KV store does
+// for its pools). The buffer must outlive the pool.
+inline std::unique_ptr<DeviceBuffer> attach_host_memory(BlockPool& pool) {
+  static CpuBackend backend(1);
+  auto buf = backend.reserve(pool.reserved_bytes());
+  EXPECT_TRUE(buf.ok()) << (buf.ok() ? "" : buf.error());
+  if (!buf.ok()) return nullptr;
+  const Status st = pool.attach_memory(**buf);
+  EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error());
+  return std::move(buf).value();
+}
 
 // int8 body (a mixed layout), blocks of 4 tokens, 2 sink tokens (block 0), an 8-token window.
 inline planner::KvLayout tiny_mixed_layout() {
@@ -30,7 +44,6 @@ inline BlockManagerConfig tiny_config(int64_t fp16_blocks, int64_t body_blocks,
   c.enable_prefix_caching = caching;
   c.fp16_blocks = fp16_blocks;
   c.body_blocks = body_blocks;
-  c.reserve_memory = false;
   return c;
 }
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "bie/attention/attention_entropy.h"
-#include "bie/kv/kv_format_rotate.h"
+#include "bie/backend/kv_format_rotate.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/planner/kv_layout_flags.h"
 

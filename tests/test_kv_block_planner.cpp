@@ -32,7 +32,7 @@ planner::KvLayout layout(const char* k, const char* v) {
 void expect_pools_match_plan(const planner::ModelGeometry& g, const planner::KvLayout& l,
                              int64_t max_len, int64_t seqs, uint64_t expect_total = 0) {
   const planner::KvPoolPlan plan = planner::kv_pool_plan(g, l, max_len, seqs);
-  auto ms = make_block_managers(plan, l, g.name, true, /*reserve_memory=*/true);
+  auto ms = make_block_managers(plan, l, g.name, true);
   ASSERT_TRUE(ms.ok()) << ms.error();
   ASSERT_EQ(ms->size(), plan.groups.size());
   uint64_t reserved = 0;
@@ -105,7 +105,7 @@ TEST(KvBlockPlanner, PlannedPoolsAreSufficientAndTightForLockstepGrowth) {
   l.k = l.v = fmt("int4_asym");
   const int64_t max_len = 41, seqs = 3;
   const planner::KvPoolPlan plan = planner::kv_pool_plan(g, l, max_len, seqs);
-  auto ms = make_block_managers(plan, l, "toy", true, false);
+  auto ms = make_block_managers(plan, l, "toy", true);
   ASSERT_TRUE(ms.ok());
   BlockManager& m = (*ms)[0];
   int64_t peak[kPoolKinds] = {0, 0};

@@ -8,13 +8,17 @@
 #include <vector>
 
 #include "bie/kv/block_pool.h"
+#include "kv_block_test_util.h"
 
 namespace bie::kv {
 namespace {
 
 std::unique_ptr<BlockPool> make_pool(int64_t n, uint64_t bytes = 0, int tokens = 4) {
-  auto p = BlockPool::create({n, bytes, tokens, bytes > 0});
+  auto p = BlockPool::create({n, bytes, tokens});
   EXPECT_TRUE(p.ok()) << (p.ok() ? "" : p.error());
+  // The pool's memory stays reserved until the test binary exits.
+  static std::vector<std::unique_ptr<DeviceBuffer>> memory;
+  if (p.ok() && bytes > 0) memory.push_back(test::attach_host_memory(**p));
   return std::move(p.value());
 }
 

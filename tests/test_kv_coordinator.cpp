@@ -22,7 +22,6 @@ KvCoordinatorConfig tiny(int64_t fp16_blocks, int64_t body_blocks) {
   c.layout.window_tokens = 16;
   c.fp16_blocks = fp16_blocks;
   c.body_blocks = body_blocks;
-  c.host_memory = false;
   return c;
 }
 

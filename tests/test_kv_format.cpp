@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "bie/common/cpu_features.h"
-#include "bie/kv/kv_format.h"
-#include "bie/kv/kv_format_rotate.h"
-#include "bie/kv/kv_layout.h"
+#include "bie/backend/kv_format.h"
+#include "bie/backend/kv_format_rotate.h"
+#include "bie/backend/kv_layout.h"
 #include "bie/planner/kv_format.h"
 #include "bie/quant/fp16.h"
 
@@ -93,7 +93,7 @@ std::vector<float> load_all(const KvFormatTraits& tr, KvFormat f, int d, const u
 
 // ---- sizes ---------------------------------------------------------------------------------
 
-// The bytes the kernels' layout (bie/kv/kv_layout.h: where each row and tile starts) spans for n
+// The bytes the kernels' layout (bie/backend/kv_layout.h: where each row and tile starts) spans for n
 // tokens of one head: written out per format, independently of the format table.
 size_t layout_bytes(KvFormat f, int d, int n) {
   const auto tiles = [&](size_t tile) { return static_cast<size_t>(n / f.group) * tile; };

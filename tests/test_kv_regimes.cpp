@@ -10,6 +10,7 @@
 #include "bie/engine/kv_policy.h"
 #include "bie/kv/block_manager.h"
 #include "bie/kv/memory_budget.h"
+#include "kv_block_test_util.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "support/engine_collect.h"
 #include "support/paths.h"
@@ -23,9 +24,11 @@ TEST(KvMemoryBudget, PoolsOfTwoSizesShareTheBudget) {
   const uint64_t page = 4096;
   kv::MemoryBudget budget(64 * page);
   // A: 3-page blocks; B: 1.5-page blocks (rounded up to 2 pages under a budget).
-  auto a = kv::BlockPool::create({21, 3 * page, 4, true, &budget});
-  auto b = kv::BlockPool::create({32, 3 * page / 2, 4, true, &budget});
+  auto a = kv::BlockPool::create({21, 3 * page, 4, &budget});
+  auto b = kv::BlockPool::create({32, 3 * page / 2, 4, &budget});
   ASSERT_TRUE(a.ok() && b.ok());
+  const auto mem_a = kv::test::attach_host_memory(**a);
+  const auto mem_b = kv::test::attach_host_memory(**b);
   EXPECT_EQ((*b)->stride(), 2 * page);
   std::vector<kv::BlockIndex> held;
   for (int i = 0; i < 21; ++i) {
@@ -57,9 +60,11 @@ TEST(KvMemoryBudget, PoolsOfTwoSizesShareTheBudget) {
 TEST(KvMemoryBudget, PinnedFreeBlocksKeepTheirPagesUntilUnpinned) {
   const uint64_t page = 4096;
   kv::MemoryBudget budget(2 * page);
-  auto a = kv::BlockPool::create({2, page, 2, true, &budget});
-  auto b = kv::BlockPool::create({2, page, 2, true, &budget});
+  auto a = kv::BlockPool::create({2, page, 2, &budget});
+  auto b = kv::BlockPool::create({2, page, 2, &budget});
   ASSERT_TRUE(a.ok() && b.ok());
+  const auto mem_a = kv::test::attach_host_memory(**a);
+  const auto mem_b = kv::test::attach_host_memory(**b);
   auto x = (*a)->allocate();
   auto y = (*a)->allocate();
   ASSERT_TRUE(x.ok() && y.ok());
@@ -82,9 +87,11 @@ TEST(KvMemoryBudget, PinnedFreeBlocksKeepTheirPagesUntilUnpinned) {
 TEST(KvMemoryBudget, CachedBlocksOfAnotherPoolAreEvictedWhenNothingIsFree) {
   const uint64_t page = 4096;
   kv::MemoryBudget budget(8 * page);
-  auto a = kv::BlockPool::create({8, page, 2, true, &budget});
-  auto b = kv::BlockPool::create({8, page, 2, true, &budget});
+  auto a = kv::BlockPool::create({8, page, 2, &budget});
+  auto b = kv::BlockPool::create({8, page, 2, &budget});
   ASSERT_TRUE(a.ok() && b.ok());
+  const auto mem_a = kv::test::attach_host_memory(**a);
+  const auto mem_b = kv::test::attach_host_memory(**b);
   std::vector<uint64_t> evicted;
   (*a)->set_evict_listener([&](uint64_t k) { evicted.push_back(k); });
   const std::vector<int32_t> toks = {1, 2};
@@ -121,7 +128,6 @@ TEST(KvMemoryBudget, ManagersOfTwoRegimesAdmitByBytes) {
     c.fp16_block_bytes = 2 * page;
     c.body_block_bytes = body_bytes;
     c.budget = &budget;
-    c.reserve_memory = false;
     auto m = kv::BlockManager::create(c);
     EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error());
     return std::move(m).value();

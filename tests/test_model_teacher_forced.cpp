@@ -155,13 +155,13 @@ class TeacherForced : public ::testing::TestWithParam<Bars> {
     EXPECT_EQ(r.argmax_wrong, 0) << path << " " << name << ": first bad " << r.first_bad;
   }
 
-  // Every golden prompt in one batch: each prefilled on its own paged f16 cache (its pools on
-  // kv_device when set), then one forward_batch per step on `pool` carrying each prompt's next
+  // Every golden prompt in one batch: each prefilled on its own paged f16 cache (its pools in
+  // `pool`'s memory, its KV operations on `pool`), then one forward_batch per step on it carrying each prompt's next
   // llama.cpp token (kDecode, as the engine's decode rows run), prompts leaving the batch as
   // their continuation ends.
   // A device as slow as lavapipe runs a subset: prompts of at most max_prompt_tokens tokens,
   // their first max_steps steps (0: all).
-  void run_batched(Backend& pool, Backend* kv_device, const std::string& path,
+  void run_batched(Backend& pool, const std::string& path,
                    size_t max_prompt_tokens = 0, size_t max_steps = 0) {
     const int32_t n_vocab = model_->geometry().n_vocab;
     json prompts = json::array();
@@ -187,7 +187,7 @@ class TeacherForced : public ::testing::TestWithParam<Bars> {
       c.layout.k = planner::kKvF16;
       c.layout.v = planner::kKvF16;
       c.max_tokens = GetParam().max_ctx;
-      c.device = kv_device;
+      c.backend = &pool;
       auto made = PagedKvCache::create(c);
       ASSERT_TRUE(made.ok()) << made.error();
       kv[s] = std::move(made).value();
@@ -281,7 +281,7 @@ TEST_P(TeacherForced, DecodePathMatchesLlamaCppAtEveryStep) {
 // The batched paged path on the CPU backend (host pools).
 TEST_P(TeacherForced, BatchedPagedPathMatchesLlamaCppAtEveryStep) {
   CpuBackend pool(2);
-  run_batched(pool, nullptr, "batched");
+  run_batched(pool, "batched");
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, TeacherForced,
@@ -302,7 +302,7 @@ class TeacherForcedReference : public TeacherForced {};
 
 TEST_P(TeacherForcedReference, BatchedPagedPathOnTheReferenceBackend) {
   test::ReferenceBackend be;
-  run_batched(be, nullptr, "reference backend", 20, 8);
+  run_batched(be, "reference backend", 20, 8);
   model_.reset();  // its weights are a copy in the backend's memory
 }
 
@@ -322,7 +322,7 @@ TEST_P(TeacherForcedVulkan, BatchedPagedPathOnTheDeviceMatchesLlamaCppAtEverySte
   ASSERT_TRUE((*be)->supports_paged_kv());
   // lavapipe runs these models at a few tokens per second: a subset (prompts up to
   // max_prompt_tokens, their first max_steps steps).
-  run_batched(**be, be->get(), "vulkan", GetParam().vulkan_prompt_tokens, GetParam().vulkan_steps);
+  run_batched(**be, "vulkan", GetParam().vulkan_prompt_tokens, GetParam().vulkan_steps);
   model_.reset();  // its weights live on the device: freed before the backend
 }
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "bie/kv/kv_format_rotate.h"
+#include "bie/backend/kv_format_rotate.h"
 
 namespace bie::attention {
 

@@ -65,7 +65,7 @@ Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
   if (!sc) return fail(sc.error());
   sc->model_id = "draft:" + path;
   sc->enable_prefix_caching = false;
-  if (backend.supports_paged_kv()) sc->device = &backend;  // the draft's KV beside the target's
+  sc->backend = &backend;  // the draft's KV beside the target's
   auto store = PagedKvStore::create(*sc);
   if (!store) return fail(store.error());
   // The draft's weights and workspace are held from start-up, as the target's are (on the CPU

@@ -254,7 +254,7 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
   plan_opts.chunked_prefill_size = batched;  // the workspace holds one step's tokens
   plan_opts.require_all_seqs = false;
   const uint64_t weights = apply_backend_memory(plan_opts, *g, *model_, *backend_, out_rows);
-  if (backend_->supports_paged_kv()) {
+  if (!backend_->reserves_on_demand()) {
     // Each regime's pools are allocated up front on the device: one share of the KV memory each.
     kind = CreateError::kInvalidConfig;
     auto n = KvRegimes::device_regime_count(rc, *g);

@@ -97,7 +97,7 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
   auto policy = policy_rules(cfg.policy);
   if (!policy) return Error{policy.error()};
   rs->policy_ = std::move(policy).value();
-  const bool on_device = backend.supports_paged_kv();
+  const bool on_device = !backend.reserves_on_demand();  // pools allocated up front
   auto asked = wanted(cfg, rs->policy_, g, on_device);
   if (!asked) return Error{asked.error()};
   if (on_device && static_cast<int64_t>(asked->size()) != report.kv_regime_shares) {
@@ -147,8 +147,8 @@ Result<std::unique_ptr<KvRegimes>> KvRegimes::create(const KvRegimesConfig& cfg,
     sc.budget = rs->budget_.get();
     sc.events = cfg.events;
     sc.events_medium = w.name.empty() ? w.label : w.name;
-    if (on_device) {
-      sc.device = &backend;  // pools on the device, allocated as planned
+    sc.backend = &backend;
+    if (on_device) {  // pools allocated as planned
       sc.groups = pools[i];
       sc.pools_as_given = true;
     }

@@ -270,7 +270,7 @@ Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts, 
   c.layout = r->layout;
   c.max_tokens = r->max_model_len;
   c.max_append = r->chunked_prefill_size;
-  if (device != nullptr && device->supports_paged_kv()) c.device = device;
+  c.backend = device;
   auto cache = PagedKvCache::create(c, r->groups);
   if (!cache) return Error{cache.error()};
   KvSetup s;

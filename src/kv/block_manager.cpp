@@ -70,7 +70,7 @@ Result<BlockManager> BlockManager::create(const BlockManagerConfig& cfg) {
     }
   }
   for (int p = 0; p < kPoolKinds; ++p) {
-    BlockPoolConfig pc{counts[p], bytes[p], l.block_size, cfg.reserve_memory, cfg.budget};
+    BlockPoolConfig pc{counts[p], bytes[p], l.block_size, cfg.budget};
     auto pool = BlockPool::create(pc);
     if (!pool) return Error{fmt::format("{} pool: {}", pool_name(PoolKind(p)), pool.error())};
     m.pools_[p] = std::move(pool.value());
@@ -763,8 +763,7 @@ Status BlockManager::check_integrity() const {
 Result<std::vector<BlockManager>> make_block_managers(const planner::KvPoolPlan& plan,
                                                       const planner::KvLayout& layout,
                                                       const std::string& model_id,
-                                                      bool enable_prefix_caching,
-                                                      bool reserve_memory) {
+                                                      bool enable_prefix_caching) {
   std::vector<BlockManager> out;
   for (const planner::KvGroupPool& g : plan.groups) {
     BlockManagerConfig cfg;
@@ -776,7 +775,6 @@ Result<std::vector<BlockManager>> make_block_managers(const planner::KvPoolPlan&
     cfg.body_blocks = g.body_blocks;
     cfg.fp16_block_bytes = g.fp16_block_bytes;
     cfg.body_block_bytes = g.body_block_bytes;
-    cfg.reserve_memory = reserve_memory;
     auto m = BlockManager::create(cfg);
     if (!m) return Error{m.error()};
     out.push_back(std::move(m.value()));

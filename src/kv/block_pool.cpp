@@ -1,14 +1,12 @@
 #include "bie/kv/block_pool.h"
 
 #include <fmt/format.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cassert>
-#include <cerrno>
 #include <cstring>
 
+#include "bie/backend/backend.h"
 #include "bie/kv/memory_budget.h"
 
 namespace bie::kv {
@@ -43,19 +41,24 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(const BlockPoolConfig& cfg)
   // Under a shared budget every block starts on a page: its pages are its own to give back.
   pool->stride_ = cfg.budget ? MemoryBudget::block_cost(cfg.block_bytes) : cfg.block_bytes;
   pool->reserved_ = static_cast<uint64_t>(cfg.n_blocks) * pool->stride_;
-  if (cfg.reserve_memory && pool->reserved_ > 0) {
-    void* p = mmap(nullptr, pool->reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    if (p == MAP_FAILED) {
-      return Error{fmt::format("KV block pool: cannot reserve {} bytes of address space: {}",
-                               pool->reserved_, std::strerror(errno))};
-    }
-    pool->base_ = static_cast<uint8_t*>(p);
-    pool->block_committed_.assign(static_cast<size_t>(cfg.n_blocks) + 1, 0);
-    pool->page_committed_.assign((pool->reserved_ + pool->page_ - 1) / pool->page_, 0);
-  }
   if (cfg.budget) cfg.budget->attach(pool.get());
   return pool;
+}
+
+Status BlockPool::attach_memory(DeviceBuffer& memory) {
+  if (memory.host_ptr() == nullptr || memory.size() < reserved_) {
+    return Error{fmt::format("KV block pool: memory of {} bytes{} for a pool of {} bytes",
+                             memory.size(), memory.host_ptr() ? "" : " (not host-visible)",
+                             reserved_)};
+  }
+  if (base_ != nullptr || num_free() != n_) {
+    return Error{"KV block pool: memory attached twice or after the first allocation"};
+  }
+  memory_ = &memory;
+  base_ = static_cast<uint8_t*>(memory.host_ptr());
+  block_committed_.assign(static_cast<size_t>(n_) + 1, 0);
+  page_committed_.assign((reserved_ + page_ - 1) / page_, 0);
+  return {};
 }
 
 BlockPool::~BlockPool() {
@@ -63,7 +66,6 @@ BlockPool::~BlockPool() {
     cfg_.budget->credit(committed_pages_ * page_);
     cfg_.budget->detach(this);
   }
-  if (base_) munmap(base_, reserved_);
 }
 
 bool BlockPool::is_free(BlockIndex b) const {
@@ -151,10 +153,10 @@ Status BlockPool::commit(BlockIndex b) {
       }
     }
   }
-  if (mprotect(base_ + p0 * page_, (p1 - p0) * page_, PROT_READ | PROT_WRITE) != 0) {
+  if (Status st = memory_->commit(p0 * page_, (p1 - p0) * page_); !st) {
     if (cfg_.budget) cfg_.budget->credit(fresh);
-    return Error{fmt::format("KV block pool: cannot commit {} bytes for block {}: {}",
-                             cfg_.block_bytes, b, std::strerror(errno))};
+    return Error{fmt::format("KV block pool: block {} ({} bytes): {}", b, cfg_.block_bytes,
+                             st.error())};
   }
   for (uint64_t p = p0; p < p1; ++p) {
     if (!page_committed_[p]) {
@@ -254,9 +256,7 @@ void BlockPool::decommit(BlockIndex b) {
   const uint64_t begin = static_cast<uint64_t>(b - 1) * stride_;
   const uint64_t p0 = begin / page_;
   const uint64_t p1 = (begin + cfg_.block_bytes + page_ - 1) / page_;
-  // Dropping the pages returns them to the OS; PROT_NONE makes a stray access fault.
-  (void)madvise(base_ + p0 * page_, (p1 - p0) * page_, MADV_DONTNEED);
-  (void)mprotect(base_ + p0 * page_, (p1 - p0) * page_, PROT_NONE);
+  memory_->decommit(p0 * page_, (p1 - p0) * page_);
   uint64_t freed = 0;
   for (uint64_t p = p0; p < p1; ++p) {
     if (!page_committed_[p]) continue;

@@ -66,7 +66,6 @@ Result<std::unique_ptr<KvCoordinator>> KvCoordinator::create(const KvCoordinator
                                               : 0;
     mc.fp16_block_bytes = p.fp16_block_bytes;
     mc.body_block_bytes = p.body_block_bytes;
-    mc.reserve_memory = cfg.host_memory;
     mc.budget = cfg.budget;
     mc.sizes_as_given = cfg.pools_as_given;
     mc.events = cfg.events;

@@ -28,7 +28,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(
     sc.body_blocks = groups[0].body_blocks;
   }
   sc.enable_prefix_caching = false;  // no token ids reach the cache through KvCache
-  sc.device = cfg.device;
+  sc.backend = cfg.backend;
   auto store = PagedKvStore::create(sc);
   if (!store) return Error{store.error()};
   return std::unique_ptr<PagedKvCache>(new PagedKvCache(cfg, std::move(store).value()));
@@ -44,7 +44,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const PagedKvCacheCon
   sc.fp16_blocks = fp16_blocks;
   sc.body_blocks = body_blocks;
   sc.enable_prefix_caching = false;  // no token ids reach the cache through KvCache
-  sc.device = cfg.device;
+  sc.backend = cfg.backend;
   auto store = PagedKvStore::create(sc);
   if (!store) return Error{store.error()};
   return std::unique_ptr<PagedKvCache>(new PagedKvCache(cfg, std::move(store).value()));

@@ -4,13 +4,10 @@
 
 #include <algorithm>
 #include <cassert>
-#include <cstring>
 
-#include "bie/kv/kv_format_rotate.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/kv_layout_flags.h"
 #include "bie/planner/model_geometry.h"
-#include "bie/quant/fp16.h"
 
 namespace bie {
 
@@ -84,11 +81,15 @@ Result<PagedKvStoreConfig> PagedKvStore::planned_config(const KvGeometry& geomet
 
 Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreConfig& cfg) {
   if (Status s = check_config(cfg); !s) return Error{s.error()};
-  kv::KvCoordinatorConfig cc = cfg;
-  cc.host_memory = cfg.device == nullptr;  // a host store writes into the pools' memory
-  auto coord = kv::KvCoordinator::create(cc);
-  if (!coord) return Error{coord.error()};
   std::unique_ptr<PagedKvStore> c(new PagedKvStore(cfg));
+  if (cfg.backend == nullptr) {
+    auto own = create_backend(BackendConfig{});
+    if (!own) return Error{own.error()};
+    c->own_backend_ = std::move(own).value();
+  }
+  c->backend_ = cfg.backend != nullptr ? cfg.backend : c->own_backend_.get();
+  auto coord = kv::KvCoordinator::create(cfg);
+  if (!coord) return Error{coord.error()};
   c->coord_ = std::move(coord).value();
   c->set_formats();
   const kv::KvCoordinator& co = *c->coord_;
@@ -101,17 +102,14 @@ Result<std::unique_ptr<PagedKvStore>> PagedKvStore::create(const PagedKvStoreCon
         return Error{fmt::format("paged KV cache: planner block bytes {} != layout bytes {}",
                                  pool.block_bytes(), want)};
       }
-      if (f.tk == nullptr || f.tv == nullptr) return Error{"paged KV cache: missing kernels"};
     }
   }
-  if (cfg.device != nullptr) {
-    if (Status st = c->alloc_device_pools(); !st) return Error{st.error()};
-  }
+  if (Status st = c->alloc_pools(); !st) return Error{st.error()};
   return c;
 }
 
-Status PagedKvStore::alloc_device_pools() {
-  Backend& be = *cfg_.device;
+Status PagedKvStore::alloc_pools() {
+  Backend& be = *backend_;
   const planner::KvLayout& l = cfg_.layout;
   for (const auto& group : fmt_) {
     for (const PoolFormat& f : group) {
@@ -126,20 +124,36 @@ Status PagedKvStore::alloc_device_pools() {
           planner::kv_layout_label(l), be.name())};
     }
   }
-  device_pools_.resize(static_cast<size_t>(coord_->n_groups()));
-  for (size_t g = 0; g < device_pools_.size(); ++g) {
+  pools_.resize(static_cast<size_t>(coord_->n_groups()));
+  for (size_t g = 0; g < pools_.size(); ++g) {
     for (int p = 0; p < kv::kPoolKinds; ++p) {
-      const kv::BlockPool& pool = coord_->manager(static_cast<int>(g)).pool(kv::PoolKind(p));
+      kv::BlockPool& pool = coord_->manager(static_cast<int>(g)).pool(kv::PoolKind(p));
       const PoolFormat& f = format(static_cast<int>(g), kv::PoolKind(p));
-      KvPoolDesc& d = device_pools_[g][static_cast<size_t>(p)];
+      KvPoolDesc& d = pools_[g][static_cast<size_t>(p)];
       d.k_type = static_cast<uint8_t>(f.k.type);
       d.v_type = static_cast<uint8_t>(f.v.type);
       d.k_group = f.k.group;
       d.v_group = f.v.group;
       d.k_tile_bytes = f.k_tile;
       d.v_tile_bytes = f.v_tile;
-      d.round_rows_to_fp16 = l.mixed() && kv::PoolKind(p) == kv::PoolKind::kBody;  // as store()
+      // In a mixed layout a body block is quantised from FP16-rounded rows, as if it had passed
+      // through the FP16 window: its bytes do not depend on the path (written straight into the
+      // body, migrated from the window, or quantised from an FP16 prefix-cache hit).
+      d.round_rows_to_fp16 = l.mixed() && kv::PoolKind(p) == kv::PoolKind::kBody;
       if (pool.n_blocks() == 0) continue;
+      if (be.reserves_on_demand()) {
+        // Address space for every block, committed block by block by the block pool as it fills
+        // (the budget counts committed pages; blocks lie stride() apart).
+        auto buf = be.reserve(pool.reserved_bytes());
+        if (!buf) {
+          return Error{fmt::format("KV block pool of {} blocks: {}", pool.n_blocks(), buf.error())};
+        }
+        if (Status st = pool.attach_memory(**buf); !st) return st;
+        d.memory = Tensor{buf->get(),           0, quant::GgmlType::I8, pool.n_blocks(),
+                          static_cast<int64_t>(pool.stride()), pool.stride()};
+        pool_buffers_.push_back(std::move(buf).value());
+        continue;
+      }
       const size_t bytes = static_cast<size_t>(pool.n_blocks()) * pool.block_bytes();
       // A pool larger than one binding is allocated in parts of whole blocks (KvPoolDesc).
       const uint64_t part_bytes = be.kv_pool_part_bytes();
@@ -174,14 +188,14 @@ Status PagedKvStore::alloc_device_pools() {
         } else {
           d.more_parts[static_cast<size_t>(i - 1)] = t;
         }
-        device_buffers_.push_back(std::move(buf).value());
+        pool_buffers_.push_back(std::move(buf).value());
       }
     }
   }
   return {};
 }
 
-KvBlockRef PagedKvStore::device_ref(const kv::BlockTableEntry& e) {
+KvBlockRef PagedKvStore::block_ref(const kv::BlockTableEntry& e) {
   // Pool blocks are numbered from 1 (0 is the null block, which has no storage); a null entry
   // (a block a sliding window dropped) names block 0, which attention never reads.
   return KvBlockRef{static_cast<int32_t>(e.pool),
@@ -192,7 +206,7 @@ Result<Tensor> PagedKvStore::staging(int slot, int64_t rows, int64_t cols) {
   const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(cols) * sizeof(float);
   std::unique_ptr<DeviceBuffer>& b = staging_[static_cast<size_t>(slot)];
   if (b == nullptr || b->size() < bytes) {
-    auto nb = cfg_.device->alloc(std::max<size_t>(bytes, 4096));
+    auto nb = backend_->alloc(std::max<size_t>(bytes, 4096));
     if (!nb) return Error{nb.error()};
     b = std::move(nb).value();
   }
@@ -201,10 +215,7 @@ Result<Tensor> PagedKvStore::staging(int slot, int64_t rows, int64_t cols) {
 
 PagedKvStore::~PagedKvStore() = default;
 
-PagedKvStore::PagedKvStore(const PagedKvStoreConfig& cfg) : cfg_(cfg) {
-  rows_.resize(static_cast<size_t>(cfg_.layout.block_size) *
-               static_cast<size_t>(cfg_.geometry.head_dim));
-}
+PagedKvStore::PagedKvStore(const PagedKvStoreConfig& cfg) : cfg_(cfg) {}
 
 void PagedKvStore::set_formats() {
   const int d = cfg_.geometry.head_dim;
@@ -218,17 +229,11 @@ void PagedKvStore::set_formats() {
       PoolFormat& f = fmt_[static_cast<size_t>(g)][static_cast<size_t>(p)];
       f.k = ks[p];
       f.v = vs[p];
-      f.tk = kv::kv_traits(f.k.type);
-      f.tv = kv::kv_traits(f.v.type);
       f.k_tile = kv::kv_tile_bytes(f.k, d, B);
       f.v_tile = kv::kv_tile_bytes(f.v, d, B);
       f.layer_bytes = static_cast<size_t>(cfg_.geometry.n_head_kv) * (f.k_tile + f.v_tile);
     }
   }
-}
-
-uint8_t* PagedKvStore::block_data(int g, const kv::BlockTableEntry& e) {
-  return coord_->manager(g).pool(e.pool).data(e.block.index);
 }
 
 Result<int64_t> PagedKvStore::append_tokens(kv::SeqId s, int64_t written,
@@ -258,23 +263,23 @@ Status PagedKvStore::execute(const kv::KvWork& work) {
 }
 
 Status PagedKvStore::copy_block(int g, const kv::KvCopy& c) {
-  if (on_device()) {
-    const KvBlockCopy job{device_ref({c.pool, c.src}), device_ref({c.pool, c.dst})};
-    return cfg_.device->copy_blocks(device_pools_[static_cast<size_t>(g)], {&job, 1});
-  }
-  kv::BlockPool& p = coord_->manager(g).pool(c.pool);  // copy-on-write of a shared last block
-  std::memcpy(p.data(c.dst.index), p.data(c.src.index), p.block_bytes());
-  return {};
+  // Copy-on-write of a shared last block.
+  const KvBlockCopy job{block_ref({c.pool, c.src}), block_ref({c.pool, c.dst})};
+  return backend_->copy_blocks(pools_[static_cast<size_t>(g)], {&job, 1});
+}
+
+Status PagedKvStore::quantise_block(int g, kv::BlockRef src_block, kv::BlockRef dst_block,
+                                    int rows) {
+  const KvBlockQuantise job{block_ref({kv::PoolKind::kFp16, src_block}),
+                            block_ref({kv::PoolKind::kBody, dst_block}), rows};
+  return backend_->quantise_blocks(pools_[static_cast<size_t>(g)], {&job, 1},
+                                   coord_->group_layers(g), cfg_.geometry.n_head_kv,
+                                   cfg_.geometry.head_dim, cfg_.layout.block_size);
 }
 
 Status PagedKvStore::write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, const Tensor& v,
                            Backend& backend) {
-  if (!on_device()) {
-    float *kp = nullptr, *vp = nullptr;
-    if (Status st = host_rows(backend, k, v, "K/V", &kp, &vp); !st) return st;
-    store(s, il, pos0, k.rows, kp, vp);
-    return {};
-  }
+  if (&backend != backend_) backend.synchronize();
   const int group = coord_->layer_group(il);
   const kv::BlockTable& t = coord_->manager(group).table(s);
   const int B = cfg_.layout.block_size;
@@ -282,7 +287,7 @@ Status PagedKvStore::write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, c
   for (int64_t p = pos0; p < pos0 + k.rows; ++p) {
     const kv::BlockTableEntry& e = t[static_cast<size_t>(p / B)];
     assert(e.block.index != kv::kNullBlock);
-    slots_buf_.push_back({device_ref(e), static_cast<int32_t>(p % B)});
+    slots_buf_.push_back({block_ref(e), static_cast<int32_t>(p % B)});
   }
   KvWriteMetadata m;
   m.k = k;
@@ -292,18 +297,14 @@ Status PagedKvStore::write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, c
   m.head_dim = cfg_.geometry.head_dim;
   m.block_size = B;
   m.rotate_keys = cfg_.layout.rotate;
-  m.pools = device_pools_[static_cast<size_t>(group)];
+  m.pools = pools_[static_cast<size_t>(group)];
   m.slots = slots_buf_;
-  return cfg_.device->kv_write(m);
+  return backend_->kv_write(m);
 }
 
 Status PagedKvStore::attention(kv::SeqId s, int il, int64_t pos0, const Tensor& q, int n_head,
                                float scale, const Tensor& out, Backend& backend, int64_t window) {
-  if (!on_device()) {
-    return Error{
-        "paged KV cache in host memory: attention over its blocks runs in the attention runner "
-        "(attention::AttentionRunner reads host_blocks)"};
-  }
+  if (&backend != backend_) backend.synchronize();
   const int group = coord_->layer_group(il);
   const kv::BlockTable& t = coord_->manager(group).table(s);
   const int B = cfg_.layout.block_size;
@@ -311,7 +312,7 @@ Status PagedKvStore::attention(kv::SeqId s, int il, int64_t pos0, const Tensor& 
   table_buf_.clear();
   int32_t pool_id = -1;
   for (int64_t b = 0; b < nb; ++b) {
-    table_buf_.push_back(device_ref(t[static_cast<size_t>(b)]));
+    table_buf_.push_back(block_ref(t[static_cast<size_t>(b)]));
     if (t[static_cast<size_t>(b)].block.index != kv::kNullBlock) pool_id = table_buf_.back().pool;
   }
   // Dropped blocks (never read) name a pool that holds blocks; the others keep their own (a mixed
@@ -336,164 +337,74 @@ Status PagedKvStore::attention(kv::SeqId s, int il, int64_t pos0, const Tensor& 
   m.scale = scale;
   m.window = window;
   m.rotate_keys = cfg_.layout.rotate;
-  m.pools = device_pools_[static_cast<size_t>(group)];
+  m.pools = pools_[static_cast<size_t>(group)];
   m.query_start = query_start;
   m.q_pos0 = q_pos0;
   m.block_table_start = table_start;
   m.block_table = table_buf_;
-  return cfg_.device->paged_attention(m);
+  return backend_->paged_attention(m);
 }
 
 void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* k,
                          const float* v) {
-  if (on_device()) {  // staged: host rows -> device tensors -> kv_write
-    const int64_t kv_dim = cfg_.geometry.kv_dim();
-    auto kt = staging(0, n, kv_dim);
-    auto vt = staging(1, n, kv_dim);
-    Status st = !kt ? Status{Error{kt.error()}} : !vt ? Status{Error{vt.error()}} : Status{};
-    if (st) {
-      cfg_.device->upload(*kt, k);
-      cfg_.device->upload(*vt, v);
-      st = write(s, il, pos0, *kt, *vt, *cfg_.device);
-    }
-    if (!st) device_error_ = st.error();
-    return;
-  }
-  const int group = coord_->layer_group(il);
-  const kv::BlockManager& mgr = coord_->manager(group);
-  assert(pos0 >= 0 && pos0 + n <= mgr.num_tokens(s));
-  const kv::BlockTable& t = mgr.table(s);
-  const int B = cfg_.layout.block_size;
-  const int d = cfg_.geometry.head_dim;
-  const int H = cfg_.geometry.n_head_kv;
+  assert(pos0 >= 0 && pos0 + n <= coord_->manager(coord_->layer_group(il)).num_tokens(s));
   const int64_t kv_dim = cfg_.geometry.kv_dim();
-  for (int64_t p = pos0; p < pos0 + n;) {
-    const int64_t lb = p / B;
-    const int t0 = static_cast<int>(p % B);
-    const int cnt = static_cast<int>(std::min<int64_t>(B - t0, pos0 + n - p));
-    const kv::BlockTableEntry& e = t[static_cast<size_t>(lb)];
-    assert(e.block.index != kv::kNullBlock);
-    const PoolFormat& f = format(group, e.pool);
-    uint8_t* layer =
-        block_data(group, e) + static_cast<size_t>(coord_->layer_index(il)) * f.layer_bytes;
-    // In a mixed layout a body block is quantised from FP16-rounded rows, as if it had passed
-    // through the FP16 window: its bytes do not depend on the path (written straight into the
-    // body, migrated from the window, or quantised from an FP16 prefix-cache hit).
-    const bool round_to_fp16 = cfg_.layout.mixed() && e.pool == kv::PoolKind::kBody;
-    // note: per-channel tiles are only ever written whole (check_config).
-    assert(!(planner::is_per_channel(f.k) || planner::is_per_channel(f.v)) ||
-           (t0 == 0 && cnt == B));
-    for (int h = 0; h < H; ++h) {
-      for (int pass = 0; pass < 2; ++pass) {
-        const float* src = (pass == 0 ? k : v) + (p - pos0) * kv_dim + static_cast<int64_t>(h) * d;
-        for (int r = 0; r < cnt; ++r) {
-          float* row = rows_.data() + static_cast<size_t>(r) * d;
-          std::memcpy(row, src + r * kv_dim, static_cast<size_t>(d) * sizeof(float));
-          if (pass == 0 && cfg_.layout.rotate) kv::hadamard_rotate(row, d);
-          if (round_to_fp16) {
-            for (int i = 0; i < d; ++i) row[i] = quant::fp16_to_fp32(quant::fp32_to_fp16(row[i]));
-          }
-        }
-        if (pass == 0) {
-          f.tk->store(kv::kv_row_geom(f.k, d), rows_.data(), layer + h * f.k_tile, t0, cnt);
-        } else {
-          f.tv->store(kv::kv_row_geom(f.v, d), rows_.data(), layer + H * f.k_tile + h * f.v_tile,
-                      t0, cnt);
-        }
-      }
-    }
-    p += cnt;
+  auto kt = staging(0, n, kv_dim);
+  auto vt = staging(1, n, kv_dim);
+  Status st = !kt ? Status{Error{kt.error()}} : !vt ? Status{Error{vt.error()}} : Status{};
+  if (st) {
+    backend_->upload(*kt, k);
+    backend_->upload(*vt, v);
+    st = write(s, il, pos0, *kt, *vt, *backend_);
   }
-}
-
-kv::HostKvBlocks PagedKvStore::host_blocks(kv::SeqId s, int il, int64_t n_ctx) {
-  if (on_device()) return {};
-  const int B = cfg_.layout.block_size;
-  const int d = cfg_.geometry.head_dim;
-  const int H = cfg_.geometry.n_head_kv;
-  const int64_t nb = (n_ctx + B - 1) / B;
-  const int group = coord_->layer_group(il);
-  const kv::BlockTable& t = coord_->manager(group).table(s);
-  views_.resize(static_cast<size_t>(nb));
-  for (int64_t b = 0; b < nb; ++b) {
-    const kv::BlockTableEntry& e = t[static_cast<size_t>(b)];
-    kv::KvBlockView& bv = views_[static_cast<size_t>(b)];
-    if (e.block.index == kv::kNullBlock) {  // dropped: outside every query's window (never read)
-      bv = kv::KvBlockView{};
-      continue;
-    }
-    const PoolFormat& f = format(group, e.pool);
-    const uint8_t* layer =
-        block_data(group, e) + static_cast<size_t>(coord_->layer_index(il)) * f.layer_bytes;
-    bv.k = layer;
-    bv.v = layer + static_cast<size_t>(H) * f.k_tile;
-    bv.k_tile_bytes = f.k_tile;
-    bv.v_tile_bytes = f.v_tile;
-    bv.tk = f.tk;
-    bv.tv = f.tv;
-    bv.gk = kv::kv_row_geom(f.k, d);
-    bv.gv = kv::kv_row_geom(f.v, d);
-    bv.k_f16 = f.k.type == planner::KvType::kF16;
-  }
-  return kv::HostKvBlocks{views_, B, cfg_.layout.rotate};
+  if (st) st = backend_->status();
+  if (!st && error_.empty()) error_ = st.error();
 }
 
 void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* q, int n_head,
                           float scale, float* out, int64_t window) {
-  if (on_device()) {  // staged: host queries -> device -> paged_attention -> host output
-    const int64_t q_dim = static_cast<int64_t>(n_head) * cfg_.geometry.head_dim;
-    auto qt = staging(2, n, q_dim);
-    auto ot = staging(3, n, q_dim);
-    Status st = !qt ? Status{Error{qt.error()}} : !ot ? Status{Error{ot.error()}} : Status{};
-    if (st) {
-      cfg_.device->upload(*qt, q);
-      st = attention(s, il, pos0, *qt, n_head, scale, *ot, *cfg_.device, window);
-      cfg_.device->download(*ot, out);
-    }
-    if (st) st = cfg_.device->status();
-    if (!st) device_error_ = st.error();
-    return;
+  const int64_t q_dim = static_cast<int64_t>(n_head) * cfg_.geometry.head_dim;
+  auto qt = staging(2, n, q_dim);
+  auto ot = staging(3, n, q_dim);
+  Status st = !qt ? Status{Error{qt.error()}} : !ot ? Status{Error{ot.error()}} : Status{};
+  if (st) {
+    backend_->upload(*qt, q);
+    st = attention(s, il, pos0, *qt, n_head, scale, *ot, *backend_, window);
+    if (st) backend_->download(*ot, out);
   }
-  // A host store runs no attention: the attention runner reads host_blocks instead.
-  if (device_error_.empty()) {
-    device_error_ = "attend() on a host store (attention::AttentionRunner reads its host_blocks)";
-  }
+  if (st) st = backend_->status();
+  if (!st && error_.empty()) error_ = st.error();
 }
 
-Status PagedKvStore::quantise_block(int g, kv::BlockRef src_block, kv::BlockRef dst_block,
-                                    int rows) {
-  if (on_device()) {
-    const KvBlockQuantise job{device_ref({kv::PoolKind::kFp16, src_block}),
-                              device_ref({kv::PoolKind::kBody, dst_block}), rows};
-    return cfg_.device->quantise_blocks(device_pools_[static_cast<size_t>(g)], {&job, 1},
-                                        coord_->group_layers(g), cfg_.geometry.n_head_kv,
-                                        cfg_.geometry.head_dim, cfg_.layout.block_size);
+kv::HostKvBlocks PagedKvStore::host_blocks(kv::SeqId s, int il, int64_t n_ctx) {
+  const int B = cfg_.layout.block_size;
+  const int64_t nb = (n_ctx + B - 1) / B;
+  const int group = coord_->layer_group(il);
+  const std::array<KvPoolDesc, kv::kPoolKinds>& pools = pools_[static_cast<size_t>(group)];
+  const kv::BlockTable& t = coord_->manager(group).table(s);
+  std::array<kv::KvBlockView, kv::kPoolKinds> tmpl;
+  for (int p = 0; p < kv::kPoolKinds; ++p) {
+    const KvPoolDesc& d = pools[static_cast<size_t>(p)];
+    if (!d.memory.empty() && d.memory.host() == nullptr) return {};  // device memory
+    tmpl[static_cast<size_t>(p)] = kv::kv_pool_view(d, cfg_.geometry.head_dim);
   }
-  const PoolFormat& src_f = format(g, kv::PoolKind::kFp16);
-  const PoolFormat& dst_f = format(g, kv::PoolKind::kBody);
-  const uint8_t* src = coord_->manager(g).pool(kv::PoolKind::kFp16).data(src_block.index);
-  uint8_t* dst = coord_->manager(g).pool(kv::PoolKind::kBody).data(dst_block.index);
-  const int d = cfg_.geometry.head_dim;
-  const int H = cfg_.geometry.n_head_kv;
-  const kv::KvRowGeom g16 = kv::kv_row_geom(planner::kKvF16, d);
-  for (int il = 0; il < coord_->group_layers(g); ++il) {
-    const uint8_t* s = src + static_cast<size_t>(il) * src_f.layer_bytes;
-    uint8_t* t = dst + static_cast<size_t>(il) * dst_f.layer_bytes;
-    for (int h = 0; h < H; ++h) {
-      // FP16 rows -> fp32 staging -> body format (load is the reference decoder; this is storage
-      // work, not attention).
-      src_f.tk->load(g16, s + h * src_f.k_tile, 0, rows, rows_.data());
-      dst_f.tk->store(kv::kv_row_geom(dst_f.k, d), rows_.data(), t + h * dst_f.k_tile, 0, rows);
-      src_f.tv->load(g16, s + H * src_f.k_tile + h * src_f.v_tile, 0, rows, rows_.data());
-      dst_f.tv->store(kv::kv_row_geom(dst_f.v, d), rows_.data(),
-                      t + H * dst_f.k_tile + h * dst_f.v_tile, 0, rows);
+  views_.resize(static_cast<size_t>(nb));
+  for (int64_t b = 0; b < nb; ++b) {
+    const kv::BlockTableEntry& e = t[static_cast<size_t>(b)];
+    if (e.block.index == kv::kNullBlock) {  // dropped: outside every query's window (never read)
+      views_[static_cast<size_t>(b)] = kv::KvBlockView{};
+      continue;
     }
+    const KvBlockRef r = block_ref(e);
+    views_[static_cast<size_t>(b)] =
+        kv::kv_block_view(tmpl[static_cast<size_t>(r.pool)], pools[static_cast<size_t>(r.pool)],
+                          r.block, coord_->layer_index(il), cfg_.geometry.n_head_kv);
   }
-  return {};
+  return kv::HostKvBlocks{views_, B, cfg_.layout.rotate};
 }
 
 Status PagedKvStore::check_integrity() const {
-  if (!device_error_.empty()) return Error{"paged KV cache on the device: " + device_error_};
+  if (!error_.empty()) return Error{"paged KV cache: " + error_};
   return coord_->check_integrity();
 }
 

@@ -16,7 +16,6 @@
 #include <cmath>
 
 #include "bie/attention/attention_entropy.h"
-#include "bie/attention/attention_runner.h"
 #include "bie/backend/backend.h"
 #include "bie/planner/model_geometry.h"
 #include "model/architectures.h"
@@ -122,7 +121,6 @@ class DecoderModel final : public Model {
   std::vector<int32_t> out_ids_;    // logits rows of the pass, as I32
   std::vector<float> host_logits_;  // logits of a backend whose memory is not host-visible
   BatchPlan plan_;
-  attention::AttentionRunner attn_runner_;  // paged attention over host KV blocks
 };
 
 void DecoderModel::read_geometry(Binder& b) {
@@ -399,8 +397,8 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
       if (Status st = kv.write(il, p0, k.slice_rows(r0, ns), v.slice_rows(r0, ns), be); !st) {
         return Error{st.error()};
       }
-      if (Status st = attn_runner_.run(kv, il, p0, q.slice_rows(r0, ns), hp.n_head, kernel_scale,
-                                       attn.slice_rows(r0, ns), be, window);
+      if (Status st = kv.attention(il, p0, q.slice_rows(r0, ns), hp.n_head, kernel_scale,
+                                   attn.slice_rows(r0, ns), be, window);
           !st) {
         return Error{st.error()};
       }

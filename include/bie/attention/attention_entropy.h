@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <span>
 
-#include "bie/kv/kv_block_view.h"
+#include "bie/backend/kv_block_view.h"
 #include "bie/kv/kv_cache.h"
 
 namespace bie::attention {

@@ -54,6 +54,11 @@ class DeviceBuffer {
   [[nodiscard]] uint64_t backend_id() const { return backend_id_; }
   // The host address of byte 0 where the memory is host-visible (every CPU buffer), else nullptr.
   [[nodiscard]] void* host_ptr() const { return host_; }
+  // A buffer from Backend::reserve commits its memory range by range: [offset, offset + bytes)
+  // (page-aligned) becomes usable, or goes back to the system (its contents lost, a later access
+  // faults until it is committed again). Any other buffer is committed whole: both do nothing.
+  [[nodiscard]] virtual Status commit(size_t /*offset*/, size_t /*bytes*/) { return {}; }
+  virtual void decommit(size_t /*offset*/, size_t /*bytes*/) {}
 
  protected:
   DeviceBuffer(uint64_t backend_id, size_t size, void* host)
@@ -256,6 +261,13 @@ class Backend {
   // backend can convert it for its kernels now instead of at its first matmul (the CPU backend
   // repacks Q4_K/Q6_K matrices on AVX-512). Default: nothing.
   virtual void prepare_weight(const Tensor& /*w*/) {}
+  // Memory for a pool that fills as it is used (the KV pools): a backend that reserves_on_demand()
+  // returns `bytes` of address space that holds no memory until DeviceBuffer::commit (the CPU
+  // backend: PROT_NONE, MAP_NORESERVE pages); any other returns alloc(bytes).
+  [[nodiscard]] virtual bool reserves_on_demand() const { return false; }
+  [[nodiscard]] virtual Result<std::unique_ptr<DeviceBuffer>> reserve(size_t bytes) {
+    return alloc(bytes);
+  }
   // Bytes one buffer (alloc, upload_weights) may hold.
   [[nodiscard]] virtual uint64_t max_buffer_bytes() const { return UINT64_MAX; }
   // Host <-> device copies of dst.bytes() / src.bytes() bytes (contiguous views).
@@ -302,9 +314,9 @@ class Backend {
   virtual void softcap(const Tensor& x, float cap) = 0;
 
   // ---- KV data path (see the structs above) ---------------------------------------------------
-  // A backend whose KV storage still lives on the host (the CPU backend today: kv/ executes these
-  // jobs on its host pools) answers an error naming the operation; the KV storage calls them only
-  // on a backend that supports_paged_kv().
+  // The KV storage (kv::PagedKvStore) keeps its pools in the memory of a backend that
+  // supports_paged_kv() and the layout's formats, and runs every write, attention, copy and window
+  // exit as these operations. A backend without them answers an error naming the operation.
   [[nodiscard]] virtual bool supports_paged_kv() const { return false; }
   // Bytes one part of a KV pool may span (a device binds each part as one shader binding), and a
   // whole pool (kMaxKvPoolParts parts).

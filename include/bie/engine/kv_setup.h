@@ -150,7 +150,7 @@ struct KvSetup {
                                             int64_t out_rows);
 
 // plan_kv_setup for a loaded model, then the PagedKvCache with exactly the report's pools.
-// device: pools in that backend's memory when it supports_paged_kv() (else host memory), and the
+// device: pools in that backend's memory (nullptr: a CPU backend of the cache's own), and the
 // budget of its memory (apply_backend_memory with one logits row).
 [[nodiscard]] Result<KvSetup> setup_kv_cache(const Model& model, const KvEngineOptions& opts,
                                              Backend* device = nullptr);

@@ -38,7 +38,6 @@ struct BlockManagerConfig {
   int64_t body_blocks = 0;  // body-format pool
   uint64_t fp16_block_bytes = 0;
   uint64_t body_block_bytes = 0;
-  bool reserve_memory = true;  // see BlockPoolConfig::reserve_memory
   // Shared byte budget (several managers' pools, e.g. one per KV regime, draw on it): each pool
   // then gets ids for as many blocks as the whole budget holds, fp16_blocks/body_blocks are
   // ignored, and admission charges MemoryBudget::block_cost per active block.
@@ -302,6 +301,6 @@ class BlockManager {
 // (reserved_bytes() summed over the managers equals plan.total_bytes()).
 [[nodiscard]] Result<std::vector<BlockManager>> make_block_managers(
     const planner::KvPoolPlan& plan, const planner::KvLayout& layout, const std::string& model_id,
-    bool enable_prefix_caching = true, bool reserve_memory = true);
+    bool enable_prefix_caching = true);
 
 }  // namespace bie::kv

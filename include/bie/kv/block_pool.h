@@ -1,6 +1,7 @@
 // BlockPool: one flat pool of fixed-size KV blocks in one storage format. Owns block ids, ref
 // counts, the free list, the LRU of unreferenced cached blocks, each block's prefix-cache record
-// (key, chain hash, tokens) and the pool's memory. It knows nothing of sequences or of what a key
+// (key, chain hash, tokens) and which of the pool's memory is committed (the memory itself is a
+// backend buffer the KV storage attaches: attach_memory). It knows nothing of sequences or of what a key
 // means; the BlockManager owns those. Not thread-safe: the engine thread owns it.
 //
 // Block states (TurboMind's vocabulary):
@@ -18,6 +19,10 @@
 #include <vector>
 
 #include "bie/common/result.h"
+
+namespace bie {
+class DeviceBuffer;
+}  // namespace bie
 
 namespace bie::kv {
 
@@ -39,10 +44,6 @@ struct BlockPoolConfig {
   int64_t n_blocks = 0;      // usable blocks, ids 1..n_blocks
   uint64_t block_bytes = 0;  // bytes of one block (all layers of the group); 0 = no storage
   int block_tokens = 16;     // tokens per block (length of a cached block's token record)
-  // CPU backend: reserve n_blocks * block_bytes of address space (PROT_NONE, MAP_NORESERVE) and
-  // commit each block on first allocation. false: metadata only (tests, or a GPU pool whose
-  // memory lives elsewhere).
-  bool reserve_memory = true;
   // Shared budget (kv/memory_budget.h): the pool's memory comes from it, pages are given back
   // when other pools need them. nullptr: the pool owns n_blocks * block_bytes outright.
   MemoryBudget* budget = nullptr;
@@ -57,7 +58,7 @@ struct BlockKey {
 
 class BlockPool {
  public:
-  // Fails if the address space cannot be reserved.
+  // Metadata only until attach_memory.
   [[nodiscard]] static Result<std::unique_ptr<BlockPool>> create(const BlockPoolConfig& cfg);
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
@@ -66,7 +67,12 @@ class BlockPool {
   [[nodiscard]] int64_t n_blocks() const { return n_; }
   [[nodiscard]] uint64_t block_bytes() const { return cfg_.block_bytes; }
   [[nodiscard]] int block_tokens() const { return cfg_.block_tokens; }
-  // Address space reserved for the pool: n_blocks * stride() (the null block has no storage).
+  // The pool's blocks live in `memory` from now on: block b at byte (b - 1) * stride(), committed
+  // (DeviceBuffer::commit) on its first allocation and, under a budget, decommitted when its pages
+  // are given back. memory is host-visible memory from Backend::reserve, at least
+  // reserved_bytes() long, and outlives the pool; attach before the first allocation.
+  [[nodiscard]] Status attach_memory(DeviceBuffer& memory);
+  // Address space the pool's memory spans: n_blocks * stride() (the null block has no storage).
   [[nodiscard]] uint64_t reserved_bytes() const { return reserved_; }
   // Bytes made readable/writable so far (whole pages; never shrinks).
   [[nodiscard]] uint64_t committed_bytes() const { return committed_pages_ * page_; }
@@ -173,7 +179,8 @@ class BlockPool {
   int64_t n_free_ = 0;
   int64_t n_cached_ = 0;
 
-  // Memory: [base_, base_ + reserved_) reserved; block b lives at base_ + (b - 1) * block_bytes.
+  // Memory (attach_memory): [base_, base_ + reserved_); block b lives at base_ + (b - 1) * stride_.
+  DeviceBuffer* memory_ = nullptr;
   uint8_t* base_ = nullptr;
   uint64_t reserved_ = 0;
   uint64_t page_ = 4096;

@@ -1,8 +1,6 @@
 // KvCache: the interface between the model's forward pass and KV storage. The model computes
-// roped K/V rows and asks the cache to store them; attention over what it holds runs through the
-// attention runner (attention/attention_runner.h), which reads a paged cache's host blocks
-// (host_blocks) and otherwise asks the cache (attention / attend: a device store, a reference
-// cache). How K/V are laid out, quantised or paged is the cache's business (the paged,
+// roped K/V rows and asks the cache to store them (write) and to attend over what it holds
+// (attention): the paged cache runs both as its backend's KV operations. How K/V are laid out, quantised or paged is the cache's business (the paged,
 // mixed-precision cache replaces the contiguous one without touching model code).
 // One sequence per cache object for now. Not thread-safe: called from the engine thread.
 #pragma once
@@ -12,8 +10,8 @@
 #include <vector>
 
 #include "bie/backend/backend.h"
+#include "bie/backend/kv_block_view.h"
 #include "bie/common/result.h"
-#include "bie/kv/kv_block_view.h"
 
 namespace bie {
 
@@ -70,15 +68,14 @@ class KvCache {
                       float* out, Backend& backend, int64_t window = 0) = 0;
 
   // Layer il's blocks for a pass ending at n_ctx tokens, when this cache holds its K/V as paged
-  // blocks in host memory: the attention runner (attention/attention_runner.h) reads them there,
-  // and attend / attention are not called. Empty (the default): the cache runs attention itself.
+  // blocks in host-visible memory (read by the attention-entropy probe). Empty (the default): it
+  // does not.
   [[nodiscard]] virtual kv::HostKvBlocks host_blocks(int /*il*/, int64_t /*n_ctx*/) { return {}; }
 
   // The forward pass's entry points: the same store / attend on backend tensors (q, k, v, out:
-  // this sequence's n rows, F32). A cache whose storage lives on the device (a PagedKvStore with
-  // PagedKvStoreConfig::device) runs them as backend operations without leaving the device; the
-  // defaults below serve a host cache: they wait for the backend, then call store / attend on
-  // the tensors' host memory (every CPU backend tensor is host-visible).
+  // this sequence's n rows, F32). The paged cache runs them as its backend's operations on the
+  // tensors; the defaults below serve a host reference cache: they wait for the backend, then
+  // call store / attend on the tensors' host memory (every CPU backend tensor is host-visible).
   [[nodiscard]] virtual Status write(int il, int64_t pos0, const Tensor& k, const Tensor& v,
                                      Backend& backend);
   [[nodiscard]] virtual Status attention(int il, int64_t pos0, const Tensor& q, int n_head,

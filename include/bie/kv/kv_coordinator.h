@@ -54,9 +54,6 @@ struct KvCoordinatorConfig {
   // several layer groups names them "<events_medium>/g<group>/<pool>".
   KvEventSink* events = nullptr;
   std::string events_medium = "kv";
-  // The pools reserve host address space for their blocks (BlockPoolConfig::reserve_memory);
-  // false when the storage keeps them in a device's memory.
-  bool host_memory = true;
 };
 
 // Data work a coordinator's decisions imply, in the order it must run (a later item may read

@@ -27,7 +27,7 @@ struct PagedKvCacheConfig {
   // sliding-window layer groups (planner::kv_pool_plan's chunk_tokens); no effect without them.
   // With local groups, can_append(n > max_append) answers for appends in chunks of max_append.
   int64_t max_append = 0;
-  Backend* device = nullptr;  // pools in this backend's memory (PagedKvStoreConfig::device)
+  Backend* backend = nullptr;  // holds the pools and runs their operations (PagedKvStoreConfig)
 };
 
 class PagedKvCache final : public KvCache {
@@ -60,8 +60,7 @@ class PagedKvCache final : public KvCache {
   [[nodiscard]] kv::HostKvBlocks host_blocks(int il, int64_t n_ctx) override {
     return store_->host_blocks(kSeq, il, n_ctx);
   }
-  // A device store's attention (staged through device buffers for attend); a host store's runs
-  // in the attention runner (host_blocks).
+  // Staged through the backend's buffers (PagedKvStore::attend).
   void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
               Backend& backend, int64_t window = 0) override;
   [[nodiscard]] Status write(int il, int64_t pos0, const Tensor& k, const Tensor& v,

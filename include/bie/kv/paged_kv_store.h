@@ -4,13 +4,13 @@
 // the store owns what those blocks hold and executes the coordinator's KvWork lists on it:
 // K/V rows are written into FP16 sink/window blocks (or straight into body blocks that lie
 // outside the window), blocks that leave the window are re-quantised into the body pool,
-// copy-on-write copies are made. The pools' memory is host memory reserved by the block pools,
-// or a device backend's buffers (PagedKvStoreConfig::device). It runs no attention: host_blocks
-// describes a sequence's blocks of a layer (its group's block table) for the attention runner in
-// attention/, and on a device store attention() is the backend's paged_attention. Every group
-// holds the same tokens of every sequence.
-// With layout.rotate, K rows pass through kv::hadamard_rotate per head (V does not); the
-// attention runner or the device rotates the queries.
+// copy-on-write copies are made. The pools are the backend's memory (PagedKvStoreConfig::backend:
+// address space committed block by block on the CPU, buffers allocated up front on a device), and
+// every piece of data work is one of the backend's KV operations (kv_write, paged_attention,
+// copy_blocks, quantise_blocks) on the pools' descriptions: the store runs no kernel of its own.
+// Every group holds the same tokens of every sequence.
+// With layout.rotate, K rows are stored Hadamard-rotated per head (V is not); the backend rotates
+// them as it writes them and rotates the queries.
 // Not thread-safe (engine thread).
 //
 // Block layout (every pool): per layer of the group (in layer order), the K tiles of KV heads
@@ -31,20 +31,22 @@
 #include <string>
 #include <vector>
 
-#include "bie/kv/kv_block_view.h"
+#include "bie/backend/kv_block_view.h"
+#include "bie/backend/kv_format.h"
 #include "bie/kv/kv_cache.h"
 #include "bie/kv/kv_coordinator.h"
-#include "bie/kv/kv_format.h"
 
 namespace bie {
 
 // The coordinator's configuration (geometry, layout, pool sizes, prefix caching, budget, events)
-// and where the pools' memory lives.
+// and the backend that holds the pools.
 struct PagedKvStoreConfig : kv::KvCoordinatorConfig {
-  // Pools in this backend's memory (a backend that supports_paged_kv() and the layout's formats):
-  // K/V writes, attention, copy-on-write copies and window exits run as its operations, and no
-  // block data is held on the host. nullptr: pools in host memory, kernels of attention/.
-  Backend* device = nullptr;
+  // The pools live in this backend's memory (one that supports_paged_kv() and the layout's
+  // formats; Backend::reserves_on_demand decides whether they commit as they fill or are allocated
+  // whole), and K/V writes, attention, copy-on-write copies and window exits run as its
+  // operations. It must outlive the store. nullptr: a CPU backend of the store's own (tests and
+  // tools).
+  Backend* backend = nullptr;
 };
 
 class PagedKvStore {
@@ -82,46 +84,41 @@ class PagedKvStore {
   // ---- data ------------------------------------------------------------------------------
   // Runs the coordinator's data work on the pools, in order (copies, quantisations).
   [[nodiscard]] Status execute(const kv::KvWork& work);
-  // Whether the pools live in a device backend's memory (PagedKvStoreConfig::device).
-  [[nodiscard]] bool on_device() const { return cfg_.device != nullptr; }
-  // A host store: layer il's blocks of s for a pass ending at n_ctx tokens (KvCache::host_blocks;
-  // valid until the next call or block change). A device store: empty.
+  // The backend that holds the pools and runs their operations.
+  [[nodiscard]] Backend& backend() const { return *backend_; }
+  // Layer il's blocks of s for a pass ending at n_ctx tokens, where the pools are host-visible
+  // (KvCache::host_blocks; valid until the next call or block change); else empty.
   [[nodiscard]] kv::HostKvBlocks host_blocks(kv::SeqId s, int il, int64_t n_ctx);
-  // store / attention on backend tensors (k, v, q, out: the sequence's rows, F32). On a device
-  // store they are kv_write / paged_attention operations on the device. On a host store write
-  // waits for the backend and runs store on the tensors' host memory; attention is refused (the
-  // attention runner reads host_blocks).
+  // kv_write / paged_attention of s's rows (k, v, q, out: F32 tensors the store's backend can
+  // read: its own, or host memory on the CPU) at positions [pos0, pos0 + rows). `backend` is the
+  // caller's, synchronised before the store's operations run when it is another one.
   [[nodiscard]] Status write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, const Tensor& v,
                              Backend& backend);
   [[nodiscard]] Status attention(kv::SeqId s, int il, int64_t pos0, const Tensor& q, int n_head,
                                  float scale, const Tensor& out, Backend& backend,
                                  int64_t window = 0);
-  // Host-memory data path (host stores; on a device store store stages through device buffers).
-  // note: positions [pos0, pos0 + n) must be allocated for s.
+  // The same from and to host memory, staged through the backend's buffers (tests and tools).
+  // store: note: positions [pos0, pos0 + n) must be allocated for s. attend: causal attention of
+  // n queries at positions [pos0, pos0 + n) of s over [0, pos0 + i], or with window > 0 over
+  // [max(0, pos0 + i - window + 1), pos0 + i]. A failure is reported by check_integrity.
   void store(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* k, const float* v);
-  // A device store: causal attention of n queries at positions [pos0, pos0 + n) of s over
-  // [0, pos0 + i], or with window > 0 over [max(0, pos0 + i - window + 1), pos0 + i], staged
-  // through device buffers. A host store refuses it (reported by check_integrity).
   void attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
               float* out, int64_t window = 0);
 
   // Read-only storage of a table entry's block of the lead group, or of group g (tests and tools;
-  // nullptr on a device store).
+  // nullptr where the pools are not host memory committed by the block pools).
   [[nodiscard]] const uint8_t* block_storage(const kv::BlockTableEntry& e) const {
     return coord_->manager().pool(e.pool).data(e.block.index);
   }
   [[nodiscard]] const uint8_t* block_storage(int g, const kv::BlockTableEntry& e) const {
     return coord_->manager(g).pool(e.pool).data(e.block.index);
   }
-  // The coordinator's integrity check, and the first failure of a void call (store / attend on
-  // a device store, attend on a host store).
+  // The coordinator's integrity check, and the first failure of a void call (store / attend).
   [[nodiscard]] Status check_integrity() const;
 
  private:
   struct PoolFormat {
     planner::KvFormat k, v;
-    const kv::KvFormatTraits* tk = nullptr;
-    const kv::KvFormatTraits* tv = nullptr;
     size_t k_tile = 0, v_tile = 0;  // bytes of one KV head's tile
     size_t layer_bytes = 0;         // n_head_kv * (k_tile + v_tile)
   };
@@ -130,29 +127,30 @@ class PagedKvStore {
   [[nodiscard]] const PoolFormat& format(int g, kv::PoolKind p) const {
     return fmt_[static_cast<size_t>(g)][static_cast<size_t>(p)];
   }
-  [[nodiscard]] uint8_t* block_data(int g, const kv::BlockTableEntry& e);
   [[nodiscard]] Status copy_block(int g, const kv::KvCopy& c);
   [[nodiscard]] Status quantise_block(int g, kv::BlockRef src, kv::BlockRef dst, int rows);
-  // Device pools: allocates each group's pools in cfg_.device's memory.
-  [[nodiscard]] Status alloc_device_pools();
+  // Allocates each group's pools in the backend's memory (reserved and attached to the block
+  // pools, or allocated whole in parts).
+  [[nodiscard]] Status alloc_pools();
   // The backend's name for table entry e of group g.
-  [[nodiscard]] static KvBlockRef device_ref(const kv::BlockTableEntry& e);
-  // A device staging tensor of rows x cols F32 for host calls on a device store (slot 0..3).
+  [[nodiscard]] static KvBlockRef block_ref(const kv::BlockTableEntry& e);
+  // A staging tensor of rows x cols F32 in the backend's memory for host calls (slot 0..3).
   [[nodiscard]] Result<Tensor> staging(int slot, int64_t rows, int64_t cols);
 
   PagedKvStoreConfig cfg_;
+  std::unique_ptr<Backend> own_backend_;  // when cfg_.backend is nullptr
+  Backend* backend_ = nullptr;
+  // The pools' memory, declared before the coordinator so that it outlives the block pools.
+  std::vector<std::unique_ptr<DeviceBuffer>> pool_buffers_;
   std::unique_ptr<kv::KvCoordinator> coord_;
   std::vector<std::array<PoolFormat, kv::kPoolKinds>> fmt_;  // [group][pool kind]
-  std::vector<float> rows_;             // [block_size, head_dim] staging for store
   std::vector<kv::KvBlockView> views_;  // per logical block, rebuilt per host_blocks
-  // Device store: per group, the pools' descriptions in kv::PoolKind order (their memory in
-  // device_buffers_), and staging buffers for host calls.
-  std::vector<std::array<KvPoolDesc, kv::kPoolKinds>> device_pools_;
-  std::vector<std::unique_ptr<DeviceBuffer>> device_buffers_;
+  // Per group, the pools' descriptions in kv::PoolKind order (their memory in pool_buffers_).
+  std::vector<std::array<KvPoolDesc, kv::kPoolKinds>> pools_;
   std::array<std::unique_ptr<DeviceBuffer>, 4> staging_;
   std::vector<KvSlot> slots_buf_;
   std::vector<KvBlockRef> table_buf_;
-  std::string device_error_;  // sticky: the first failed void call (check_integrity)
+  std::string error_;  // sticky: the first failed void call (check_integrity)
 };
 
 }  // namespace bie

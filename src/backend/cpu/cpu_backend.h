@@ -6,8 +6,9 @@
 // held once, and every later matmul reads the copy. Every
 // operation runs to completion before it returns (synchronize() is a no-op).
 // Row-wise operations fan out over the pool when they have enough rows, the others run inline.
-// The KV data-path operations are not implemented here: the CPU KV storage executes them on its
-// host pools in kv/ (Backend::supports_paged_kv() is false).
+// KV pools are reserved address space (reserve: PROT_NONE, MAP_NORESERVE) committed block by
+// block as the pools fill; the KV data path (cpu_kv.cpp) runs the KV format codecs
+// (kv_format.h) and the paged attention kernels (attention_runner.h) on them.
 #pragma once
 
 #include <memory>
@@ -15,6 +16,7 @@
 #include "bie/backend/backend.h"
 #include "bie/backend/matmul.h"
 #include "bie/backend/thread_pool.h"
+#include "backend/cpu/attention_runner.h"
 
 namespace bie {
 
@@ -48,6 +50,20 @@ class CpuBackend final : public Backend {
             int head_dim) override;
   void softcap(const Tensor& x, float cap) override;
 
+  // ---- KV data path (cpu_kv.cpp) ----------------------------------------------------------------
+  [[nodiscard]] bool reserves_on_demand() const override { return true; }
+  [[nodiscard]] Result<std::unique_ptr<DeviceBuffer>> reserve(size_t bytes) override;
+  [[nodiscard]] bool supports_paged_kv() const override { return true; }
+  // Every format with kernels (kv::kv_format_supported; the pool's group is checked by the store).
+  [[nodiscard]] bool supports_kv_types(uint8_t k_type, uint8_t v_type) const override;
+  [[nodiscard]] Status paged_attention(const AttnMetadata& meta) override;
+  [[nodiscard]] Status kv_write(const KvWriteMetadata& meta) override;
+  [[nodiscard]] Status copy_blocks(std::span<const KvPoolDesc> pools,
+                                   std::span<const KvBlockCopy> copies) override;
+  [[nodiscard]] Status quantise_blocks(std::span<const KvPoolDesc> pools,
+                                       std::span<const KvBlockQuantise> moves, int n_layers_in_group,
+                                       int n_head_kv, int head_dim, int block_size) override;
+
  private:
   // Runs fn(row) for every row in [0, rows), over the pool when the job is large enough.
   template <class Fn>
@@ -57,6 +73,9 @@ class CpuBackend final : public Backend {
 
   ThreadPool pool_;
   MatmulScratch scratch_;
+  attention::AttentionRunner attention_;
+  std::vector<kv::KvBlockView> views_;  // one sequence's blocks, rebuilt per paged_attention
+  std::vector<float> rows_;             // [block_size, head_dim] staging of kv_write / quantise
 };
 
 }  // namespace bie

@@ -1,4 +1,4 @@
-// The KV formats of bie/kv/kv_format.h (the rows of f16, fp8_e4m3, int8, int4_asym_gG; the tiles
+// The KV formats of bie/backend/kv_format.h (the rows of f16, fp8_e4m3, int8, int4_asym_gG; the tiles
 // of int4_channel_tT and int8_channel_tT), encoded and decoded exactly as the CPU's scalar trait
 // table (src/kv/kv_format.cpp) does, so a block written on the device has the CPU's bytes. Every rounding step the CPU takes is reproduced in integer
 // arithmetic: GLSL's packHalf2x16 rounding is implementation-defined and Vulkan lets a division be

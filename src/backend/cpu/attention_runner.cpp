@@ -1,41 +1,20 @@
-#include "bie/attention/attention_runner.h"
+#include "backend/cpu/attention_runner.h"
 
 #include <algorithm>
 #include <cassert>
 
-#include "bie/attention/paged_attention.h"
+#include "backend/cpu/paged_attention.h"
 #include "bie/backend/thread_pool.h"
-#include "bie/kv/kv_format_rotate.h"
+#include "bie/backend/kv_format_rotate.h"
 
 namespace bie::attention {
 
-Status AttentionRunner::run(KvCache& kv, int il, int64_t pos0, const Tensor& q, int n_head,
-                            float scale, const Tensor& out, Backend& backend, int64_t window) {
-  const kv::HostKvBlocks blocks = kv.host_blocks(il, pos0 + q.rows);
-  if (blocks.empty()) return kv.attention(il, pos0, q, n_head, scale, out, backend, window);
-  float *qp = nullptr, *op = nullptr;
-  if (Status st = host_rows(backend, q, out, "queries", &qp, &op); !st) return st;
-  run_blocks(blocks, kv.geometry(), pos0, q.rows, qp, n_head, scale, op, backend.host_threads(),
-             window);
-  return {};
-}
-
-void AttentionRunner::run(KvCache& kv, int il, int64_t pos0, int64_t n, const float* q, int n_head,
-                          float scale, float* out, Backend& backend, int64_t window) {
-  const kv::HostKvBlocks blocks = kv.host_blocks(il, pos0 + n);
-  if (blocks.empty()) {
-    kv.attend(il, pos0, n, q, n_head, scale, out, backend, window);
-    return;
-  }
-  run_blocks(blocks, kv.geometry(), pos0, n, q, n_head, scale, out, backend.host_threads(), window);
-}
-
-void AttentionRunner::run_blocks(const kv::HostKvBlocks& blocks, const KvGeometry& g, int64_t pos0,
-                                 int64_t n, const float* q, int n_head, float scale, float* out,
-                                 ThreadPool& pool, int64_t window) {
+void AttentionRunner::run_blocks(const kv::HostKvBlocks& blocks, int n_head_kv, int head_dim,
+                                 int64_t pos0, int64_t n, const float* q, int n_head, float scale,
+                                 float* out, ThreadPool& pool, int64_t window) {
   const int B = blocks.block_size;
-  const int d = g.head_dim;
-  const int H = g.n_head_kv;
+  const int d = head_dim;
+  const int H = n_head_kv;
   const int group = n_head / H;
   const int64_t n_ctx = pos0 + n;
   const int64_t q_stride = static_cast<int64_t>(n_head) * d;
@@ -142,12 +121,6 @@ void AttentionRunner::run_blocks(const kv::HostKvBlocks& blocks, const KvGeometr
       merge(th, parts.data());
     }
   });
-}
-
-void attend(KvCache& kv, int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-            float* out, Backend& backend, int64_t window) {
-  thread_local AttentionRunner runner;
-  runner.run(kv, il, pos0, n, q, n_head, scale, out, backend, window);
 }
 
 }  // namespace bie::attention

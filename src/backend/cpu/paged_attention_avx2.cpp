@@ -13,10 +13,10 @@
 #include <cstring>
 #include <type_traits>
 
-#include "attention/paged_attention_x86_inl.h"
-#include "bie/attention/paged_attention.h"
+#include "backend/cpu/paged_attention_x86_inl.h"
+#include "backend/cpu/paged_attention.h"
 #include "bie/common/simd_avx2.h"
-#include "bie/kv/kv_layout.h"
+#include "bie/backend/kv_layout.h"
 
 namespace bie::attention {
 

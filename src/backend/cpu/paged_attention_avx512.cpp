@@ -19,9 +19,9 @@
 #include <cstring>
 #include <type_traits>
 
-#include "attention/paged_attention_x86_inl.h"
-#include "bie/attention/paged_attention.h"
-#include "bie/kv/kv_layout.h"
+#include "backend/cpu/paged_attention_x86_inl.h"
+#include "backend/cpu/paged_attention.h"
+#include "bie/backend/kv_layout.h"
 
 namespace bie::attention {
 

@@ -1,12 +1,12 @@
 // Shared between the scalar and AVX2 KV format kernels: byte-level accessors for the layouts of
-// bie/kv/kv_format.h. Header-only, stateless.
+// bie/backend/kv_format.h. Header-only, stateless.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-#include "bie/kv/kv_format.h"
-#include "bie/kv/kv_layout.h"
+#include "bie/backend/kv_format.h"
+#include "bie/backend/kv_layout.h"
 #include "bie/quant/fp16.h"
 
 namespace bie::kv::detail {
@@ -21,7 +21,7 @@ inline void store_fp16(uint8_t* p, uint16_t h) {
   std::memcpy(p, &h, sizeof h);
 }
 
-// Row and tile layouts: the public bie/kv/kv_layout.h (the attention kernels read them too).
+// Row and tile layouts: the public bie/backend/kv_layout.h (the attention kernels read them too).
 using kv::chan_row_offset;
 using kv::chan_tile_bytes;
 using kv::group_bytes_int4;

@@ -1,6 +1,6 @@
 // Scalar reference kernels of the KV storage formats, the trait tables and the byte sizes.
 // Every AVX2 kernel (kv_format_avx2.cpp) is tested against these.
-#include "bie/kv/kv_format.h"
+#include "bie/backend/kv_format.h"
 
 #include <algorithm>
 #include <cassert>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "bie/common/cpu_features.h"
-#include "kv/kv_format_internal.h"
+#include "backend/cpu/kv_format_internal.h"
 
 namespace bie::kv {
 

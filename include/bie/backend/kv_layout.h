@@ -1,11 +1,11 @@
-// Byte layout of the KV storage formats' rows and tiles (bie/kv/kv_format.h describes them): the
+// Byte layout of the KV storage formats' rows and tiles (bie/backend/kv_format.h describes them): the
 // part of the format table that readers outside kv/ (the attention kernels) need to walk a tile.
 // Header-only, stateless.
 #pragma once
 
 #include <cstddef>
 
-#include "bie/kv/kv_format.h"
+#include "bie/backend/kv_format.h"
 
 namespace bie::kv {
 

@@ -1,4 +1,4 @@
-#include "bie/attention/paged_attention.h"
+#include "backend/cpu/paged_attention.h"
 
 #include <algorithm>
 #include <cassert>

@@ -20,8 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "bie/kv/kv_block_view.h"
-#include "bie/kv/kv_format.h"
+#include "bie/backend/kv_block_view.h"
+#include "bie/backend/kv_format.h"
 
 namespace bie::attention {
 

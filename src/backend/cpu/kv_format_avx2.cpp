@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "bie/common/simd_avx2.h"
-#include "kv/kv_format_internal.h"
+#include "backend/cpu/kv_format_internal.h"
 
 namespace bie::kv::detail {
 

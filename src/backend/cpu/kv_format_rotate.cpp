@@ -1,6 +1,6 @@
 // Scalar normalised fast Walsh–Hadamard transform and the dispatcher (AVX2 twin in
 // kv_format_rotate_avx2.cpp).
-#include "bie/kv/kv_format_rotate.h"
+#include "bie/backend/kv_format_rotate.h"
 
 #include <cassert>
 #include <cmath>

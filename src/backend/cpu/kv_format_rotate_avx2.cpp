@@ -6,7 +6,7 @@
 #include <cassert>
 #include <cmath>
 
-#include "bie/kv/kv_format_rotate.h"
+#include "bie/backend/kv_format_rotate.h"
 
 namespace bie::kv {
 

@@ -13,7 +13,7 @@
 #include <type_traits>
 
 #include "bie/common/simd_avx2.h"
-#include "bie/kv/kv_layout.h"
+#include "bie/backend/kv_layout.h"
 
 namespace bie::attention {
 namespace {  // NOLINT(cert-dcl59-cpp): one copy per ISA-specific file, never shared across them
