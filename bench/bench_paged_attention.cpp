@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/attention_runner.h"
+#include "backend/cpu/paged_attention_runner.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/planner/kv_bytes.h"
 #include "bie/planner/kv_layout_flags.h"
@@ -83,7 +83,7 @@ void time_decode(benchmark::State& state, bie::PagedKvCache& c, int n_head, floa
   const bie::KvGeometry& geo = c.geometry();
   const int64_t pos = c.n_tokens() - 1;
   bie::CpuBackend pool(static_cast<int>(state.range(2)));
-  bie::attention::AttentionRunner runner;
+  bie::attention::PagedAttentionRunner runner;
   std::mt19937 rng(2);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> q(static_cast<size_t>(n_head) * geo.head_dim), out(q.size());
@@ -128,7 +128,7 @@ void BM_PagedAttnDecodeCold(benchmark::State& state) {
   bie::PagedKvCache* c = regime_cache(state);
   if (c == nullptr) return;
   bie::CpuBackend pool(static_cast<int>(state.range(2)));
-  bie::attention::AttentionRunner runner;
+  bie::attention::PagedAttentionRunner runner;
   static std::vector<uint8_t> evict(size_t{512} << 20);
   std::vector<float> q(kHeads * kHeadDim, 0.5f), out(q.size());
   uint8_t tick = 0;

@@ -9,7 +9,10 @@ source tree. Exit 1, naming each offending file and line, when:
   - include/bie/model/model.h mentions ThreadPool or a std::vector<float>& workspace;
   - a kv/ header or source includes an attention/ header (kv stores K/V and hands out its blocks;
     the attention runner in attention/ reads them: kv must not run attention);
-  - src/attention/ includes a private kv/ header ("kv/...").
+  - src/attention/ includes a private kv/ header ("kv/...");
+  - backend/ (include/bie/backend/, src/backend/) includes a module above it (kv/, attention/,
+    model/, engine/, server/, sampling/, tokenizer/, grammar/, template/): the KV codecs and the
+    paged attention it runs live in backend/.
 
     scripts/check_layering.py [ROOT]"""
 import os
@@ -60,6 +63,9 @@ def main():
                     errors.append(f"{where}: a kv/ header includes {inc} (kv must not run attention)")
                 if rel.startswith("src/kv/"):
                     errors.append(f"{where}: kv/ includes {inc} (kv must not run attention)")
+            if inc and rel.startswith(("include/bie/backend/", "src/backend/")) and re.match(
+                    r"(bie/)?(kv|attention|model|engine|server|sampling|tokenizer|grammar|template)/", inc):
+                errors.append(f"{where}: backend/ includes {inc}, a module above it")
             if inc and inc.startswith("kv/") and rel.startswith("src/attention/"):
                 errors.append(f"{where}: attention/ includes kv's private {inc} (use bie/kv/*.h)")
 

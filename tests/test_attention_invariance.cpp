@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/cpu/attention_runner.h"
+#include "backend/cpu/paged_attention_runner.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/kv/paged_kv_store.h"
 #include "bie/planner/kv_layout_flags.h"
@@ -19,7 +19,7 @@ TEST(PagedAttentionInvariance, QueryBitsDoNotDependOnTheTile) {
   const KvGeometry geo{1, 3, 64, {}};
   const int n_head = 9;
   ThreadPool pool(2);
-  attention::AttentionRunner runner;
+  attention::PagedAttentionRunner runner;
   for (const char* dtype : {"f16", "int8", "fp8_e4m3", "int4_asym", "int4_channel"}) {
     planner::KvLayoutFlags f;
     f.dtype = dtype;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "bie/attention/attention_runner.h"
 #include "backend/cpu/paged_attention.h"
 #include "bie/backend/thread_pool.h"
 #include "bie/common/cpu_features.h"
@@ -633,7 +634,7 @@ TEST_P(PagedCacheAttention, StoreAndAttendMatchReference) {
     for (int il = 0; il < g.n_layer; ++il) {
       c.store(il, pos0, chunk, k.data(), v.data());
       const auto views = cache_views(c, il);  // before the pass's migrations
-      c.attend(il, pos0, chunk, q.data(), n_head, 0.125f, out.data(), pool, cc.swa);
+      attention::attend(c, il, pos0, chunk, q.data(), n_head, 0.125f, out.data(), pool, cc.swa);
       for (int64_t i : {int64_t{0}, chunk - 1}) {
         for (int hk = 0; hk < g.n_head_kv; ++hk) {
           std::vector<float> qg(q.begin() + i * q_dim + hk * 3 * d,
@@ -696,7 +697,7 @@ TEST(ContiguousCacheWindow, MatchesPagedF16) {
     (*paged)->store(0, pos0, chunk, k.data(), v.data());
     std::vector<float> a(q.size()), b(q.size()), full(q.size()), wide(q.size());
     dense.attend(0, pos0, chunk, q.data(), n_head, 0.125f, a.data(), pool, window);
-    (*paged)->attend(0, pos0, chunk, q.data(), n_head, 0.125f, b.data(), pool, window);
+    attention::attend(**paged, 0, pos0, chunk, q.data(), n_head, 0.125f, b.data(), pool, window);
     (*paged)->finish_pass();
     dense.attend(0, pos0, chunk, q.data(), n_head, 0.125f, full.data(), pool, 0);
     dense.attend(0, pos0, chunk, q.data(), n_head, 0.125f, wide.data(), pool, pos0 + chunk);
@@ -731,7 +732,7 @@ TEST(PagedCacheRotate, F16RotatedEqualsUnrotated) {
     ASSERT_TRUE((*r)->append(n).ok());
     (*r)->store(0, 0, n, k.data(), v.data());
     outs[rot].resize(static_cast<size_t>(n * q_dim));
-    (*r)->attend(0, 0, n, q.data(), 9, 0.125f, outs[rot].data(), pool);
+    attention::attend(**r, 0, 0, n, q.data(), 9, 0.125f, outs[rot].data(), pool);
   }
   const double e = max_diff(outs[0].data(), outs[1].data(), outs[0].size());
   EXPECT_LT(e, 3e-3);
@@ -765,7 +766,7 @@ class TeeKvCache final : public KvCache {
     const size_t len = static_cast<size_t>(n * n_head * geometry().head_dim);
     std::vector<std::vector<float>> outs(paged_.size(), std::vector<float>(len));
     for (size_t i = 0; i < paged_.size(); ++i) {
-      paged_[i]->attend(il, pos0, n, q, n_head, scale, outs[i].data(), pool, window);
+      attention::attend(*paged_[i], il, pos0, n, q, n_head, scale, outs[i].data(), pool, window);
     }
     for (size_t i = 1; i < paged_.size(); ++i) {
       for (size_t j = 0; j < len; ++j) {

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "bie/attention/attention_runner.h"
 #include "backend/cpu/paged_attention.h"
 #include "bie/common/cpu_features.h"
 #include "support/generate.h"
@@ -251,7 +252,7 @@ struct Driver {
       vs.push_back(rnd(static_cast<size_t>(n) * kvd));
       const std::vector<float> q = rnd(static_cast<size_t>(n) * qd);
       kv.store(il, pos0, n, ks.back().data(), vs.back().data());
-      kv.attend(il, pos0, n, q.data(), n_head, 0.125f, out.data(), pool);
+      attention::attend(kv, il, pos0, n, q.data(), n_head, 0.125f, out.data(), pool);
       if (il == g.n_layer - 1 && out_last) *out_last = out;
       if (il == g.n_layer - 1 && q_last) *q_last = q;
     }
@@ -438,10 +439,10 @@ TEST(PagedKvCache, LayerMapStoresEachLayerAsAUniformCacheOfItsFormats) {
       const std::vector<float> k = rnd(n * kvd), v = rnd(n * kvd), q = rnd(n * qd);
       std::vector<float> out_m(static_cast<size_t>(n * qd)), out_u(out_m.size());
       m->store(il, pos0, n, k.data(), v.data());
-      m->attend(il, pos0, n, q.data(), n_head, 0.125f, out_m.data(), pool);
+      attention::attend(*m, il, pos0, n, q.data(), n_head, 0.125f, out_m.data(), pool);
       PagedKvCache& u = *uniform[static_cast<size_t>(il)];
       for (auto& other : uniform) other->store(il, pos0, n, k.data(), v.data());
-      u.attend(il, pos0, n, q.data(), n_head, 0.125f, out_u.data(), pool);
+      attention::attend(u, il, pos0, n, q.data(), n_head, 0.125f, out_u.data(), pool);
       ASSERT_EQ(0, std::memcmp(out_m.data(), out_u.data(), out_m.size() * sizeof(float)))
           << "layer " << il << " at " << pos0;
       ++compared;

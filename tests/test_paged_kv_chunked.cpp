@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/cpu/cpu_backend.h"
+#include "bie/attention/attention_runner.h"
 #include "support/generate.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/planner/kv_bytes.h"
@@ -46,7 +47,7 @@ Result<std::vector<float>> feed(PagedKvCache& kv, int64_t n_total, int64_t chunk
       for (float& x : q) x = nd(rng);
       out.assign(q.size(), 0.0f);
       kv.store(il, pos0, n, k.data(), v.data());
-      kv.attend(il, pos0, n, q.data(), n_head, 0.125f, out.data(), pool);
+      attention::attend(kv, il, pos0, n, q.data(), n_head, 0.125f, out.data(), pool);
     }
     kv.finish_pass();
   }

@@ -100,17 +100,6 @@ void PagedKvCache::store(int il, int64_t pos0, int64_t n, const float* k, const 
   store_->store(kSeq, il, pos0, n, k, v);
 }
 
-void PagedKvCache::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-                          float* out, Backend& backend, int64_t window) {
-  (void)backend;
-  store_->attend(kSeq, il, pos0, n, q, n_head, scale, out, window);
-}
-
-Status PagedKvCache::attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
-                               const Tensor& out, Backend& backend, int64_t window) {
-  return store_->attention(kSeq, il, pos0, q, n_head, scale, out, backend, window);
-}
-
 void PagedKvCache::finish_pass() {
   // Every layer of the pass is written: blocks that left the window can be re-quantised. A
   // failure (body pool exhausted; impossible with planned pools) leaves them FP16, which is still

@@ -302,13 +302,11 @@ Status PagedKvStore::write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, c
   return backend_->kv_write(m);
 }
 
-Status PagedKvStore::attention(kv::SeqId s, int il, int64_t pos0, const Tensor& q, int n_head,
-                               float scale, const Tensor& out, Backend& backend, int64_t window) {
-  if (&backend != backend_) backend.synchronize();
+kv::PagedKvLayer PagedKvStore::paged_layer(kv::SeqId s, int il, int64_t n_ctx) {
   const int group = coord_->layer_group(il);
   const kv::BlockTable& t = coord_->manager(group).table(s);
   const int B = cfg_.layout.block_size;
-  const int64_t nb = (pos0 + q.rows + B - 1) / B;
+  const int64_t nb = (n_ctx + B - 1) / B;
   table_buf_.clear();
   int32_t pool_id = -1;
   for (int64_t b = 0; b < nb; ++b) {
@@ -322,27 +320,17 @@ Status PagedKvStore::attention(kv::SeqId s, int il, int64_t pos0, const Tensor& 
       table_buf_[static_cast<size_t>(b)].pool = pool_id;
     }
   }
-  const int32_t query_start[2] = {0, static_cast<int32_t>(q.rows)};
-  const int64_t q_pos0[1] = {pos0};
-  const int32_t table_start[2] = {0, static_cast<int32_t>(nb)};
-  AttnMetadata m;
-  m.q = q;
-  m.out = out;
-  m.layer_in_group = coord_->layer_index(il);
-  m.n_layers_in_group = coord_->group_layers(group);
-  m.n_head = n_head;
-  m.n_head_kv = cfg_.geometry.n_head_kv;
-  m.head_dim = cfg_.geometry.head_dim;
-  m.block_size = B;
-  m.scale = scale;
-  m.window = window;
-  m.rotate_keys = cfg_.layout.rotate;
-  m.pools = pools_[static_cast<size_t>(group)];
-  m.query_start = query_start;
-  m.q_pos0 = q_pos0;
-  m.block_table_start = table_start;
-  m.block_table = table_buf_;
-  return backend_->paged_attention(m);
+  kv::PagedKvLayer l;
+  l.backend = backend_;
+  l.pools = pools_[static_cast<size_t>(group)];
+  l.blocks = table_buf_;
+  l.layer_in_group = coord_->layer_index(il);
+  l.n_layers_in_group = coord_->group_layers(group);
+  l.n_head_kv = cfg_.geometry.n_head_kv;
+  l.head_dim = cfg_.geometry.head_dim;
+  l.block_size = B;
+  l.rotate_keys = cfg_.layout.rotate;
+  return l;
 }
 
 void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* k,
@@ -356,21 +344,6 @@ void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const flo
     backend_->upload(*kt, k);
     backend_->upload(*vt, v);
     st = write(s, il, pos0, *kt, *vt, *backend_);
-  }
-  if (st) st = backend_->status();
-  if (!st && error_.empty()) error_ = st.error();
-}
-
-void PagedKvStore::attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* q, int n_head,
-                          float scale, float* out, int64_t window) {
-  const int64_t q_dim = static_cast<int64_t>(n_head) * cfg_.geometry.head_dim;
-  auto qt = staging(2, n, q_dim);
-  auto ot = staging(3, n, q_dim);
-  Status st = !qt ? Status{Error{qt.error()}} : !ot ? Status{Error{ot.error()}} : Status{};
-  if (st) {
-    backend_->upload(*qt, q);
-    st = attention(s, il, pos0, *qt, n_head, scale, *ot, *backend_, window);
-    if (st) backend_->download(*ot, out);
   }
   if (st) st = backend_->status();
   if (!st && error_.empty()) error_ = st.error();

@@ -19,16 +19,6 @@ Status SequenceKv::append(int64_t n) {
   return {};
 }
 
-void SequenceKv::attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-                        float* out, Backend& backend, int64_t window) {
-  store_.attend(seq_, il, pos0, n, q, n_head, scale, out, window);
-}
-
-Status SequenceKv::attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
-                             const Tensor& out, Backend& backend, int64_t window) {
-  return store_.attention(seq_, il, pos0, q, n_head, scale, out, backend, window);
-}
-
 void SequenceKv::finish_pass() {
   if (migrate_after_pass_ && (store_.layout().mixed() || store_.coordinator().has_local_groups())) {
     // A failure (body pool full) leaves the exits FP16: correct data, retried after the next pass.

@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "bie/attention/attention_entropy.h"
+#include "bie/attention/attention_runner.h"
 #include "bie/backend/backend.h"
 #include "bie/planner/model_geometry.h"
 #include "model/architectures.h"
@@ -107,6 +108,8 @@ class DecoderModel final : public Model {
   Tensor output_norm_;       // [n_embd]
   Tensor output_;            // [n_embd -> n_vocab] (token_embd when tied)
   std::vector<Layer> layers_;
+  attention::AttentionRunner attn_runner_;  // one paged_attention call per layer and KV store
+  std::vector<attention::AttnSequence> attn_seqs_;  // the pass's sequences, rows and positions
   RopeConfig rope_global_;        // full-attention layers
   RopeConfig rope_local_;         // sliding-window layers (sliding_window archs)
   std::vector<Tensor*> weights_;  // every weight tensor above (bind() points them at the buffer)
@@ -366,6 +369,11 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
   be.rope_cache(rope_global_, pos, cs_g);
   if (spec_.sliding_window) be.rope_cache(rope_local_, pos, cs_l);
 
+  attn_seqs_.clear();
+  for (size_t sq = 0; sq < seqs.size(); ++sq) {
+    attn_seqs_.push_back({seqs[sq].kv, plan_.seq_row(sq),
+                          static_cast<int64_t>(seqs[sq].tokens.size()), plan_.seq_pos(sq)});
+  }
   for (int il = 0; il < hp.n_layer; ++il) {
     const Layer& l = layers_[static_cast<size_t>(il)];
     const int64_t window = hp.layers[static_cast<size_t>(il)].window;
@@ -389,25 +397,25 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
     be.rope(rope, cs, q, hp.n_head, hp.head_dim);
     be.rope(rope, cs, k, hp.n_head_kv(), hp.head_dim);
     if (spec_.scale_q) be.scale(q, attn_scale_);
-    for (size_t sq = 0; sq < seqs.size(); ++sq) {
-      KvCache& kv = *seqs[sq].kv;
-      const int64_t r0 = plan_.seq_row(sq);
-      const auto ns = static_cast<int64_t>(seqs[sq].tokens.size());
-      const int64_t p0 = plan_.seq_pos(sq);
-      if (Status st = kv.write(il, p0, k.slice_rows(r0, ns), v.slice_rows(r0, ns), be); !st) {
-        return Error{st.error()};
-      }
-      if (Status st = kv.attention(il, p0, q.slice_rows(r0, ns), hp.n_head, kernel_scale,
-                                   attn.slice_rows(r0, ns), be, window);
+    for (const attention::AttnSequence& s : attn_seqs_) {
+      if (Status st = s.kv->write(il, s.pos0, k.slice_rows(s.row0, s.n), v.slice_rows(s.row0, s.n),
+                                  be);
           !st) {
         return Error{st.error()};
       }
-      if (!seqs[sq].attn_entropy.empty()) {
-        if (Status st = last_token_entropy(kv, il, p0 + ns - 1, q.slice_rows(r0 + ns - 1, 1),
-                                           kernel_scale, window, seqs[sq].attn_entropy, be);
-            !st) {
-          return Error{st.error()};
-        }
+    }
+    if (Status st = attn_runner_.run(attn_seqs_, il, q, attn, hp.n_head, kernel_scale, window, be);
+        !st) {
+      return Error{st.error()};
+    }
+    for (size_t sq = 0; sq < seqs.size(); ++sq) {
+      if (seqs[sq].attn_entropy.empty()) continue;
+      const attention::AttnSequence& s = attn_seqs_[sq];
+      if (Status st = last_token_entropy(*s.kv, il, s.pos0 + s.n - 1,
+                                         q.slice_rows(s.row0 + s.n - 1, 1), kernel_scale, window,
+                                         seqs[sq].attn_entropy, be);
+          !st) {
+        return Error{st.error()};
       }
     }
     plan_.mm(be, l.wo, attn, proj);

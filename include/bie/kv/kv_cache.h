@@ -1,11 +1,16 @@
 // KvCache: the interface between the model's forward pass and KV storage. The model computes
-// roped K/V rows and asks the cache to store them (write) and to attend over what it holds
-// (attention): the paged cache runs both as its backend's KV operations. How K/V are laid out, quantised or paged is the cache's business (the paged,
+// roped K/V rows and asks the cache to store them (write); the attention runner (attention/)
+// attends over what it holds: over a paged cache's blocks (paged_layer) as its backend's
+// paged_attention, else through the cache's own attention. How K/V are laid out, quantised or paged is the cache's business (the paged,
 // mixed-precision cache replaces the contiguous one without touching model code).
 // One sequence per cache object for now. Not thread-safe: called from the engine thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,6 +19,23 @@
 #include "bie/common/result.h"
 
 namespace bie {
+
+namespace kv {
+// One sequence's K/V of one layer as paged blocks in a backend's memory: logical block b of the
+// sequence is blocks[b] of pools (the layer group's pools, kv::PoolKind order), layer
+// layer_in_group of each block. Valid until the cache's next call or block change.
+struct PagedKvLayer {
+  Backend* backend = nullptr;  // holds the pools and runs paged_attention over them
+  std::span<const KvPoolDesc> pools;
+  std::span<const KvBlockRef> blocks;  // [ceil(n_ctx / block_size)]
+  int layer_in_group = 0;
+  int n_layers_in_group = 1;
+  int n_head_kv = 0;
+  int head_dim = 0;
+  int block_size = 16;
+  bool rotate_keys = false;  // keys stored Hadamard-rotated per head
+};
+}  // namespace kv
 
 struct KvGeometry {
   int n_layer = 0;
@@ -64,12 +86,20 @@ class KvCache {
   // window > 0 is a sliding window (local attention layers): query p sees only keys j with
   // p - j < window, i.e. [max(0, p - window + 1), p], llama.cpp's LLAMA_SWA_TYPE_STANDARD mask.
   // window = 0: the whole causal prefix. Keys outside the window stay stored (not freed).
+  // A paged cache (paged_layer) is attended by the attention runner instead (attention::attend
+  // for host rows); its attend is never called and writes NaN.
   virtual void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-                      float* out, Backend& backend, int64_t window = 0) = 0;
+                      float* out, Backend& backend, int64_t window = 0);
 
   // Layer il's blocks for a pass ending at n_ctx tokens, when this cache holds its K/V as paged
-  // blocks in host-visible memory (read by the attention-entropy probe). Empty (the default): it
-  // does not.
+  // blocks in its backend's memory: what the attention runner gives the backend's
+  // paged_attention. nullopt (the default): the cache attends itself (attend / attention).
+  [[nodiscard]] virtual std::optional<kv::PagedKvLayer> paged_layer(int /*il*/,
+                                                                    int64_t /*n_ctx*/) {
+    return std::nullopt;
+  }
+  // The same blocks as host views, where the pools are host-visible (read by the
+  // attention-entropy probe). Empty (the default): they are not.
   [[nodiscard]] virtual kv::HostKvBlocks host_blocks(int /*il*/, int64_t /*n_ctx*/) { return {}; }
 
   // The forward pass's entry points: the same store / attend on backend tensors (q, k, v, out:
@@ -108,6 +138,14 @@ class KvCache {
                  backend.name() + " device"};
   }
   return {};
+}
+
+inline void KvCache::attend(int /*il*/, int64_t /*pos0*/, int64_t n, const float* /*q*/,
+                            int n_head, float /*scale*/, float* out, Backend& /*backend*/,
+                            int64_t /*window*/) {
+  const size_t len = static_cast<size_t>(n) * static_cast<size_t>(n_head) *
+                     static_cast<size_t>(geometry().head_dim);
+  std::fill(out, out + len, std::numeric_limits<float>::quiet_NaN());
 }
 
 inline Status KvCache::write(int il, int64_t pos0, const Tensor& k, const Tensor& v,

@@ -57,18 +57,16 @@ class PagedKvCache final : public KvCache {
   [[nodiscard]] bool can_append(int64_t n) const override;
   [[nodiscard]] Status append(int64_t n) override;
   void store(int il, int64_t pos0, int64_t n, const float* k, const float* v) override;
+  [[nodiscard]] std::optional<kv::PagedKvLayer> paged_layer(int il, int64_t n_ctx) override {
+    return store_->paged_layer(kSeq, il, n_ctx);
+  }
   [[nodiscard]] kv::HostKvBlocks host_blocks(int il, int64_t n_ctx) override {
     return store_->host_blocks(kSeq, il, n_ctx);
   }
-  // Staged through the backend's buffers (PagedKvStore::attend).
-  void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
-              Backend& backend, int64_t window = 0) override;
   [[nodiscard]] Status write(int il, int64_t pos0, const Tensor& k, const Tensor& v,
                              Backend& backend) override {
     return store_->write(kSeq, il, pos0, k, v, backend);
   }
-  [[nodiscard]] Status attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
-                                 const Tensor& out, Backend& backend, int64_t window = 0) override;
   // After a pass over the newest tokens: migrate_window_exits (so rollback of the batch just run
   // may be refused; see truncate); a failure is reported by check_integrity.
   void finish_pass() override;

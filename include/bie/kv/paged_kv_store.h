@@ -6,8 +6,10 @@
 // outside the window), blocks that leave the window are re-quantised into the body pool,
 // copy-on-write copies are made. The pools are the backend's memory (PagedKvStoreConfig::backend:
 // address space committed block by block on the CPU, buffers allocated up front on a device), and
-// every piece of data work is one of the backend's KV operations (kv_write, paged_attention,
-// copy_blocks, quantise_blocks) on the pools' descriptions: the store runs no kernel of its own.
+// every piece of data work is one of the backend's KV operations (kv_write, copy_blocks,
+// quantise_blocks) on the pools' descriptions: the store runs no kernel of its own. It runs no
+// attention either: paged_layer describes a sequence's blocks of a layer for the attention
+// runner in attention/, which calls the backend's paged_attention.
 // Every group holds the same tokens of every sequence.
 // With layout.rotate, K rows are stored Hadamard-rotated per head (V is not); the backend rotates
 // them as it writes them and rotates the queries.
@@ -89,21 +91,19 @@ class PagedKvStore {
   // Layer il's blocks of s for a pass ending at n_ctx tokens, where the pools are host-visible
   // (KvCache::host_blocks; valid until the next call or block change); else empty.
   [[nodiscard]] kv::HostKvBlocks host_blocks(kv::SeqId s, int il, int64_t n_ctx);
-  // kv_write / paged_attention of s's rows (k, v, q, out: F32 tensors the store's backend can
-  // read: its own, or host memory on the CPU) at positions [pos0, pos0 + rows). `backend` is the
-  // caller's, synchronised before the store's operations run when it is another one.
+  // Layer il's blocks of s for a pass ending at n_ctx tokens (KvCache::paged_layer; valid until
+  // the next call or block change). A block a sliding window dropped names a block of a pool that
+  // holds blocks; no query reads it.
+  [[nodiscard]] kv::PagedKvLayer paged_layer(kv::SeqId s, int il, int64_t n_ctx);
+  // kv_write of s's K/V rows (F32 tensors the store's backend can read: its own, or host memory
+  // on the CPU) at positions [pos0, pos0 + rows). `backend` is the caller's, synchronised before
+  // the store's operation runs when it is another one.
   [[nodiscard]] Status write(kv::SeqId s, int il, int64_t pos0, const Tensor& k, const Tensor& v,
                              Backend& backend);
-  [[nodiscard]] Status attention(kv::SeqId s, int il, int64_t pos0, const Tensor& q, int n_head,
-                                 float scale, const Tensor& out, Backend& backend,
-                                 int64_t window = 0);
-  // The same from and to host memory, staged through the backend's buffers (tests and tools).
-  // store: note: positions [pos0, pos0 + n) must be allocated for s. attend: causal attention of
-  // n queries at positions [pos0, pos0 + n) of s over [0, pos0 + i], or with window > 0 over
-  // [max(0, pos0 + i - window + 1), pos0 + i]. A failure is reported by check_integrity.
+  // The same from host memory, staged through the backend's buffers (tests and tools); a failure
+  // is reported by check_integrity.
+  // note: positions [pos0, pos0 + n) must be allocated for s.
   void store(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* k, const float* v);
-  void attend(kv::SeqId s, int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-              float* out, int64_t window = 0);
 
   // Read-only storage of a table entry's block of the lead group, or of group g (tests and tools;
   // nullptr where the pools are not host memory committed by the block pools).
@@ -113,7 +113,7 @@ class PagedKvStore {
   [[nodiscard]] const uint8_t* block_storage(int g, const kv::BlockTableEntry& e) const {
     return coord_->manager(g).pool(e.pool).data(e.block.index);
   }
-  // The coordinator's integrity check, and the first failure of a void call (store / attend).
+  // The coordinator's integrity check, and the first failure of store.
   [[nodiscard]] Status check_integrity() const;
 
  private:
@@ -134,7 +134,7 @@ class PagedKvStore {
   [[nodiscard]] Status alloc_pools();
   // The backend's name for table entry e of group g.
   [[nodiscard]] static KvBlockRef block_ref(const kv::BlockTableEntry& e);
-  // A staging tensor of rows x cols F32 in the backend's memory for host calls (slot 0..3).
+  // A staging tensor of rows x cols F32 in the backend's memory for store (slot 0..1).
   [[nodiscard]] Result<Tensor> staging(int slot, int64_t rows, int64_t cols);
 
   PagedKvStoreConfig cfg_;
@@ -147,7 +147,7 @@ class PagedKvStore {
   std::vector<kv::KvBlockView> views_;  // per logical block, rebuilt per host_blocks
   // Per group, the pools' descriptions in kv::PoolKind order (their memory in pool_buffers_).
   std::vector<std::array<KvPoolDesc, kv::kPoolKinds>> pools_;
-  std::array<std::unique_ptr<DeviceBuffer>, 4> staging_;
+  std::array<std::unique_ptr<DeviceBuffer>, 2> staging_;
   std::vector<KvSlot> slots_buf_;
   std::vector<KvBlockRef> table_buf_;
   std::string error_;  // sticky: the first failed void call (check_integrity)

@@ -32,18 +32,16 @@ class SequenceKv final : public KvCache {
   void store(int il, int64_t pos0, int64_t n, const float* k, const float* v) override {
     store_.store(seq_, il, pos0, n, k, v);
   }
+  [[nodiscard]] std::optional<kv::PagedKvLayer> paged_layer(int il, int64_t n_ctx) override {
+    return store_.paged_layer(seq_, il, n_ctx);
+  }
   [[nodiscard]] kv::HostKvBlocks host_blocks(int il, int64_t n_ctx) override {
     return store_.host_blocks(seq_, il, n_ctx);
   }
-  // A device store's attention (staged through device buffers for attend).
-  void attend(int il, int64_t pos0, int64_t n, const float* q, int n_head, float scale, float* out,
-              Backend& backend, int64_t window = 0) override;
   [[nodiscard]] Status write(int il, int64_t pos0, const Tensor& k, const Tensor& v,
                              Backend& backend) override {
     return store_.write(seq_, il, pos0, k, v, backend);
   }
-  [[nodiscard]] Status attention(int il, int64_t pos0, const Tensor& q, int n_head, float scale,
-                                 const Tensor& out, Backend& backend, int64_t window = 0) override;
   // Window exits and sliding-window drops at the tokens stored (PagedKvStore::finish_pass),
   // unless the pass held unverified draft tokens (migrate_after_pass = false).
   void finish_pass() override;

@@ -16,7 +16,7 @@
 #include "bie/backend/backend.h"
 #include "bie/backend/matmul.h"
 #include "bie/backend/thread_pool.h"
-#include "backend/cpu/attention_runner.h"
+#include "backend/cpu/paged_attention_runner.h"
 
 namespace bie {
 
@@ -73,7 +73,7 @@ class CpuBackend final : public Backend {
 
   ThreadPool pool_;
   MatmulScratch scratch_;
-  attention::AttentionRunner attention_;
+  attention::PagedAttentionRunner attention_;
   std::vector<kv::KvBlockView> views_;  // one sequence's blocks, rebuilt per paged_attention
   std::vector<float> rows_;             // [block_size, head_dim] staging of kv_write / quantise
 };

@@ -1,4 +1,4 @@
-#include "backend/cpu/attention_runner.h"
+#include "backend/cpu/paged_attention_runner.h"
 
 #include <algorithm>
 #include <cassert>
@@ -9,7 +9,7 @@
 
 namespace bie::attention {
 
-void AttentionRunner::run_blocks(const kv::HostKvBlocks& blocks, int n_head_kv, int head_dim,
+void PagedAttentionRunner::run_blocks(const kv::HostKvBlocks& blocks, int n_head_kv, int head_dim,
                                  int64_t pos0, int64_t n, const float* q, int n_head, float scale,
                                  float* out, ThreadPool& pool, int64_t window) {
   const int B = blocks.block_size;

@@ -1,4 +1,4 @@
-// AttentionRunner: one layer's causal attention for one sequence over paged KV blocks in host
+// PagedAttentionRunner: one layer's causal attention for one sequence over paged KV blocks in host
 // memory (kv::HostKvBlocks: the CPU backend's paged_attention builds them from its AttnMetadata),
 // with the paged kernels (paged_attention.h). It plans (query tile x KV heads x context part)
 // tasks on the backend's threads, parts on a fixed grid of absolute positions (kSplitGridTokens)
@@ -17,7 +17,7 @@ class ThreadPool;
 
 namespace bie::attention {
 
-class AttentionRunner {
+class PagedAttentionRunner {
  public:
   // Attention of n queries at positions [pos0, pos0 + n) over the host blocks (n_head_kv KV
   // heads of head_dim values; KvCache::attend's contract), q and out [n, n_head * head_dim], on
