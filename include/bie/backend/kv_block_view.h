@@ -25,8 +25,8 @@ struct KvBlockView {
 };
 
 // A sequence's blocks of one layer in host memory, logical order; a block a sliding window
-// dropped is a view with null tiles (no query reads it). Empty: the cache does not hold its K/V
-// as host blocks (a device store, a contiguous cache) and runs attention itself.
+// dropped is a view with null tiles, or of a block no query reads. Empty: the K/V are not in
+// host-visible memory (a device's pools, a contiguous cache).
 struct HostKvBlocks {
   std::span<const KvBlockView> blocks;
   int block_size = 0;

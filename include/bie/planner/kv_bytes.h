@@ -35,7 +35,7 @@ struct KvLayout {
   int sink_tokens = 8;
   int window_tokens = 128;
   // --kv-rotate: K rows and query heads pass through a normalised Walsh–Hadamard transform per
-  // head before K is stored and before scores (kv/kv_format_rotate.h). Costs no bytes.
+  // head before K is stored and before scores (backend/kv_format_rotate.h). Costs no bytes.
   bool rotate = false;
 
   // Layer il's body formats.
