@@ -50,11 +50,12 @@ TEST(PagedAttentionInvariance, QueryBitsDoNotDependOnTheTile) {
       // Also with a sliding window (Gemma 3's local layers), where a tile skips the blocks
       // before its first query's window.
       for (int64_t window : {0, 20, 300}) {
-        runner.run_blocks(st.host_blocks(0, 0, pos0 + n), geo.n_head_kv, geo.head_dim, pos0, n, q.data(), n_head, 0.125f,
-                          all.data(), pool, window);
+        runner.run_blocks(st.host_blocks(0, 0, pos0 + n), geo.n_head_kv, geo.head_dim, pos0, n,
+                          q.data(), n_head, 0.125f, all.data(), pool, window);
         for (int64_t i = 0; i < n; ++i) {
-          runner.run_blocks(st.host_blocks(0, 0, pos0 + i + 1), geo.n_head_kv, geo.head_dim, pos0 + i, 1,
-                            q.data() + i * q_dim, n_head, 0.125f, one.data(), pool, window);
+          runner.run_blocks(st.host_blocks(0, 0, pos0 + i + 1), geo.n_head_kv, geo.head_dim,
+                            pos0 + i, 1, q.data() + i * q_dim, n_head, 0.125f, one.data(), pool,
+                            window);
           for (int64_t c = 0; c < q_dim; ++c) {
             ASSERT_EQ(one[static_cast<size_t>(c)], all[static_cast<size_t>(i * q_dim + c)])
                 << dtype << " pos0=" << pos0 << " n=" << n << " i=" << i << " c=" << c

@@ -14,8 +14,7 @@ bool same_pools(const kv::PagedKvLayer& a, const kv::PagedKvLayer& b) {
   return a.backend == b.backend && a.pools.data() == b.pools.data() &&
          a.pools.size() == b.pools.size() && a.layer_in_group == b.layer_in_group &&
          a.n_layers_in_group == b.n_layers_in_group && a.n_head_kv == b.n_head_kv &&
-         a.head_dim == b.head_dim && a.block_size == b.block_size &&
-         a.rotate_keys == b.rotate_keys;
+         a.head_dim == b.head_dim && a.block_size == b.block_size && a.rotate_keys == b.rotate_keys;
 }
 
 }  // namespace

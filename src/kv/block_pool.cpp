@@ -155,8 +155,8 @@ Status BlockPool::commit(BlockIndex b) {
   }
   if (Status st = memory_->commit(p0 * page_, (p1 - p0) * page_); !st) {
     if (cfg_.budget) cfg_.budget->credit(fresh);
-    return Error{fmt::format("KV block pool: block {} ({} bytes): {}", b, cfg_.block_bytes,
-                             st.error())};
+    return Error{
+        fmt::format("KV block pool: block {} ({} bytes): {}", b, cfg_.block_bytes, st.error())};
   }
   for (uint64_t p = p0; p < p1; ++p) {
     if (!page_committed_[p]) {

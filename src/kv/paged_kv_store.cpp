@@ -149,8 +149,12 @@ Status PagedKvStore::alloc_pools() {
           return Error{fmt::format("KV block pool of {} blocks: {}", pool.n_blocks(), buf.error())};
         }
         if (Status st = pool.attach_memory(**buf); !st) return st;
-        d.memory = Tensor{buf->get(),           0, quant::GgmlType::I8, pool.n_blocks(),
-                          static_cast<int64_t>(pool.stride()), pool.stride()};
+        d.memory = Tensor{buf->get(),
+                          0,
+                          quant::GgmlType::I8,
+                          pool.n_blocks(),
+                          static_cast<int64_t>(pool.stride()),
+                          pool.stride()};
         pool_buffers_.push_back(std::move(buf).value());
         continue;
       }

@@ -110,8 +110,8 @@ class DecoderModel final : public Model {
   std::vector<Layer> layers_;
   attention::AttentionRunner attn_runner_;  // one paged_attention call per layer and KV store
   std::vector<attention::AttnSequence> attn_seqs_;  // the pass's sequences, rows and positions
-  RopeConfig rope_global_;        // full-attention layers
-  RopeConfig rope_local_;         // sliding-window layers (sliding_window archs)
+  RopeConfig rope_global_;                          // full-attention layers
+  RopeConfig rope_local_;                           // sliding-window layers (sliding_window archs)
   std::vector<Tensor*> weights_;  // every weight tensor above (bind() points them at the buffer)
 
   uint64_t bound_backend_ = 0;  // Backend::id() of the bound backend; 0: none
@@ -398,8 +398,8 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
     be.rope(rope, cs, k, hp.n_head_kv(), hp.head_dim);
     if (spec_.scale_q) be.scale(q, attn_scale_);
     for (const attention::AttnSequence& s : attn_seqs_) {
-      if (Status st = s.kv->write(il, s.pos0, k.slice_rows(s.row0, s.n), v.slice_rows(s.row0, s.n),
-                                  be);
+      if (Status st =
+              s.kv->write(il, s.pos0, k.slice_rows(s.row0, s.n), v.slice_rows(s.row0, s.n), be);
           !st) {
         return Error{st.error()};
       }
@@ -411,9 +411,9 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
     for (size_t sq = 0; sq < seqs.size(); ++sq) {
       if (seqs[sq].attn_entropy.empty()) continue;
       const attention::AttnSequence& s = attn_seqs_[sq];
-      if (Status st = last_token_entropy(*s.kv, il, s.pos0 + s.n - 1,
-                                         q.slice_rows(s.row0 + s.n - 1, 1), kernel_scale, window,
-                                         seqs[sq].attn_entropy, be);
+      if (Status st =
+              last_token_entropy(*s.kv, il, s.pos0 + s.n - 1, q.slice_rows(s.row0 + s.n - 1, 1),
+                                 kernel_scale, window, seqs[sq].attn_entropy, be);
           !st) {
         return Error{st.error()};
       }

@@ -209,8 +209,8 @@ class ReferenceBackend : public Backend {
                                    std::span<const KvBlockCopy> copies) override {
     for (const KvBlockCopy& c : copies) {
       const KvPoolDesc& p = pools[static_cast<size_t>(c.src.pool)];
-      std::memcpy(block(pools[static_cast<size_t>(c.dst.pool)], c.dst.block),
-                  block(p, c.src.block), p.memory.row_bytes);
+      std::memcpy(block(pools[static_cast<size_t>(c.dst.pool)], c.dst.block), block(p, c.src.block),
+                  p.memory.row_bytes);
     }
     return {};
   }
@@ -222,10 +222,10 @@ class ReferenceBackend : public Backend {
       for (int il = 0; il < n_layers; ++il) {
         for (int h = 0; h < n_head_kv; ++h) {
           for (int pass = 0; pass < 2; ++pass) {
-            const Tile s = tile(pools[static_cast<size_t>(q.src.pool)], q.src.block, il,
-                                n_head_kv, h, pass, head_dim);
-            const Tile t = tile(pools[static_cast<size_t>(q.dst.pool)], q.dst.block, il,
-                                n_head_kv, h, pass, head_dim);
+            const Tile s = tile(pools[static_cast<size_t>(q.src.pool)], q.src.block, il, n_head_kv,
+                                h, pass, head_dim);
+            const Tile t = tile(pools[static_cast<size_t>(q.dst.pool)], q.dst.block, il, n_head_kv,
+                                h, pass, head_dim);
             s.traits->load(s.geom, s.data, 0, q.rows, rows.data());
             t.traits->store(t.geom, rows.data(), t.data, 0, q.rows);
           }
@@ -313,15 +313,20 @@ class ReferenceBackend : public Backend {
   }
   static Tile tile(const KvPoolDesc& pool, int32_t b, int layer, int n_head_kv, int h, int pass,
                    int d) {
-    const size_t layer_bytes = static_cast<size_t>(n_head_kv) * (pool.k_tile_bytes + pool.v_tile_bytes);
+    const size_t layer_bytes =
+        static_cast<size_t>(n_head_kv) * (pool.k_tile_bytes + pool.v_tile_bytes);
     uint8_t* base = block(pool, b) + static_cast<size_t>(layer) * layer_bytes;
     const auto type = planner::KvType(pass == 0 ? pool.k_type : pool.v_type);
     if (pass == 0) {
-      return {kv::kv_traits_scalar(type), {d, pool.k_group}, base + h * pool.k_tile_bytes,
+      return {kv::kv_traits_scalar(type),
+              {d, pool.k_group},
+              base + h * pool.k_tile_bytes,
               type == planner::KvType::kF16};
     }
-    return {kv::kv_traits_scalar(type), {d, pool.v_group},
-            base + n_head_kv * pool.k_tile_bytes + h * pool.v_tile_bytes, false};
+    return {kv::kv_traits_scalar(type),
+            {d, pool.v_group},
+            base + n_head_kv * pool.k_tile_bytes + h * pool.v_tile_bytes,
+            false};
   }
 
   static const uint8_t* bytes(const Tensor& t) { return static_cast<const uint8_t*>(t.host()); }

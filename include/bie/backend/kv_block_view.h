@@ -55,7 +55,8 @@ struct HostKvBlocks {
                                                int32_t block, int layer, int n_head_kv) {
   const auto [part, b] = pool.locate(block);
   const Tensor& mem = pool.part(part);
-  const size_t layer_bytes = static_cast<size_t>(n_head_kv) * (tmpl.k_tile_bytes + tmpl.v_tile_bytes);
+  const size_t layer_bytes =
+      static_cast<size_t>(n_head_kv) * (tmpl.k_tile_bytes + tmpl.v_tile_bytes);
   KvBlockView v = tmpl;
   v.k = static_cast<const uint8_t*>(mem.host()) + static_cast<size_t>(b) * mem.row_bytes +
         static_cast<size_t>(layer) * layer_bytes;

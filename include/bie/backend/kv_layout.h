@@ -1,6 +1,6 @@
-// Byte layout of the KV storage formats' rows and tiles (bie/backend/kv_format.h describes them): the
-// part of the format table that readers outside kv/ (the attention kernels) need to walk a tile.
-// Header-only, stateless.
+// Byte layout of the KV storage formats' rows and tiles (bie/backend/kv_format.h describes them):
+// the part of the format table that readers outside kv/ (the attention kernels) need to walk a
+// tile. Header-only, stateless.
 #pragma once
 
 #include <cstddef>

@@ -1,8 +1,8 @@
 // BlockPool: one flat pool of fixed-size KV blocks in one storage format. Owns block ids, ref
 // counts, the free list, the LRU of unreferenced cached blocks, each block's prefix-cache record
 // (key, chain hash, tokens) and which of the pool's memory is committed (the memory itself is a
-// backend buffer the KV storage attaches: attach_memory). It knows nothing of sequences or of what a key
-// means; the BlockManager owns those. Not thread-safe: the engine thread owns it.
+// backend buffer the KV storage attaches: attach_memory). It knows nothing of sequences or of what
+// a key means; the BlockManager owns those. Not thread-safe: the engine thread owns it.
 //
 // Block states (TurboMind's vocabulary):
 //   free    ref 0, no key             in the free list (LIFO: reuse what is already committed)

@@ -1,9 +1,10 @@
 // KvCache: the interface between the model's forward pass and KV storage. The model computes
 // roped K/V rows and asks the cache to store them (write); the attention runner (attention/)
 // attends over what it holds: over a paged cache's blocks (paged_layer) as its backend's
-// paged_attention, else through the cache's own attention. How K/V are laid out, quantised or paged is the cache's business (the paged,
-// mixed-precision cache replaces the contiguous one without touching model code).
-// One sequence per cache object for now. Not thread-safe: called from the engine thread.
+// paged_attention, else through the cache's own attention. How K/V are laid out, quantised or paged
+// is the cache's business (the paged, mixed-precision cache replaces the contiguous one without
+// touching model code). One sequence per cache object for now. Not thread-safe: called from the
+// engine thread.
 #pragma once
 
 #include <algorithm>
@@ -94,8 +95,7 @@ class KvCache {
   // Layer il's blocks for a pass ending at n_ctx tokens, when this cache holds its K/V as paged
   // blocks in its backend's memory: what the attention runner gives the backend's
   // paged_attention. nullopt (the default): the cache attends itself (attend / attention).
-  [[nodiscard]] virtual std::optional<kv::PagedKvLayer> paged_layer(int /*il*/,
-                                                                    int64_t /*n_ctx*/) {
+  [[nodiscard]] virtual std::optional<kv::PagedKvLayer> paged_layer(int /*il*/, int64_t /*n_ctx*/) {
     return std::nullopt;
   }
   // The same blocks as host views, where the pools are host-visible (read by the
@@ -140,9 +140,8 @@ class KvCache {
   return {};
 }
 
-inline void KvCache::attend(int /*il*/, int64_t /*pos0*/, int64_t n, const float* /*q*/,
-                            int n_head, float /*scale*/, float* out, Backend& /*backend*/,
-                            int64_t /*window*/) {
+inline void KvCache::attend(int /*il*/, int64_t /*pos0*/, int64_t n, const float* /*q*/, int n_head,
+                            float /*scale*/, float* out, Backend& /*backend*/, int64_t /*window*/) {
   const size_t len = static_cast<size_t>(n) * static_cast<size_t>(n_head) *
                      static_cast<size_t>(geometry().head_dim);
   std::fill(out, out + len, std::numeric_limits<float>::quiet_NaN());

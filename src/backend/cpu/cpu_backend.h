@@ -13,10 +13,10 @@
 
 #include <memory>
 
+#include "backend/cpu/paged_attention_runner.h"
 #include "bie/backend/backend.h"
 #include "bie/backend/matmul.h"
 #include "bie/backend/thread_pool.h"
-#include "backend/cpu/paged_attention_runner.h"
 
 namespace bie {
 
@@ -61,8 +61,9 @@ class CpuBackend final : public Backend {
   [[nodiscard]] Status copy_blocks(std::span<const KvPoolDesc> pools,
                                    std::span<const KvBlockCopy> copies) override;
   [[nodiscard]] Status quantise_blocks(std::span<const KvPoolDesc> pools,
-                                       std::span<const KvBlockQuantise> moves, int n_layers_in_group,
-                                       int n_head_kv, int head_dim, int block_size) override;
+                                       std::span<const KvBlockQuantise> moves,
+                                       int n_layers_in_group, int n_head_kv, int head_dim,
+                                       int block_size) override;
 
  private:
   // Runs fn(row) for every row in [0, rows), over the pool when the job is large enough.

@@ -2,7 +2,6 @@
 // encoded with the KV format codecs (kv_format.h), blocks copied and re-quantised, and paged
 // attention through the attention runner over views of the pools' blocks.
 #include <fmt/format.h>
-
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -61,8 +60,8 @@ Result<std::unique_ptr<DeviceBuffer>> CpuBackend::reserve(size_t bytes) {
   if (bytes == 0) return alloc(0);
   void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
-    return Error{fmt::format("cannot reserve {} bytes of address space: {}", bytes,
-                             std::strerror(errno))};
+    return Error{
+        fmt::format("cannot reserve {} bytes of address space: {}", bytes, std::strerror(errno))};
   }
   return std::unique_ptr<DeviceBuffer>(new ReservedBuffer(id(), bytes, p));
 }
@@ -196,10 +195,9 @@ Status CpuBackend::paged_attention(const AttnMetadata& m) {
     views_.resize(static_cast<size_t>(b1 - b0));
     for (int32_t b = b0; b < b1; ++b) {
       const KvBlockRef& ref = m.block_table[static_cast<size_t>(b)];
-      views_[static_cast<size_t>(b - b0)] =
-          kv::kv_block_view(tmpl[static_cast<size_t>(ref.pool)],
-                            m.pools[static_cast<size_t>(ref.pool)], ref.block, m.layer_in_group,
-                            m.n_head_kv);
+      views_[static_cast<size_t>(b - b0)] = kv::kv_block_view(
+          tmpl[static_cast<size_t>(ref.pool)], m.pools[static_cast<size_t>(ref.pool)], ref.block,
+          m.layer_in_group, m.n_head_kv);
     }
     const int64_t r0 = m.query_start[s];
     const int64_t n = m.query_start[s + 1] - r0;

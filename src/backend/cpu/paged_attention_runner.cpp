@@ -4,14 +4,14 @@
 #include <cassert>
 
 #include "backend/cpu/paged_attention.h"
-#include "bie/backend/thread_pool.h"
 #include "bie/backend/kv_format_rotate.h"
+#include "bie/backend/thread_pool.h"
 
 namespace bie::attention {
 
 void PagedAttentionRunner::run_blocks(const kv::HostKvBlocks& blocks, int n_head_kv, int head_dim,
-                                 int64_t pos0, int64_t n, const float* q, int n_head, float scale,
-                                 float* out, ThreadPool& pool, int64_t window) {
+                                      int64_t pos0, int64_t n, const float* q, int n_head,
+                                      float scale, float* out, ThreadPool& pool, int64_t window) {
   const int B = blocks.block_size;
   const int d = head_dim;
   const int H = n_head_kv;
