@@ -108,10 +108,8 @@ class DecoderModel final : public Model {
   Tensor output_norm_;       // [n_embd]
   Tensor output_;            // [n_embd -> n_vocab] (token_embd when tied)
   std::vector<Layer> layers_;
-  attention::AttentionRunner attn_runner_;  // one paged_attention call per layer and KV store
-  std::vector<attention::AttnSequence> attn_seqs_;  // the pass's sequences, rows and positions
-  RopeConfig rope_global_;                          // full-attention layers
-  RopeConfig rope_local_;                           // sliding-window layers (sliding_window archs)
+  RopeConfig rope_global_;        // full-attention layers
+  RopeConfig rope_local_;         // sliding-window layers (sliding_window archs)
   std::vector<Tensor*> weights_;  // every weight tensor above (bind() points them at the buffer)
 
   uint64_t bound_backend_ = 0;  // Backend::id() of the bound backend; 0: none
@@ -124,6 +122,8 @@ class DecoderModel final : public Model {
   std::vector<int32_t> out_ids_;    // logits rows of the pass, as I32
   std::vector<float> host_logits_;  // logits of a backend whose memory is not host-visible
   BatchPlan plan_;
+  attention::AttentionRunner attn_runner_;  // one paged_attention call per layer and KV store
+  std::vector<attention::AttnSequence> attn_seqs_;  // the pass's sequences: rows, positions
 };
 
 void DecoderModel::read_geometry(Binder& b) {

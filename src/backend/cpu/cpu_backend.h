@@ -75,8 +75,9 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   MatmulScratch scratch_;
   attention::PagedAttentionRunner attention_;
-  std::vector<kv::KvBlockView> views_;  // one sequence's blocks, rebuilt per paged_attention
-  std::vector<float> rows_;             // [block_size, head_dim] staging of kv_write / quantise
+  std::vector<kv::KvBlockView> pool_views_;  // per pool of a paged_attention call (tiles unset)
+  std::vector<kv::KvBlockView> views_;       // one sequence's blocks, rebuilt per paged_attention
+  std::vector<float> rows_;  // [block_size, head_dim] staging of kv_write / quantise
 };
 
 }  // namespace bie

@@ -180,9 +180,8 @@ Status CpuBackend::paged_attention(const AttnMetadata& m) {
   if (!qp) return Error{qp.error()};
   auto op = host_rows(m.out, "attention outputs");
   if (!op) return Error{op.error()};
-  std::vector<kv::KvBlockView> tmpl;  // per pool
-  tmpl.reserve(m.pools.size());
-  for (const KvPoolDesc& p : m.pools) tmpl.push_back(kv::kv_pool_view(p, m.head_dim));
+  pool_views_.clear();
+  for (const KvPoolDesc& p : m.pools) pool_views_.push_back(kv::kv_pool_view(p, m.head_dim));
   const int64_t q_stride = static_cast<int64_t>(m.q.row_bytes / sizeof(float));
   const int64_t o_stride = static_cast<int64_t>(m.out.row_bytes / sizeof(float));
   if (q_stride != static_cast<int64_t>(m.n_head) * m.head_dim || o_stride != q_stride) {
@@ -196,8 +195,8 @@ Status CpuBackend::paged_attention(const AttnMetadata& m) {
     for (int32_t b = b0; b < b1; ++b) {
       const KvBlockRef& ref = m.block_table[static_cast<size_t>(b)];
       views_[static_cast<size_t>(b - b0)] = kv::kv_block_view(
-          tmpl[static_cast<size_t>(ref.pool)], m.pools[static_cast<size_t>(ref.pool)], ref.block,
-          m.layer_in_group, m.n_head_kv);
+          pool_views_[static_cast<size_t>(ref.pool)], m.pools[static_cast<size_t>(ref.pool)],
+          ref.block, m.layer_in_group, m.n_head_kv);
     }
     const int64_t r0 = m.query_start[s];
     const int64_t n = m.query_start[s + 1] - r0;
