@@ -354,30 +354,13 @@ void PagedKvStore::store(kv::SeqId s, int il, int64_t pos0, int64_t n, const flo
 }
 
 kv::HostKvBlocks PagedKvStore::host_blocks(kv::SeqId s, int il, int64_t n_ctx) {
-  const int B = cfg_.layout.block_size;
-  const int64_t nb = (n_ctx + B - 1) / B;
-  const int group = coord_->layer_group(il);
-  const std::array<KvPoolDesc, kv::kPoolKinds>& pools = pools_[static_cast<size_t>(group)];
-  const kv::BlockTable& t = coord_->manager(group).table(s);
-  std::array<kv::KvBlockView, kv::kPoolKinds> tmpl;
-  for (int p = 0; p < kv::kPoolKinds; ++p) {
-    const KvPoolDesc& d = pools[static_cast<size_t>(p)];
+  const kv::PagedKvLayer l = paged_layer(s, il, n_ctx);
+  for (const KvPoolDesc& d : l.pools) {
     if (!d.memory.empty() && d.memory.host() == nullptr) return {};  // device memory
-    tmpl[static_cast<size_t>(p)] = kv::kv_pool_view(d, cfg_.geometry.head_dim);
   }
-  views_.resize(static_cast<size_t>(nb));
-  for (int64_t b = 0; b < nb; ++b) {
-    const kv::BlockTableEntry& e = t[static_cast<size_t>(b)];
-    if (e.block.index == kv::kNullBlock) {  // dropped: outside every query's window (never read)
-      views_[static_cast<size_t>(b)] = kv::KvBlockView{};
-      continue;
-    }
-    const KvBlockRef r = block_ref(e);
-    views_[static_cast<size_t>(b)] =
-        kv::kv_block_view(tmpl[static_cast<size_t>(r.pool)], pools[static_cast<size_t>(r.pool)],
-                          r.block, coord_->layer_index(il), cfg_.geometry.n_head_kv);
-  }
-  return kv::HostKvBlocks{views_, B, cfg_.layout.rotate};
+  kv::kv_block_views(l.pools, l.blocks, l.layer_in_group, l.n_head_kv, l.head_dim, pool_views_,
+                     views_);
+  return kv::HostKvBlocks{views_, l.block_size, l.rotate_keys};
 }
 
 Status PagedKvStore::check_integrity() const {

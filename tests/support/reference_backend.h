@@ -246,18 +246,17 @@ class ReferenceBackend : public Backend {
         for (int h = 0; h < m.n_head; ++h) {
           std::vector<float> q(f32(m.q, i) + h * d, f32(m.q, i) + (h + 1) * d);
           if (m.rotate_keys) kv::hadamard_rotate_scalar(q.data(), d);
+          std::vector<float> q16 = q;  // the f16 dot rounds the query as ggml's f16 K path does
+          for (float& x : q16) x = quant::fp16_to_fp32(quant::fp32_to_fp16(x));
           std::vector<float> score(static_cast<size_t>(p - lo + 1));
           float mx = -std::numeric_limits<float>::infinity();
           for (int64_t j = lo; j <= p; ++j) {
             const KvBlockRef& b = table[j / m.block_size];
             const Tile k = tile(m.pools[static_cast<size_t>(b.pool)], b.block, m.layer_in_group,
                                 m.n_head_kv, h / group, 0, d);
-            std::vector<float> qk = q;
-            if (k.f16) {  // the f16 dot rounds the query as ggml's f16 K path does
-              for (float& x : qk) x = quant::fp16_to_fp32(quant::fp32_to_fp16(x));
-            }
             float& sc = score[static_cast<size_t>(j - lo)];
-            k.traits->dot(k.geom, qk.data(), k.data, static_cast<int>(j % m.block_size), 1, &sc);
+            k.traits->dot(k.geom, k.f16 ? q16.data() : q.data(), k.data,
+                          static_cast<int>(j % m.block_size), 1, &sc);
             sc *= m.scale;
             mx = std::max(mx, sc);
           }

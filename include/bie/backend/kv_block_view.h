@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "bie/backend/backend.h"
 #include "bie/backend/kv_format.h"
@@ -25,7 +26,7 @@ struct KvBlockView {
 };
 
 // A sequence's blocks of one layer in host memory, logical order; a block a sliding window
-// dropped is a view with null tiles, or of a block no query reads. Empty: the K/V are not in
+// dropped is a view of a block no query reads. Empty: the K/V are not in
 // host-visible memory (a device's pools, a contiguous cache).
 struct HostKvBlocks {
   std::span<const KvBlockView> blocks;
@@ -62,6 +63,20 @@ struct HostKvBlocks {
         static_cast<size_t>(layer) * layer_bytes;
   v.v = v.k + static_cast<size_t>(n_head_kv) * tmpl.k_tile_bytes;
   return v;
+}
+
+// The views of a block table's blocks (refs into host-visible pools) at layer `layer` of their
+// group, into out (resized); pool_views is scratch for the pools' kv_pool_view.
+inline void kv_block_views(std::span<const KvPoolDesc> pools, std::span<const KvBlockRef> refs,
+                           int layer, int n_head_kv, int head_dim,
+                           std::vector<KvBlockView>& pool_views, std::vector<KvBlockView>& out) {
+  pool_views.clear();
+  for (const KvPoolDesc& p : pools) pool_views.push_back(kv_pool_view(p, head_dim));
+  out.resize(refs.size());
+  for (size_t b = 0; b < refs.size(); ++b) {
+    const auto pool = static_cast<size_t>(refs[b].pool);
+    out[b] = kv_block_view(pool_views[pool], pools[pool], refs[b].block, layer, n_head_kv);
+  }
 }
 
 }  // namespace bie::kv

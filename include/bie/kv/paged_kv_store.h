@@ -144,6 +144,7 @@ class PagedKvStore {
   std::vector<std::unique_ptr<DeviceBuffer>> pool_buffers_;
   std::unique_ptr<kv::KvCoordinator> coord_;
   std::vector<std::array<PoolFormat, kv::kPoolKinds>> fmt_;  // [group][pool kind]
+  std::vector<kv::KvBlockView> pool_views_;                  // host_blocks' scratch: per pool
   std::vector<kv::KvBlockView> views_;  // per logical block, rebuilt per host_blocks
   // Per group, the pools' descriptions in kv::PoolKind order (their memory in pool_buffers_).
   std::vector<std::array<KvPoolDesc, kv::kPoolKinds>> pools_;

@@ -42,10 +42,6 @@ class ReservedBuffer final : public DeviceBuffer {
   }
 };
 
-planner::KvFormat format_of(uint8_t type, int32_t group) {
-  return planner::KvFormat{planner::KvType(type), group};
-}
-
 // Host rows of an F32 tensor the KV operations read or write.
 Result<float*> host_rows(const Tensor& t, const char* what) {
   if (t.host() == nullptr) {
@@ -92,10 +88,9 @@ Status CpuBackend::kv_write(const KvWriteMetadata& m) {
       ++cnt;
     }
     const KvPoolDesc& pool = m.pools[static_cast<size_t>(first.block.pool)];
-    const planner::KvFormat fk = format_of(pool.k_type, pool.k_group);
-    const planner::KvFormat fv = format_of(pool.v_type, pool.v_group);
     // Per-channel tiles carry scales over the whole tile: only whole tiles are written.
-    if ((planner::is_per_channel(fk) || planner::is_per_channel(fv)) &&
+    if ((planner::is_per_channel(planner::KvType(pool.k_type)) ||
+         planner::is_per_channel(planner::KvType(pool.v_type))) &&
         (first.row != 0 || cnt != m.block_size)) {
       return Error{fmt::format("cpu kv_write: {} rows at row {} of a per-channel tile of {}", cnt,
                                first.row, m.block_size)};
@@ -180,8 +175,6 @@ Status CpuBackend::paged_attention(const AttnMetadata& m) {
   if (!qp) return Error{qp.error()};
   auto op = host_rows(m.out, "attention outputs");
   if (!op) return Error{op.error()};
-  pool_views_.clear();
-  for (const KvPoolDesc& p : m.pools) pool_views_.push_back(kv::kv_pool_view(p, m.head_dim));
   const int64_t q_stride = static_cast<int64_t>(m.q.row_bytes / sizeof(float));
   const int64_t o_stride = static_cast<int64_t>(m.out.row_bytes / sizeof(float));
   if (q_stride != static_cast<int64_t>(m.n_head) * m.head_dim || o_stride != q_stride) {
@@ -191,13 +184,9 @@ Status CpuBackend::paged_attention(const AttnMetadata& m) {
   for (size_t s = 0; s < n_seq; ++s) {
     const int32_t b0 = m.block_table_start[s];
     const int32_t b1 = m.block_table_start[s + 1];
-    views_.resize(static_cast<size_t>(b1 - b0));
-    for (int32_t b = b0; b < b1; ++b) {
-      const KvBlockRef& ref = m.block_table[static_cast<size_t>(b)];
-      views_[static_cast<size_t>(b - b0)] = kv::kv_block_view(
-          pool_views_[static_cast<size_t>(ref.pool)], m.pools[static_cast<size_t>(ref.pool)],
-          ref.block, m.layer_in_group, m.n_head_kv);
-    }
+    kv::kv_block_views(m.pools,
+                       m.block_table.subspan(static_cast<size_t>(b0), static_cast<size_t>(b1 - b0)),
+                       m.layer_in_group, m.n_head_kv, m.head_dim, pool_views_, views_);
     const int64_t r0 = m.query_start[s];
     const int64_t n = m.query_start[s + 1] - r0;
     attention_.run_blocks(kv::HostKvBlocks{views_, m.block_size, m.rotate_keys}, m.n_head_kv,
