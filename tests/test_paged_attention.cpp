@@ -7,22 +7,25 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "bie/attention/attention_runner.h"
 #include "backend/cpu/paged_attention.h"
-#include "bie/backend/thread_pool.h"
-#include "bie/common/cpu_features.h"
-#include "support/generate.h"
+#include "bie/attention/attention_runner.h"
 #include "bie/backend/kv_format.h"
 #include "bie/backend/kv_format_rotate.h"
+#include "bie/backend/kv_layout.h"
+#include "bie/backend/thread_pool.h"
+#include "bie/common/cpu_features.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
+#include "bie/quant/fp16.h"
 #include "bie/tokenizer/tokenizer.h"
 #include "support/contiguous_kv_cache.h"
+#include "support/generate.h"
 #include "support/paths.h"
 
 namespace bie::attention {
@@ -172,15 +175,30 @@ double tolerance(bool any_f16) {
 // [exp(-2e), exp(2e)], so an output moves by at most expm1(2e) * max|v|: the tolerance of those
 // kernels is tolerance(any_f16) plus that bound, e measured here over every int4_channel K tile of
 // `bl` (all KV heads) and every query row of q.
+// They also sum int4_asym V with the weights p_j * scale_j rounded to bf16 (8 significant bits:
+// relative error <= 2^-8), so an output moves by at most 2^-8 * 15 * max scale_j more (a code is
+// at most 15).
 double i8q_tolerance(const Blocks& bl, const Shape& s, const std::vector<float>& q, float scale) {
   const int d = s.head_dim, B = s.block_size;
-  double e = 0.0, vmax = 0.0;
+  double e = 0.0, vmax = 0.0, smax = 0.0;
   std::vector<float> want(static_cast<size_t>(B)), got(static_cast<size_t>(B));
   std::vector<float> v(static_cast<size_t>(B) * d);
   for (const PagedBlockView& bv : bl.views) {
     for (int h = 0; h < s.n_kv_heads; ++h) {
       bv.tv->load(bv.gv, bv.v + h * bv.v_tile_bytes, 0, B, v.data());
       for (const float x : v) vmax = std::max(vmax, static_cast<double>(std::fabs(x)));
+      if (bv.tv->type == KvType::kInt4Asym) {
+        const int G = bv.gv.group;
+        const uint8_t* vt = bv.v + h * bv.v_tile_bytes;
+        for (int j = 0; j < B; ++j) {
+          for (int g = 0; g < d / G; ++g) {
+            const uint8_t* grp = vt + j * kv::row_bytes_int4(d, G) + g * kv::group_bytes_int4(G);
+            uint16_t h16;
+            std::memcpy(&h16, grp, 2);
+            smax = std::max(smax, static_cast<double>(std::fabs(quant::fp16_to_fp32(h16))));
+          }
+        }
+      }
       if (bv.tk->type != KvType::kInt4Channel || d % 64 != 0) continue;
       const uint8_t* tile = bv.k + h * bv.k_tile_bytes;
       for (size_t r = 0; r < q.size() / d; ++r) {
@@ -191,13 +209,14 @@ double i8q_tolerance(const Blocks& bl, const Shape& s, const std::vector<float>&
       }
     }
   }
-  return tolerance(bl.any_f16) + std::expm1(2.0 * e) * vmax;
+  return tolerance(bl.any_f16) + std::expm1(2.0 * e) * vmax + 0x1p-8 * 15.0 * smax;
 }
 
 std::vector<detail::TileKernels> kernel_sets() {
   std::vector<detail::TileKernels> k = {detail::generic_kernels()};
   if (has_avx2()) k.push_back(detail::avx2_kernels());
-  if (has_avx512()) k.push_back(detail::avx512_kernels());
+  if (has_avx512()) k.push_back(detail::avx512_kernels(false));
+  if (has_avx512() && cpu_features().avx512bf16) k.push_back(detail::avx512_kernels(true));
   return k;
 }
 
@@ -423,7 +442,7 @@ TEST(PagedAttention, SimdRoundingAndRowSumsGiveTheScalarBits) {
   if (!has_avx2()) GTEST_SKIP() << "no AVX2 on this machine (the scalar path is the reference)";
   const detail::TileKernels ref = detail::generic_kernels();
   std::vector<detail::TileKernels> simd = {detail::avx2_kernels()};
-  if (has_avx512()) simd.push_back(detail::avx512_kernels());
+  if (has_avx512()) simd.push_back(detail::avx512_kernels(false));
   std::mt19937 rng(41);
   std::normal_distribution<float> nd(0.0f, 3.0f);
   std::vector<float> x(203);
@@ -461,12 +480,15 @@ TEST(PagedAttention, SimdRoundingAndRowSumsGiveTheScalarBits) {
 // AVX2 output bit for bit (every format pair, 16- and 64-token blocks, head widths 64 and 128,
 // GQA groups 1 to 8 — the AVX-512 kernels fuse up to 8 rows, the AVX2 ones 4 —, partial blocks,
 // prefill tiles, splits), so a token's bits do not depend on which of the two ISAs the machine
-// has.
+// has. Where the machine has AVX512_BF16, the kernels that sum int4_asym V by pair dot products
+// are held to the same bits.
 TEST(PagedAttention, Avx512KernelsGiveTheAvx2KernelsBits) {
   if (!has_avx512()) GTEST_SKIP() << "no AVX-512 on this machine (the AVX2 path is tested)";
   std::mt19937 rng(23);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const detail::TileKernels k2 = detail::avx2_kernels(), k512 = detail::avx512_kernels();
+  const detail::TileKernels k2 = detail::avx2_kernels();
+  std::vector<detail::TileKernels> wide = {detail::avx512_kernels(false)};
+  if (cpu_features().avx512bf16) wide.push_back(detail::avx512_kernels(true));
   int checked = 0;
   for (const int B : {16, 64}) {
     for (const Case& c : kCases) {
@@ -490,11 +512,14 @@ TEST(PagedAttention, Avx512KernelsGiveTheAvx2KernelsBits) {
               for (float& x : q) x = nd(rng);
               for (const int splits : {1, 3}) {
                 const auto want = run_tile(k2, bl, s, n - n_q, n_q, 1, splits, 0.125f, q);
-                const auto got = run_tile(k512, bl, s, n - n_q, n_q, 1, splits, 0.125f, q);
-                ASSERT_EQ(got, want)
-                    << kname << "/" << c.v << (c.mixed ? " mixed" : "") << " B=" << B << " d=" << d
-                    << " group=" << group << " n=" << n << " n_q=" << n_q << " splits=" << splits;
-                ++checked;
+                for (size_t wi = 0; wi < wide.size(); ++wi) {
+                  const auto got = run_tile(wide[wi], bl, s, n - n_q, n_q, 1, splits, 0.125f, q);
+                  ASSERT_EQ(got, want)
+                      << kname << "/" << c.v << (c.mixed ? " mixed" : "") << " B=" << B
+                      << " d=" << d << " group=" << group << " n=" << n << " n_q=" << n_q
+                      << " splits=" << splits << (wi == 1 ? " (bf16)" : "");
+                  ++checked;
+                }
               }
             }
           }
@@ -513,7 +538,7 @@ TEST(PagedAttention, Int4ChannelScoresGiveTheScalarTwinBits) {
   std::mt19937 rng(31);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<detail::TileKernels> simd = {detail::avx2_kernels()};
-  if (has_avx512()) simd.push_back(detail::avx512_kernels());
+  if (has_avx512()) simd.push_back(detail::avx512_kernels(false));
   int checked = 0;
   for (const int d : {64, 128, 256}) {
     for (const int T : {16, 64}) {

@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
-#include "support/generate.h"
-#include "support/contiguous_kv_cache.h"
 #include "bie/kv/paged_kv_cache.h"
 #include "bie/model/model.h"
 #include "bie/tokenizer/tokenizer.h"
+#include "support/contiguous_kv_cache.h"
+#include "support/generate.h"
 #include "support/paths.h"
 
 namespace bie {
@@ -107,17 +107,23 @@ TEST_F(PagedSmolLM2, QuantisedBodiesVsF16) {
   for (auto t : tok->encode(text)) shakespeare.push_back(static_cast<int32_t>(t));
   ASSERT_GE(shakespeare.size(), 512u);
   shakespeare.resize(512);
-  // Bars on the worst top-10 delta (golden prompts and the 512 tokens): the larger of the two
-  // measured values (2026-12-01: int8 0.121 / 0.124, int4_channel K 0.254 / 0.196, int4_asym
-  // 0.741 / 0.326) plus 25%, so a regression of the quantisers or of the window routing fails.
+  // Bars on the worst top-10 delta (golden prompts and the 512 tokens): the larger of the
+  // measured values plus 25%, so a regression of the quantisers or of the window routing fails.
   // BIE is deterministic for a given ISA, so the margin covers only the scalar/AVX2 paths.
+  // In the 4-bit regimes this worst case is set by which codes of later layers flip, so any
+  // change of arithmetic moves it: measured 2026-12-07 with int4_asym V summed in row order
+  // (fp32 weights), in pairs (fp32 weights: an ulp-level change) and in pairs with bf16 weights
+  // (the kernels' arithmetic since then, docs/kv-formats.md), golden / 512 tokens:
+  // int4_channel K 0.194 / 0.149, 0.135 / 0.326, 0.204 / 0.313; int4_asym K 0.741 / 0.326,
+  // 0.675 / 0.531, 0.485 / 0.971. The mean measures did not move with them (docs/kv-quality.md);
+  // int8 (0.121 / 0.124) does not use those kernels.
   struct Case {
     const char* k;
     const char* v;
     double bound;
   };
-  for (const Case& c : {Case{"int8", "int8", 0.16}, Case{"int4_channel_t16", "int4_asym_g64", 0.32},
-                        Case{"int4_asym_g64", "int4_asym_g64", 0.93}}) {
+  for (const Case& c : {Case{"int8", "int8", 0.16}, Case{"int4_channel_t16", "int4_asym_g64", 0.41},
+                        Case{"int4_asym_g64", "int4_asym_g64", 1.22}}) {
     double worst_golden = 0.0;
     int agree = 0, n = 0;
     for (const auto& p : (*golden_)["prompts"]) {

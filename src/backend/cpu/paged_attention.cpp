@@ -259,7 +259,7 @@ PagedTaskPlan plan_paged_tasks(int64_t tiles, int n_kv_heads, int64_t visible_to
 
 void attend_paged_tile(const PagedAttnTile& t, float* scratch, const PagedAttnPartial& part) {
   // The active ISA is read per call (tests switch it); the kernel tables are built once.
-  static const detail::TileKernels kAvx512 = detail::avx512_kernels();
+  static const detail::TileKernels kAvx512 = detail::avx512_kernels(cpu_features().avx512bf16);
   static const detail::TileKernels kAvx2 = detail::avx2_kernels();
   static const detail::TileKernels kGeneric = detail::generic_kernels();
   detail::attend_paged_tile_with(has_avx512() ? kAvx512

@@ -150,8 +150,9 @@ struct TileKernels {
 // the generic ones where a block's format or head_dim (% 16) is not covered.
 [[nodiscard]] TileKernels avx2_kernels();
 // AVX-512 kernels that give the AVX2 kernels' bits (two K rows or 16 channels per vector), and
-// the AVX2 ones where a format is not covered.
-[[nodiscard]] TileKernels avx512_kernels();
+// the AVX2 ones where a format is not covered. bf16: int4_asym V by AVX512_BF16 pair dot products
+// (same bits; only where cpu_features().avx512bf16).
+[[nodiscard]] TileKernels avx512_kernels(bool bf16);
 // The AVX2 / AVX-512 kernels' int4_channel scores (the int8-query method, head_dim % 64 == 0) in
 // scalar code: their exact bits, for tests. s[r * ss + j] = query row r's score of tile row j.
 void int4_channel_scores_i8q(int d, const uint8_t* tile, int rows, const float* const* q,

@@ -13,10 +13,10 @@
 #include <cstring>
 #include <type_traits>
 
-#include "backend/cpu/paged_attention_x86_inl.h"
 #include "backend/cpu/paged_attention.h"
-#include "bie/common/simd_avx2.h"
+#include "backend/cpu/paged_attention_x86_inl.h"
 #include "bie/backend/kv_layout.h"
+#include "bie/common/simd_avx2.h"
 
 namespace bie::attention {
 
@@ -402,7 +402,8 @@ void score_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
 // FMAs each. Decoding pair by pair (and broadcasting each weight per pair) keeps R * N
 // accumulators + 2 vectors + 1 weight within 16 registers; with all N vectors decoded up front,
 // GCC spilled two accumulators to the stack (a store-forwarding round trip in their chains).
-template <int R, int N, class Decode, class Weight>
+// kPairs: the rows in int4_pair_order.
+template <int R, int N, bool kPairs = false, class Decode, class Weight>
 inline void accum_vecs(int rows, float* const* acc, const int* c, Decode decode, Weight w) {
   static_assert(N % 2 == 0);
   __m256 a[R][N];
@@ -411,7 +412,8 @@ inline void accum_vecs(int rows, float* const* acc, const int* c, Decode decode,
     BIE_UNROLL
     for (int n = 0; n < N; ++n) a[r][n] = _mm256_loadu_ps(acc[r] + c[n]);
   }
-  for (int j = 0; j < rows; ++j) {
+  for (int jo = 0; jo < rows; ++jo) {
+    const int j = kPairs ? int4_pair_order(jo, rows) : jo;
     BIE_UNROLL
     for (int p = 0; p < N / 2; ++p) {
       __m256 v[2];
@@ -488,7 +490,8 @@ void scaled_accum(int d, const uint8_t* tile, int rows, const float* p, int ps, 
   }
 }
 
-// int4_asym: acc += (p s) n per channel, plus sum_j p z once per group.
+// int4_asym: acc += (p s) n per channel (bf16 weights, rows in int4_pair_order), plus sum_j p z
+// once per group.
 template <int R>
 void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int ps,
                 float* const* acc) {
@@ -507,7 +510,7 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
         c[2 * n] = b * G + k + 8 * n;
         c[2 * n + 1] = b * G + half + k + 8 * n;
       }
-      accum_vecs<R, N>(
+      accum_vecs<R, N, true>(
           rows, acc, c,
           [&](int j, int pr, __m256* v) {
             load8_nibbles(tile + j * rb + b * gb + 4 + k + 8 * pr, v, v + 1);
@@ -516,7 +519,7 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
     }
     for (; k < half; k += 8) {
       const int c[2] = {b * G + k, b * G + half + k};
-      accum_vecs<R, 2>(
+      accum_vecs<R, 2, true>(
           rows, acc, c,
           [&](int j, int, __m256* v) { load8_nibbles(tile + j * rb + b * gb + 4 + k, v, v + 1); },
           weight);

@@ -19,8 +19,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "backend/cpu/paged_attention_x86_inl.h"
 #include "backend/cpu/paged_attention.h"
+#include "backend/cpu/paged_attention_x86_inl.h"
 #include "bie/backend/kv_layout.h"
 
 namespace bie::attention {
@@ -359,8 +359,9 @@ void score_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
 // ---- values: acc[r][c] += sum_j p[r * ps + j] * V row j ---------------------------------------
 
 // N 16-channel vectors at channels c[n] of R accumulators over all rows: decode(j, v) gives row
-// j's N vectors, w(r, j) the weight. Each channel's FMAs in row order, as the AVX2 kernels'.
-template <int R, int N, class Decode, class Weight>
+// j's N vectors, w(r, j) the weight. Each channel's FMAs in row order (kPairs: in
+// int4_pair_order), as the AVX2 kernels'.
+template <int R, int N, bool kPairs = false, class Decode, class Weight>
 inline void accum16(int rows, float* const* acc, const int* c, Decode decode, Weight w) {
   __m512 a[R][N];
   BIE_UNROLL
@@ -368,7 +369,8 @@ inline void accum16(int rows, float* const* acc, const int* c, Decode decode, We
     BIE_UNROLL
     for (int n = 0; n < N; ++n) a[r][n] = _mm512_loadu_ps(acc[r] + c[n]);
   }
-  for (int j = 0; j < rows; ++j) {
+  for (int jo = 0; jo < rows; ++jo) {
+    const int j = kPairs ? int4_pair_order(jo, rows) : jo;
     __m512 v[N];
     decode(j, v);
     BIE_UNROLL
@@ -452,7 +454,7 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
     // 32 bytes (4 vectors) per pass while their accumulators fit, else 16.
     for (; accum_vectors(R) == 4 && k + 32 <= half; k += 32) {
       const int c[4] = {b * G + k, b * G + half + k, b * G + k + 16, b * G + half + k + 16};
-      accum16<R, 4>(
+      accum16<R, 4, true>(
           rows, acc, c,
           [&](int j, __m512* v) {
             const uint8_t* x = grp + j * rb + k;
@@ -463,7 +465,7 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
     }
     for (; k < half; k += 16) {
       const int c[2] = {b * G + k, b * G + half + k};
-      accum16<R, 2>(
+      accum16<R, 2, true>(
           rows, acc, c,
           [&](int j, __m512* v) {
             nibbles16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + j * rb + k)), v,
@@ -474,11 +476,132 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
   }
 }
 
+// ---- int4_asym V by AVX512_BF16 pair dot products (vdpbf16ps) -------------------------------
+// One instruction adds two rows' products to 16 channels: lane c holds (row 2i's code, row
+// 2i+1's code) of channel c as bf16, the broadcast pair (w_2i, w_2i+1) the bf16 weights. It adds
+// the odd row's product, then the even row's, each rounded once: int4_pair_order, so these give
+// the FMA kernels' bits (the weights already bf16, int4_group_weights) at half the instructions.
+// Only the functions that use the instruction carry its target; lambdas would not inherit it.
+#define BIE_TARGET_BF16 __attribute__((target("avx512bf16")))
+
+// bf16 bits of the codes 0..15, the word table vpermw looks them up in (indices 16..31 unused).
+inline __m512i bf16_code_table() {
+  alignas(64) uint16_t t[32];
+  for (int i = 0; i < 32; ++i) {
+    const float f = static_cast<float>(i & 15);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    t[i] = static_cast<uint16_t>(u >> 16);
+  }
+  return _mm512_load_si512(t);
+}
+
+// Rows a and b's 16 code bytes as bf16 pairs per channel: lo lane c = (a's, b's) low nibble of
+// byte c, hi the high nibbles.
+inline void code_pairs16(__m128i a, __m128i b, __m512i table, __m512i* lo, __m512i* hi) {
+  const __m512i w =
+      _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+  *lo = _mm512_permutexvar_epi16(_mm512_and_si512(w, _mm512_set1_epi16(15)), table);
+  *hi = _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), table);
+}
+
+// One pair of rows into R accumulators of N vectors: x0, x1 the rows' bytes (x1 null: an odd
+// last row, paired with code 0), wp the pair's weights per accumulator row (stride 32).
+template <int R, int N>
+BIE_TARGET_BF16 inline void int4_pair_bf16(__m512 (&a)[R][N], const uint8_t* x0, const uint8_t* x1,
+                                           const uint32_t* wp, __m512i table) {
+  BIE_UNROLL
+  for (int h = 0; h < N / 2; ++h) {
+    const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x0 + 16 * h));
+    const __m128i b1 =
+        x1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(x1 + 16 * h)) : _mm_setzero_si128();
+    __m512i lo, hi;
+    code_pairs16(b0, b1, table, &lo, &hi);
+    BIE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const auto wb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(wp[32 * r])));
+      a[r][2 * h] = _mm512_dpbf16_ps(a[r][2 * h], reinterpret_cast<__m512bh>(lo), wb);
+      a[r][2 * h + 1] = _mm512_dpbf16_ps(a[r][2 * h + 1], reinterpret_cast<__m512bh>(hi), wb);
+    }
+  }
+}
+
+// Channels [c_lo, c_lo + 8N) (low nibbles of bytes x..x + 8N) and [c_hi, c_hi + 8N) (their high
+// nibbles) of R accumulators over the tile's rows (row j's bytes at x + j * rb); wp[r][i] the
+// weight pair of rows 2i, 2i + 1 (an odd last row paired with weight 0).
+template <int R, int N>
+BIE_TARGET_BF16 inline void int4_pass_bf16(const uint8_t* x, size_t rb, int rows, int c_lo,
+                                           int c_hi, const uint32_t (*wp)[32], __m512i table,
+                                           float* const* acc) {
+  constexpr int H = N / 2;  // 16-byte loads per row
+  __m512 a[R][N];
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    BIE_UNROLL
+    for (int h = 0; h < H; ++h) {
+      a[r][2 * h] = _mm512_loadu_ps(acc[r] + c_lo + 16 * h);
+      a[r][2 * h + 1] = _mm512_loadu_ps(acc[r] + c_hi + 16 * h);
+    }
+  }
+  int i = 0;
+  for (; 2 * i + 1 < rows; ++i) {
+    int4_pair_bf16<R, N>(a, x + 2 * i * rb, x + (2 * i + 1) * rb, &wp[0][i], table);
+  }
+  if (2 * i < rows) int4_pair_bf16<R, N>(a, x + 2 * i * rb, nullptr, &wp[0][i], table);
+  BIE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    BIE_UNROLL
+    for (int h = 0; h < H; ++h) {
+      _mm512_storeu_ps(acc[r] + c_lo + 16 * h, a[r][2 * h]);
+      _mm512_storeu_ps(acc[r] + c_hi + 16 * h, a[r][2 * h + 1]);
+    }
+  }
+}
+
+// int4_accum's arithmetic by pair dot products: per group the same weights and zero-point sums,
+// then 32 bytes (4 vectors) per pass while their accumulators, two decoded vectors and R weights
+// fit, else 16.
+template <int R>
+BIE_TARGET_BF16 void int4_accum_bf16(int d, int G, const uint8_t* tile, int rows, const float* p,
+                                     int ps, float* const* acc) {
+  const int half = G / 2, ng = d / G;
+  const size_t gb = kv::group_bytes_int4(G), rb = kv::row_bytes_int4(d, G);
+  const __m512i table = bf16_code_table();
+  float w[R][64];
+  alignas(64) uint32_t wp[R][32];
+  for (int b = 0; b < ng; ++b) {
+    // vcvtne2ps2bf16 rounds as bf16_weight does (nearest even; denormals to zero): 32 weights
+    // in row order per instruction, i.e. the pairs (w_2i, w_2i+1) as dwords. Past `rows`, zeros.
+    int4_group_weights<R, false>(tile, rows, rb, gb, b, G, p, ps, acc, w);
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < rows; j += 32) {
+        const __mmask16 m0 = rows - j >= 16 ? 0xFFFF : (1u << (rows - j)) - 1;
+        const __mmask16 m1 = rows - j >= 32   ? 0xFFFF
+                             : rows - j <= 16 ? 0
+                                              : (1u << (rows - j - 16)) - 1;
+        const __m512 lo = _mm512_maskz_loadu_ps(m0, w[r] + j);
+        const __m512 hi = _mm512_maskz_loadu_ps(m1, w[r] + j + 16);
+        _mm512_store_si512(&wp[r][j / 2], reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+      }
+    }
+    const uint8_t* grp = tile + b * gb + 4;
+    int k = 0;
+    if constexpr (4 * R + 2 + R + 2 <= kLiveZmm) {
+      for (; k + 32 <= half; k += 32) {
+        int4_pass_bf16<R, 4>(grp + k, rb, rows, b * G + k, b * G + half + k, wp, table, acc);
+      }
+    }
+    for (; k < half; k += 16) {
+      int4_pass_bf16<R, 2>(grp + k, rb, rows, b * G + k, b * G + half + k, wp, table, acc);
+    }
+  }
+}
+
 bool covered_v(KvType t) {
   return t == KvType::kF16 || t == KvType::kInt8 || t == KvType::kFp8E4M3 || t == KvType::kInt4Asym;
 }
 
-template <int R>
+template <int R, bool kBf16>
 void accum_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* p, int ps,
              float* const* acc) {
   const int d = bv.gv.head_dim;
@@ -490,6 +613,7 @@ void accum_r(const PagedBlockView& bv, const uint8_t* tile, int rows, const floa
     case KvType::kFp8E4M3:
       return scaled_accum<R, true>(d, tile, rows, p, ps, acc);
     case KvType::kInt4Asym:
+      if constexpr (kBf16) return int4_accum_bf16<R>(d, bv.gv.group, tile, rows, p, ps, acc);
       return int4_accum<R>(d, bv.gv.group, tile, rows, p, ps, acc);
     default:
       assert(false);
@@ -506,6 +630,7 @@ void avx512_score(const PagedBlockView& bv, const uint8_t* tile, int rows, const
   });
 }
 
+template <bool kBf16>
 void avx512_accum(const PagedBlockView& bv, const uint8_t* tile, int rows, const float* p, int ps,
                   float* const* acc, int n_rows) {
   const bool int4_small = bv.tv->type == KvType::kInt4Asym && bv.gv.group < 32;
@@ -513,17 +638,17 @@ void avx512_accum(const PagedBlockView& bv, const uint8_t* tile, int rows, const
     return avx2().accum(bv, tile, rows, p, ps, acc, n_rows);
   }
   for_fused_rows<kFuse512>(n_rows, [&](int r0, auto rt) {
-    accum_r<decltype(rt)::value>(bv, tile, rows, p + r0 * ps, ps, acc + r0);
+    accum_r<decltype(rt)::value, kBf16>(bv, tile, rows, p + r0 * ps, ps, acc + r0);
   });
 }
 
 }  // namespace
 
 namespace detail {
-TileKernels avx512_kernels() {
+TileKernels avx512_kernels(bool bf16) {
   const TileKernels narrow = avx2();
-  return TileKernels{avx512_score, avx512_accum, narrow.update, narrow.round_fp16,
-                     narrow.add_row_sums};
+  return TileKernels{avx512_score, bf16 ? avx512_accum<true> : avx512_accum<false>, narrow.update,
+                     narrow.round_fp16, narrow.add_row_sums};
 }
 }  // namespace detail
 

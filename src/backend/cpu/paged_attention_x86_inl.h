@@ -12,8 +12,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "bie/common/simd_avx2.h"
 #include "bie/backend/kv_layout.h"
+#include "bie/common/simd_avx2.h"
 
 namespace bie::attention {
 namespace {  // NOLINT(cert-dcl59-cpp): one copy per ISA-specific file, never shared across them
@@ -206,23 +206,57 @@ struct I8qQueries {
   }
 };
 
-// int4_asym V, group b of a tile's `rows` rows: w[r][j] = p[r][j] * scale_j, and acc[r]'s G
-// channels of the group get sum_j p[r][j] * zero_j added (8 rows per vector step, the tail padded
-// with zeros so that row j always lands in lane j % 8: batch invariance).
-template <int R>
+// int4_asym V sums its rows in pairs, the odd row of each pair first: acc += w_{2i+1} n_{2i+1},
+// then acc += w_{2i} n_{2i}, each add rounded once. That is what one AVX512_BF16 pair dot product
+// (vdpbf16ps) does with bf16 weights and codes, exactly: a bf16 weight times a 4-bit code is exact
+// in fp32, so an FMA per row in this order gives the same bits. Every x86 kernel of the format
+// sums in this order, so a token's bits do not depend on whether the machine has AVX512_BF16.
+// Row `j`'s place in that order: pairs swapped, a last unpaired row in place.
+inline int int4_pair_order(int j, int rows) {
+  return (j ^ 1) < rows ? j ^ 1 : j;
+}
+
+// A weight as vdpbf16ps reads it: fp32 rounded to bf16 (nearest, ties to even), below the
+// smallest normal float flushed to zero (the instruction treats denormal inputs as zero). The
+// weights are >= 0 and finite.
+inline float bf16_weight(float x) {
+  if (!(x >= 0x1p-126f)) return 0.0f;
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+inline __m256 bf16_weights8(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r =
+      _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd),
+                       _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  const __m256 normal = _mm256_cmp_ps(x, _mm256_set1_ps(0x1p-126f), _CMP_GE_OQ);
+  return _mm256_and_ps(_mm256_castsi256_ps(r), normal);
+}
+
+// int4_asym V, group b of a tile's `rows` rows: w[r][j] = p[r][j] * scale_j, rounded to bf16
+// (bf16_weight) if kRound (else the caller rounds them so), and acc[r]'s G channels of the group
+// get sum_j p[r][j] * zero_j added in fp32 (8 rows per vector step, the tail padded with zeros
+// so that row j always lands in lane j % 8: batch invariance).
+template <int R, bool kRound = true>
 inline void int4_group_weights(const uint8_t* tile, int rows, size_t rb, size_t gb, int b, int G,
                                const float* p, int ps, float* const* acc, float (&w)[R][64]) {
-  // Row offsets for gathering 8 rows' (scale, zero) pairs at once.
-  const __m256i rowoff = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                            _mm256_set1_epi32(static_cast<int>(rb)));
   __m256 zacc[R];
   BIE_UNROLL
   for (int r = 0; r < R; ++r) zacc[r] = _mm256_setzero_ps();
   int j = 0;
   for (; j + 8 <= rows; j += 8) {
     // 8 x (scale | zero << 16) -> 8 scales, 8 zeros.
-    const __m256i g =
-        _mm256_i32gather_epi32(reinterpret_cast<const int*>(tile + j * rb + b * gb), rowoff, 1);
+    const uint8_t* g0 = tile + j * rb + b * gb;
+    const auto ld = [&](int i) {
+      int32_t v;
+      std::memcpy(&v, g0 + i * rb, 4);
+      return v;
+    };
+    const __m256i g = _mm256_setr_epi32(ld(0), ld(1), ld(2), ld(3), ld(4), ld(5), ld(6), ld(7));
     const __m256i sz =
         _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_and_si256(g, _mm256_set1_epi32(0xFFFF)),
                                                      _mm256_srli_epi32(g, 16)),
@@ -232,7 +266,8 @@ inline void int4_group_weights(const uint8_t* tile, int rows, size_t rb, size_t 
     BIE_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 pv = _mm256_loadu_ps(p + r * ps + j);
-      _mm256_storeu_ps(w[r] + j, _mm256_mul_ps(pv, sc));
+      const __m256 wv = _mm256_mul_ps(pv, sc);
+      _mm256_storeu_ps(w[r] + j, kRound ? bf16_weights8(wv) : wv);
       zacc[r] = _mm256_fmadd_ps(pv, zz, zacc[r]);
     }
   }
@@ -248,7 +283,7 @@ inline void int4_group_weights(const uint8_t* tile, int rows, size_t rb, size_t 
       zt[jj - j] = f16c(grp + 2);
       BIE_UNROLL
       for (int r = 0; r < R; ++r) {
-        w[r][jj] = p[r * ps + jj] * sc;
+        w[r][jj] = kRound ? bf16_weight(p[r * ps + jj] * sc) : p[r * ps + jj] * sc;
         pt[r][jj - j] = p[r * ps + jj];
       }
     }
