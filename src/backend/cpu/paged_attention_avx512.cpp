@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <cstring>
 #include <type_traits>
@@ -484,17 +485,18 @@ void int4_accum(int d, int G, const uint8_t* tile, int rows, const float* p, int
 // Only the functions that use the instruction carry its target; lambdas would not inherit it.
 #define BIE_TARGET_BF16 __attribute__((target("avx512bf16")))
 
-// bf16 bits of the codes 0..15, the word table vpermw looks them up in (indices 16..31 unused).
-inline __m512i bf16_code_table() {
-  alignas(64) uint16_t t[32];
+// bf16 bits of the codes 0..15, the word table vpermw looks them up in (indices 16..31 repeat
+// them, unused). Built at compile time: the kernel loads it once per call.
+struct Bf16CodeTable {
+  alignas(64) uint16_t bits[32];
+};
+constexpr Bf16CodeTable kBf16Codes = [] {
+  Bf16CodeTable t{};
   for (int i = 0; i < 32; ++i) {
-    const float f = static_cast<float>(i & 15);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    t[i] = static_cast<uint16_t>(u >> 16);
+    t.bits[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(i & 15)) >> 16);
   }
-  return _mm512_load_si512(t);
-}
+  return t;
+}();
 
 // Rows a and b's 16 code bytes as bf16 pairs per channel: lo lane c = (a's, b's) low nibble of
 // byte c, hi the high nibbles.
@@ -566,7 +568,7 @@ BIE_TARGET_BF16 void int4_accum_bf16(int d, int G, const uint8_t* tile, int rows
                                      int ps, float* const* acc) {
   const int half = G / 2, ng = d / G;
   const size_t gb = kv::group_bytes_int4(G), rb = kv::row_bytes_int4(d, G);
-  const __m512i table = bf16_code_table();
+  const __m512i table = _mm512_load_si512(kBf16Codes.bits);
   float w[R][64];
   alignas(64) uint32_t wp[R][32];
   for (int b = 0; b < ng; ++b) {
