@@ -66,5 +66,52 @@ TEST(ModelForward, RunsThePathItIsGiven) {
   EXPECT_NE(prefill, decode);
 }
 
+// A trimmed head (LoadOptions::logits_vocab, a speculative draft's) returns the first columns of
+// the full head's logits, bit for bit: its output layer reads a prefix of the same rows.
+TEST(ModelForward, TrimmedHeadGivesTheFullHeadsFirstLogits) {
+  BIE_REQUIRE_FILE(test::qwen05_path());
+  constexpr int32_t kTrim = 4000;
+  const auto logits_of = [](int32_t logits_vocab, int32_t* n_logits) {
+    LoadOptions lo;
+    lo.max_batch_tokens = 64;
+    lo.logits_vocab = logits_vocab;
+    auto model = load_model(test::qwen05_path(), lo);
+    EXPECT_TRUE(model.ok()) << model.error();
+    if (!model.ok()) return std::vector<float>{};
+    Model& m = **model;
+    *n_logits = m.n_logits();
+    KvEngineOptions o;
+    o.kv.dtype = "f16";
+    o.max_model_len = 64;
+    auto kv = setup_kv_cache(m, o);
+    EXPECT_TRUE(kv.ok()) << kv.error();
+    auto tok = tokenizer::Tokenizer::from_gguf(m.file());
+    EXPECT_TRUE(tok.ok()) << tok.error();
+    if (!kv.ok() || !tok.ok()) return std::vector<float>{};
+    CpuBackend be(2);
+    ForwardOptions fo;
+    fo.logits_all = true;
+    fo.path = MatmulPath::kDecode;
+    auto out = m.forward(tok->encode("def fibonacci(n):"), *kv->cache, be, fo);
+    EXPECT_TRUE(out.ok()) << out.error();
+    return out.ok() ? std::vector<float>(out->begin(), out->end()) : std::vector<float>{};
+  };
+  int32_t n_full = 0;
+  int32_t n_trim = 0;
+  const std::vector<float> full = logits_of(0, &n_full);
+  const std::vector<float> trim = logits_of(kTrim, &n_trim);
+  ASSERT_EQ(n_full, 151936);
+  ASSERT_EQ(n_trim, kTrim);
+  ASSERT_EQ(full.size(), 4u * static_cast<size_t>(n_full));
+  ASSERT_EQ(trim.size(), 4u * static_cast<size_t>(kTrim));
+  for (size_t row = 0; row < 4; ++row) {
+    const std::vector<float> want(full.begin() + static_cast<ptrdiff_t>(row * n_full),
+                                  full.begin() + static_cast<ptrdiff_t>(row * n_full + kTrim));
+    const std::vector<float> got(trim.begin() + static_cast<ptrdiff_t>(row * kTrim),
+                                 trim.begin() + static_cast<ptrdiff_t>((row + 1) * kTrim));
+    EXPECT_EQ(got, want) << "row " << row;
+  }
+}
+
 }  // namespace
 }  // namespace bie

@@ -4,6 +4,7 @@
 // draft-model drafters).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -222,6 +223,7 @@ TEST(Speculative, GreedyOutputIdenticalWithAndWithoutDraftModel) {
     EngineConfig c = spec_config(3, dtype);
     c.speculative_model = *path;
     c.speculative_always = true;  // a draft as slow as the target never pays: force it
+    c.speculative_lookup = false;  // the model's drafts only
     auto spec = Engine::create(c);
     ASSERT_TRUE(plain.ok()) << plain.error();
     ASSERT_TRUE(spec.ok()) << spec.error();
@@ -247,6 +249,69 @@ TEST(Speculative, GreedyOutputIdenticalWithAndWithoutDraftModel) {
         << dtype;
     (*spec)->wait_idle();
     for (const auto& p : (*spec)->metrics().pools) EXPECT_EQ(p.blocks_used, 0) << dtype;
+  }
+}
+
+// Prompt lookup beside a trimmed draft model (the default model with a 2,000-token head): lookup
+// drafts and model drafts both run, every draft id the model proposes is below the trim, and the
+// greedy outputs stay the plain engine's.
+TEST(Speculative, LookupBesideATrimmedDraftModelKeepsGreedyOutput) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  auto path = resolve_model_path("default");
+  ASSERT_TRUE(path.ok()) << path.error();
+  auto plain = Engine::create(spec_config(0, "f16"));
+  EngineConfig c = spec_config(3, "f16");
+  c.speculative_model = *path;
+  c.speculative_draft_vocab = 2000;
+  c.speculative_always = true;
+  auto spec = Engine::create(c);
+  ASSERT_TRUE(plain.ok()) << plain.error();
+  ASSERT_TRUE(spec.ok()) << spec.error();
+  std::vector<std::string> prompts = grounded_prompts();
+  prompts.push_back(
+      "<|im_start|>user\nWrite a short poem about the sea.<|im_end|>\n"
+      "<|im_start|>assistant\n");
+  for (const std::string& text : prompts) {
+    tokenizer::EncodeOptions eo;
+    eo.parse_special = true;
+    const auto prompt = (*plain)->tokenizer().encode(text, eo);
+    EXPECT_EQ(generate_once(**spec, prompt, 40), generate_once(**plain, prompt, 40)) << text;
+  }
+  const EngineMetrics m = (*spec)->metrics();
+  EXPECT_GT(m.accepted_tokens, 0);
+  (*spec)->wait_idle();
+  for (const auto& p : (*spec)->metrics().pools) EXPECT_EQ(p.blocks_used, 0);
+  EngineConfig bad = c;
+  bad.speculative_draft_vocab = -1;
+  auto refused = Engine::create(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().find("--speculative-draft-vocab"), std::string::npos);
+}
+
+TEST(Speculative, TrimmedDraftHeadProposesOnlyIdsBelowTheTrim) {
+  BIE_REQUIRE_FILE(::bie::test::smollm2_path());
+  auto file = gguf::GgufFile::open(test::smollm2_path());
+  ASSERT_TRUE(file.ok()) << file.error();
+  auto tok = tokenizer::Tokenizer::from_gguf(**file);
+  ASSERT_TRUE(tok.ok()) << tok.error();
+  test::ReferenceBackend be;
+  for (const int32_t trim : {0, 300}) {
+    auto d = DraftModelDrafter::create(test::smollm2_path(), tok->vocab(), 256, 64, be, trim);
+    ASSERT_TRUE(d.ok()) << d.error();
+    EXPECT_EQ((*d)->model().n_logits(), trim == 0 ? tok->vocab().n_tokens() : trim);
+    // Text the untrimmed draft continues with ids above 300 (checked below, so the check has
+    // power).
+    const std::vector<int32_t> prompt = tok->encode("The capital of France is Paris. The capital");
+    std::vector<int32_t> out;
+    (*d)->propose(1, prompt, 4, out);
+    ASSERT_FALSE(out.empty());
+    const bool all_low =
+        std::all_of(out.begin(), out.end(), [](int32_t id) { return id >= 0 && id < 300; });
+    if (trim == 0) {
+      EXPECT_FALSE(all_low) << "the untrimmed draft should propose some id >= 300";
+    } else {
+      EXPECT_TRUE(all_low);
+    }
   }
 }
 
@@ -298,6 +363,23 @@ TEST(SpeculativeCostModel, DraftsOnlyWhereTheyPay) {
   // Unmeasured step sizes fall back to +44 % per token; the base estimated from a measured one.
   const std::vector<double> only4 = {0.0, 0.0, 0.0, 0.0, 15.20};
   EXPECT_EQ(best_draft_len(1.0, 1, 3, only4, 0.00651), 0);
+}
+
+// Unmeasured step sizes between measured ones are interpolated (steps of 1 and 4 measured, 2 and
+// 3 not: 2 costs 1 + 2/30 of a base step, not the +44 % guess); past the last measured size the
+// guess stays. free_draft_value and best_draft share the scale.
+TEST(SpeculativeCostModel, InterpolatesBetweenMeasuredStepSizes) {
+  const std::vector<double> ms = {0.0, 10.0, 0.0, 0.0, 12.0};
+  EXPECT_DOUBLE_EQ(free_draft_value(0.5, 1, 1, ms), 1.5 / (1.0 + 2.0 / 30.0));
+  EXPECT_DOUBLE_EQ(free_draft_value(0.5, 1, 2, ms), 1.75 / (1.0 + 4.0 / 30.0));
+  EXPECT_DOUBLE_EQ(free_draft_value(0.5, 1, 3, ms), 1.875 / 1.2);
+  const std::vector<double> only1 = {0.0, 10.0, 0.0, 0.0, 0.0};
+  EXPECT_DOUBLE_EQ(free_draft_value(0.5, 1, 1, only1), 1.5 / 1.44);
+  EXPECT_DOUBLE_EQ(free_draft_value(0.5, 1, 4, ms), 0.0);  // past the verify cap
+  // 3 drafts (1.5625) gain less than 2 % over 2 (1.544): the cost model keeps 2.
+  const DraftChoice c = best_draft(0.5, 1, 3, ms, 0.0);
+  EXPECT_EQ(c.len, 2);
+  EXPECT_DOUBLE_EQ(c.value, free_draft_value(0.5, 1, 2, ms));
 }
 
 // The draft model's weights are put on the backend when the drafter is made (engine start-up),

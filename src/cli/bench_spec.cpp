@@ -132,6 +132,8 @@ int run_spec_bench(const SpecBenchOptions& o) {
   EngineConfig spec = base;
   spec.speculative_draft_tokens = o.draft_tokens;
   spec.speculative_always = o.always;
+  spec.speculative_draft_vocab = o.draft_vocab;
+  spec.speculative_lookup = o.lookup;
   if (o.drafter != "ngram") spec.speculative_model = o.drafter;
   auto plain = Engine::create(base);
   if (!plain) return fail(kExitBadInput, plain.error());

@@ -24,6 +24,8 @@ struct SpecBenchOptions {
   std::string model = "default";
   std::string drafter;  // "ngram", or a draft model GGUF path ("default" allowed)
   int32_t draft_tokens = 3;
+  int32_t draft_vocab = 0;  // EngineConfig::speculative_draft_vocab
+  bool lookup = true;       // EngineConfig::speculative_lookup
   int32_t n_gen = 128;
   int32_t reps = 3;
   int32_t threads = 0;

@@ -40,6 +40,8 @@ struct ServeArgs {
   std::string spec_ngram = "2:3";
   bool spec_adaptive = false;
   std::string spec_model;
+  int32_t spec_vocab = 0;
+  bool spec_no_lookup = false;
   std::string kv_policy;
   std::vector<std::string> kv_regimes;
   double kv_fallback_entropy = 0;
@@ -127,6 +129,13 @@ int main(int argc, char** argv) {
   app.add_option("--speculative-model", a.spec_model,
                  "draft model GGUF with the target's vocabulary (instead of the n-gram drafter; "
                  "its weights and KV come out of the memory budget)");
+  app.add_option("--speculative-draft-vocab", a.spec_vocab,
+                 "the draft model's logits cover token ids [0, N) only (0: all; its output layer "
+                 "reads N rows)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--speculative-no-lookup", a.spec_no_lookup,
+               "with --speculative-model: no prompt-lookup drafts beside the draft model's");
   app.add_flag("--speculative-always", a.spec_always,
                "draft every step without asking the cost model whether drafts pay (measurements)");
   app.add_flag("--speculative-adaptive", a.spec_adaptive,
@@ -193,6 +202,8 @@ int main(int argc, char** argv) {
   ec.speculative_draft_tokens = a.spec_tokens;
   ec.speculative_adaptive = a.spec_adaptive;
   ec.speculative_model = a.spec_model;
+  ec.speculative_draft_vocab = a.spec_vocab;
+  ec.speculative_lookup = !a.spec_no_lookup;
   ec.kv_policy = a.kv_policy;
   ec.kv_regimes = a.kv_regimes;
   ec.kv_fallback_entropy = a.kv_fallback_entropy;

@@ -48,6 +48,8 @@ struct BenchArgs {
   KvCliFlags kv;
   std::string speculative;  // "ngram" or a draft model: the speculative benchmark instead
   int32_t draft_tokens = 3;
+  int32_t draft_vocab = 0;
+  bool no_lookup = false;
   bool speculative_always = false;
 };
 
@@ -131,6 +133,8 @@ int bench(const BenchArgs& a) {
     so.model = a.model;
     so.drafter = a.speculative;
     so.draft_tokens = a.draft_tokens;
+    so.draft_vocab = a.draft_vocab;
+    so.lookup = !a.no_lookup;
     so.n_gen = a.n_decode;
     so.reps = a.reps;
     so.threads = a.threads;
@@ -433,6 +437,12 @@ void add_bench_command(CLI::App& root, int* rc) {
                   "Draft tokens per step for --speculative")
       ->check(CLI::Range(1, 15))
       ->capture_default_str();
+  cmd->add_option("--speculative-draft-vocab", a->draft_vocab,
+                  "A draft model's logits cover token ids [0, N) only (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_flag("--speculative-no-lookup", a->no_lookup,
+                "With a draft model: no prompt-lookup drafts beside it");
   cmd->add_flag("--speculative-always", a->speculative_always,
                 "Draft every step (no cost model) for --speculative");
   cmd->callback([a, rc] { *rc = bench(*a); });

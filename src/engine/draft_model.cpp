@@ -38,13 +38,14 @@ Status check_same_vocab(const tokenizer::Vocab& target, const tokenizer::Vocab& 
 
 Result<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::create(
     const std::string& path, const tokenizer::Vocab& target_vocab, int64_t kv_tokens, int32_t chunk,
-    Backend& backend) {
+    Backend& backend, int32_t draft_vocab) {
   const auto fail = [&](const std::string& why) {
     return Error{fmt::format("--speculative-model {}: {}", path, why)};
   };
   if (kv_tokens < 1 || chunk < 1) return fail("needs a KV cache of at least one token");
   LoadOptions lo;
   lo.max_batch_tokens = chunk;
+  lo.logits_vocab = draft_vocab;
   auto model = load_model(path, lo);
   if (!model) return fail(model.error());
   auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
@@ -167,9 +168,9 @@ void DraftModelDrafter::propose(kv::SeqId seq, std::span<const int32_t> tokens, 
   }
   touch(seq);
   if (!read(seq, tokens.subspan(static_cast<size_t>(keep)))) return;
-  const auto n_vocab = static_cast<size_t>(model_->geometry().n_vocab);
+  const auto n_logits = static_cast<size_t>(model_->n_logits());
   for (int i = 0; i < max_tokens; ++i) {
-    const auto best = std::max_element(logits_.begin(), logits_.begin() + n_vocab);
+    const auto best = std::max_element(logits_.begin(), logits_.begin() + n_logits);
     out.push_back(static_cast<int32_t>(best - logits_.begin()));
     // The last draft's K/V is not needed now (the next call re-reads from where they differ).
     if (i + 1 == max_tokens || !read(seq, std::span<const int32_t>(&out.back(), 1))) break;

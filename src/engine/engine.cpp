@@ -108,6 +108,7 @@ class EngineImpl final : public Engine, private OutputProcessor::Hooks {
   std::unique_ptr<KvRegimes> regimes_;  // each with its store; all draw on one budget
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<Drafter> drafter_;       // null: speculation off
+  std::unique_ptr<Drafter> lookup_;        // prompt lookup beside a draft model, or null
   std::unique_ptr<VocabTrie> vocab_trie_;  // structured output's token trie (built on first use)
 
   // Engine thread only.
@@ -222,8 +223,13 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     // Its cache holds one sequence of the context the target serves (sequences share it).
     const int64_t draft_ctx =
         effective_max_model_len(o.max_model_len, model_->geometry().n_ctx_train);
+    if (cfg.speculative_draft_vocab < 0) {
+      return Error{fmt::format("--speculative-draft-vocab must be >= 0, got {}",
+                               cfg.speculative_draft_vocab)};
+    }
     auto d = DraftModelDrafter::create(*dpath, tok_->vocab(), draft_ctx,
-                                       static_cast<int32_t>(o.chunked_prefill_size), *backend_);
+                                       static_cast<int32_t>(o.chunked_prefill_size), *backend_,
+                                       cfg.speculative_draft_vocab);
     if (!d) return Error{d.error()};
     plan_opts.draft_bytes = (*d)->bytes().total();
     drafter_ = std::move(d).value();
@@ -310,6 +316,9 @@ Status EngineImpl::init(const EngineConfig& cfg, CreateError& kind) {
     }
     if (!drafter_) {
       drafter_ =
+          std::make_unique<NgramDrafter>(cfg.speculative_ngram_max, cfg.speculative_ngram_min);
+    } else if (cfg.speculative_lookup) {
+      lookup_ =
           std::make_unique<NgramDrafter>(cfg.speculative_ngram_max, cfg.speculative_ngram_min);
     }
   }
@@ -505,7 +514,7 @@ void EngineImpl::wait_idle() {
 void EngineImpl::loop() {
   if (drafter_) {
     spec_ = std::make_unique<SpeculativePolicy>(SpeculativeConfig::from(cfg_), *drafter_,
-                                                max_model_len_);
+                                                max_model_len_, lookup_.get());
   }
   runner_ = std::make_unique<ModelRunner>(*model_, *backend_, max_model_len_);
   OutputProcessor::Deps deps;

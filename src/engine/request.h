@@ -44,6 +44,11 @@ struct Request {
   double accept_rate = 0.5;  // running share of drafts accepted (prior: even odds)
   int32_t undrafted = 0;     // decode steps since the last draft (re-probe after a while)
   int32_t spec_steps = 0;    // steps that verified drafts
+  // Beside a draft model, prompt lookup (free drafts) keeps its own acceptance: which of the two
+  // proposed this step's drafts, and its running rate and steps.
+  bool lookup_drafted = false;
+  double lookup_rate = 0.5;
+  int32_t lookup_steps = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<tokenizer::StreamDecoder> decoder;
   std::unique_ptr<StopStrings> stops;

@@ -18,6 +18,7 @@ void SpeculativePolicy::draft(Scheduler& sched, RequestMap& reqs, EngineMetrics&
   const auto base = static_cast<int64_t>(decoding.size());
   for (Sequence* s : decoding) {
     Request& r = *reqs.at(s->id);
+    r.lookup_drafted = false;
     // Never draft past the request's last token or the context.
     const int64_t room =
         std::min<int64_t>(r.max_tokens - s->n_generated(),
@@ -25,12 +26,23 @@ void SpeculativePolicy::draft(Scheduler& sched, RequestMap& reqs, EngineMetrics&
         1;
     const int64_t cap = std::min<int64_t>({per_seq, r.gamma, room});
     if (cap < 1) continue;
+    // The first few speculative steps of a request draft in full to measure the acceptance, unless
+    // drafting has a measured cost (a draft model): then the cost model decides from the start
+    // (with the prior acceptance) and re-probes now and then.
+    const bool exploring = cfg_.always || (r.spec_steps < kExploreSteps &&
+                                           drafter_.seconds_per_token() <= 0);
+    const DraftChoice pick = best_draft(r.accept_rate, base, cap, step_ms_,
+                                        drafter_.seconds_per_token());
+    // Free drafts in hand go first where they are worth more than the drafter's best choice and
+    // than no drafts at all.
+    if (lookup_ != nullptr && propose_lookup(*s, r, base, cap, std::max(pick.value, 1.02))) {
+      if (r.grammar) r.grammar->trim_drafts(s->draft);
+      continue;
+    }
     // Drafts that cannot pay even when all are accepted (a draft model about as slow as the
-    // target) are not tried at all. The first few speculative steps always draft (they measure
-    // the acceptance), then the cost model decides.
+    // target) are not tried at all.
     if (!cfg_.always && best_draft_len(1.0, base, cap) == 0) continue;
-    int n = r.spec_steps < kExploreSteps || cfg_.always ? static_cast<int>(cap)
-                                                        : best_draft_len(r.accept_rate, base, cap);
+    int n = exploring ? static_cast<int>(cap) : pick.len;
     // A request that stopped drafting tries again now and then: its text may turn repetitive.
     if (n == 0 && ++r.undrafted >= kReprobeSteps) n = static_cast<int>(cap);
     if (n < 1) continue;
@@ -39,6 +51,20 @@ void SpeculativePolicy::draft(Scheduler& sched, RequestMap& reqs, EngineMetrics&
     if (r.grammar) r.grammar->trim_drafts(s->draft);  // never verify what the grammar rejects
   }
   m.drafter_seconds += seconds(t0, Clock::now());
+}
+
+bool SpeculativePolicy::propose_lookup(Sequence& s, Request& r, int64_t base, int64_t cap,
+                                       double rival) {
+  lookup_->propose(s.id, s.tokens, static_cast<int>(cap), s.draft);
+  if (s.draft.empty()) return false;
+  const double rate = r.lookup_steps < kExploreSteps ? std::max(r.lookup_rate, 0.5) : r.lookup_rate;
+  if (!cfg_.always &&
+      free_draft_value(rate, base, static_cast<int64_t>(s.draft.size()), step_ms_) <= rival) {
+    s.draft.clear();
+    return false;
+  }
+  r.lookup_drafted = true;
+  return true;
 }
 
 int SpeculativePolicy::best_draft_len(double accept_rate, int64_t base, int64_t cap) const {
@@ -57,9 +83,14 @@ void SpeculativePolicy::record_verify(Request& r, int64_t n_draft, int64_t accep
                                       EngineMetrics& m) const {
   r.draft_tokens += n_draft;
   r.accepted_tokens += accepted;
-  ++r.spec_steps;
-  r.accept_rate =
-      0.7 * r.accept_rate + 0.3 * static_cast<double>(accepted) / static_cast<double>(n_draft);
+  const double share = static_cast<double>(accepted) / static_cast<double>(n_draft);
+  if (r.lookup_drafted) {
+    ++r.lookup_steps;
+    r.lookup_rate = 0.7 * r.lookup_rate + 0.3 * share;
+  } else {
+    ++r.spec_steps;
+    r.accept_rate = 0.7 * r.accept_rate + 0.3 * share;
+  }
   ++m.spec_steps;
   m.draft_tokens += n_draft;
   m.accepted_tokens += accepted;

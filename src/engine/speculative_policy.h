@@ -35,8 +35,11 @@ struct SpeculativeConfig {
 
 class SpeculativePolicy {
  public:
-  SpeculativePolicy(const SpeculativeConfig& cfg, Drafter& drafter, int64_t max_model_len)
-      : cfg_(cfg), drafter_(drafter), max_model_len_(max_model_len) {}
+  // lookup: a free drafter (prompt lookup) consulted before a costly one (a draft model), or
+  // null. Its proposal is verified where it is worth more than what the drafter would cost.
+  SpeculativePolicy(const SpeculativeConfig& cfg, Drafter& drafter, int64_t max_model_len,
+                    Drafter* lookup = nullptr)
+      : cfg_(cfg), drafter_(drafter), lookup_(lookup), max_model_len_(max_model_len) {}
 
   // Proposes drafts (into Sequence::draft) for running sequences that are decoding.
   void draft(Scheduler& sched, RequestMap& reqs, EngineMetrics& m);
@@ -51,8 +54,13 @@ class SpeculativePolicy {
   // maximises expected tokens per unit of step cost.
   [[nodiscard]] int best_draft_len(double accept_rate, int64_t base, int64_t cap) const;
 
+  // Proposes lookup_'s drafts for s when they are worth more than the drafter's expected value
+  // `rival` (tokens per unit of step cost); true when it did.
+  bool propose_lookup(Sequence& s, Request& r, int64_t base, int64_t cap, double rival);
+
   SpeculativeConfig cfg_;
   Drafter& drafter_;
+  Drafter* lookup_ = nullptr;
   int64_t max_model_len_ = 0;
   // Measured cost of decode-only forward passes by token count (EMA, ms; 0: not seen yet).
   std::array<double, kMaxVerifyTokens + 1> step_ms_{};

@@ -42,6 +42,11 @@ class DecoderModel final : public Model {
     read_geometry(b);
     bind_weights(b);
     weight_bytes_ = b.bound_bytes();
+    n_logits_ = geo_.n_vocab;
+    if (opts.logits_vocab > 0 && opts.logits_vocab < geo_.n_vocab) {
+      n_logits_ = opts.logits_vocab;
+      output_ = output_.slice_rows(0, n_logits_);  // the trimmed head reads its first rows only
+    }
   }
 
   Result<std::span<float>> forward_batch(std::span<const BatchSequence> seqs, Backend& be) override;
@@ -91,7 +96,7 @@ class DecoderModel final : public Model {
     Tensor ids;   // I32 [max_batch, 1] token ids of the batch, then the logits rows
     Tensor pos;   // I32 [max_batch, 1] positions
     std::unique_ptr<DeviceBuffer> logits_buf;
-    Tensor logits;  // [logits rows, n_vocab], grown to the most rows a pass needed
+    Tensor logits;  // [logits rows, n_logits], grown to the most rows a pass needed
   };
 
   void read_geometry(Binder& b);
@@ -304,13 +309,13 @@ Status DecoderModel::bind(Backend& be) {
     }
     *s.t = *t;
   }
-  auto logits = be.alloc(static_cast<size_t>(max_out_) * static_cast<size_t>(hp.n_vocab) * 4);
+  auto logits = be.alloc(static_cast<size_t>(max_out_) * static_cast<size_t>(n_logits_) * 4);
   if (!logits.ok()) {
     ws_ = Workspace{};
     return Error{logits.error()};
   }
   ws_.logits_buf = std::move(logits).value();
-  ws_.logits = tensor_of(*ws_.logits_buf, quant::GgmlType::F32, max_out_, hp.n_vocab);
+  ws_.logits = tensor_of(*ws_.logits_buf, quant::GgmlType::F32, max_out_, n_logits_);
   bound_backend_ = be.id();
   return {};
 }
@@ -445,15 +450,15 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
   be.get_rows(ws_.x, out_ids, xo);
   be.rms_norm(xo, output_norm_, xo, rms_eps_);
   if (ws_.logits.rows < n_out) {
-    auto buf = be.alloc(static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab) * 4);
+    auto buf = be.alloc(static_cast<size_t>(n_out) * static_cast<size_t>(n_logits_) * 4);
     if (!buf.ok()) return Error{buf.error()};
     ws_.logits_buf = std::move(buf).value();
-    ws_.logits = tensor_of(*ws_.logits_buf, quant::GgmlType::F32, n_out, hp.n_vocab);
+    ws_.logits = tensor_of(*ws_.logits_buf, quant::GgmlType::F32, n_out, n_logits_);
   }
   const Tensor logits = ws_.logits.slice_rows(0, n_out);
   plan_.mm_out(be, output_, xo, logits);
   if (softcap_ > 0.0f) be.softcap(logits, softcap_);
-  const size_t count = static_cast<size_t>(n_out) * static_cast<size_t>(hp.n_vocab);
+  const size_t count = static_cast<size_t>(n_out) * static_cast<size_t>(n_logits_);
   std::span<float> out;
   if (auto* host = static_cast<float*>(logits.host()); host != nullptr) {
     be.synchronize();  // host-visible logits: wait for the last operations

@@ -40,10 +40,11 @@ class DraftModelDrafter final : public Drafter {
  public:
   // Loads the draft model and checks it against the target's vocabulary (same size, same token
   // texts and special ids: otherwise its ids would mean other text). kv_tokens: tokens its cache
-  // holds across sequences; chunk: tokens per catch-up pass.
+  // holds across sequences; chunk: tokens per catch-up pass; draft_vocab: drafts come from token
+  // ids [0, draft_vocab) only (0: the whole vocabulary; LoadOptions::logits_vocab).
   [[nodiscard]] static Result<std::unique_ptr<DraftModelDrafter>> create(
       const std::string& path, const tokenizer::Vocab& target_vocab, int64_t kv_tokens,
-      int32_t chunk, Backend& backend);
+      int32_t chunk, Backend& backend, int32_t draft_vocab = 0);
 
   void propose(kv::SeqId seq, std::span<const int32_t> tokens, int max_tokens,
                std::vector<int32_t>& out) override;

@@ -41,10 +41,25 @@ class NgramDrafter final : public Drafter {
 // `base` decode tokens, maximising expected tokens per unit of step time:
 //   (1 + a(1 - a^g)/(1 - a)) / (cost(base + g) + g * drafter_cost)
 // with a the acceptance rate, cost(n) = step_ms[n] / step_ms[base] (measured decode-only forward
-// passes of n tokens; 0 = unseen, then +44 % per extra token, SmolLM2-135M on 2 AVX2 cores) and
+// passes of n tokens; 0 = unseen: interpolated between measured sizes around n, else +44 % per
+// extra token, SmolLM2-135M on 2 AVX2 cores) and
 // drafter_cost = draft_seconds_per_token / (a base step's seconds). 0 unless the best g gains at
 // least 2 % over not drafting.
 [[nodiscard]] int best_draft_len(double accept_rate, int64_t base, int64_t cap,
                                  std::span<const double> step_ms, double draft_seconds_per_token);
+
+// The cost model's choice with its worth: `len` drafts (0..cap, as best_draft_len) and the
+// expected tokens per unit of base-step cost they give (1 for no drafts).
+struct DraftChoice {
+  int len = 0;
+  double value = 1.0;
+};
+[[nodiscard]] DraftChoice best_draft(double accept_rate, int64_t base, int64_t cap,
+                                     std::span<const double> step_ms,
+                                     double draft_seconds_per_token);
+// The worth of verifying exactly `len` drafts proposed at no cost (a prompt-lookup proposal in
+// hand), on the same scale.
+[[nodiscard]] double free_draft_value(double accept_rate, int64_t base, int64_t len,
+                                      std::span<const double> step_ms);
 
 }  // namespace bie

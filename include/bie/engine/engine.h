@@ -66,6 +66,15 @@ struct EngineConfig {
   // n-gram matcher (DraftModelDrafter). Its weights, workspace and FP16 KV cache (one
   // --max-model-len sequence) come out of the memory budget. Needs speculative_draft_tokens > 0.
   std::string speculative_model;
+  // The draft model's logits cover token ids [0, speculative_draft_vocab) only (0: all): its
+  // output layer, the largest matrix of a small model with a large vocabulary, reads that many
+  // rows. Byte-level BPE vocabularies number tokens in merge order, so the low ids are the
+  // frequent ones; the target still verifies every draft, so outputs do not change.
+  int32_t speculative_draft_vocab = 0;
+  // Beside a draft model, prompt lookup (the n-gram drafter, free) proposes first: its drafts are
+  // verified where the cost model expects them to give more than the draft model's (each keeps
+  // its own acceptance rate per request).
+  bool speculative_lookup = true;
   // KV regimes (../shared/BRIEF.md §3). Besides the default (kv.kv) every engine can run requests
   // in f16 (the kill switch's target); kv_regimes names further formats requests may ask for
   // ("int8", "fp8_e4m3", ...), and kv_policy picks a regime by length (parse_kv_policy). Each

@@ -65,16 +65,18 @@ class Model {
   [[nodiscard]] const gguf::GgufFile& file() const { return *file_; }
   // Bytes of weight tensors (as stored in the file).
   [[nodiscard]] uint64_t weight_bytes() const { return weight_bytes_; }
+  // Logits per row a pass returns: n_vocab, or LoadOptions::logits_vocab where that trims them.
+  [[nodiscard]] int32_t n_logits() const { return n_logits_; }
 
   // Runs tokens at positions [kv.n_tokens(), kv.n_tokens() + tokens.size()) after appending them
-  // to the cache. Returns logits: [tokens.size(), n_vocab] if opts.logits_all, else [1, n_vocab]
+  // to the cache. Returns logits: [tokens.size(), n_logits] if opts.logits_all, else [1, n_logits]
   // for the last token, and then finishes the pass on the cache (KvCache::finish_pass). On error
   // nothing is appended.
   [[nodiscard]] Result<std::span<float>> forward(std::span<const int32_t> tokens, KvCache& kv,
                                                  Backend& backend, ForwardOptions opts = {});
   // Runs the tokens of several sequences in one pass: every weight matrix is read once for all
   // of them, attention runs per sequence through its own cache. Returns logits rows in sequence
-  // order: one per kLast sequence, one per token of a kAll sequence ([rows, n_vocab], fp32 in
+  // order: one per kLast sequence, one per token of a kAll sequence ([rows, n_logits], fp32 in
   // host memory owned by the model, valid until its next pass; the caller may modify them in
   // place). The total token count must fit the workspace (LoadOptions::max_batch_tokens). On
   // error nothing is appended to any cache. The caller finishes the pass on each cache
@@ -90,6 +92,7 @@ class Model {
   std::unique_ptr<gguf::GgufFile> file_;
   planner::ModelGeometry geo_;
   uint64_t weight_bytes_ = 0;
+  int32_t n_logits_ = 0;
 };
 
 struct LoadOptions {
@@ -97,6 +100,10 @@ struct LoadOptions {
   int32_t max_batch_tokens = 512;
   // Logits rows the workspace holds from bind(); a pass that returns more grows it.
   int32_t max_output_rows = 1;
+  // 0: logits for every token. Else logits for token ids [0, logits_vocab) only: the output layer
+  // reads that many of its rows (a speculative draft's trimmed head; byte-level BPE vocabularies
+  // number their tokens in merge order, so the low ids are the frequent ones).
+  int32_t logits_vocab = 0;
 };
 
 // Opens a GGUF file and binds the weights of its architecture. Errors name the file and what is
