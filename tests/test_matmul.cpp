@@ -263,12 +263,13 @@ TEST(Matmul, NamedPathsGiveEachTokenTheSameBitsWhateverTheBatch) {
 }
 
 // The AVX-512 decode kernels give the AVX2 kernels' bits (the same integer partition and float
-// order), so a token computed on either ISA's decode path is the same token.
+// order), so a token computed on either ISA's decode path is the same token. The 32-value formats
+// run one template on both (vpdpbusd and masked fifth bits on AVX-512).
 TEST(Matmul, Avx512DecodeGivesTheAvx2Bits) {
   if (best_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
   ThreadPool pool(2);
   MatmulScratch scratch;
-  for (G type : {G::Q4_K, G::Q6_K}) {
+  for (G type : {G::Q4_K, G::Q6_K, G::Q4_0, G::Q4_1, G::Q5_0, G::Q5_1, G::Q8_0}) {
     const Matrix m = make_matrix(type, 2304, 45, 11);
     for (int64_t n_tokens : {1, 3, 13, 16}) {  // 13: groups of 8 and 5 on AVX-512
       const auto x = make_acts(2304, n_tokens, 12);

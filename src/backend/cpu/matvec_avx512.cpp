@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "backend/cpu/matmul_kernels.h"
+#include "backend/cpu/matvec_b32_inl.h"
 #include "bie/common/simd_avx2.h"
 #include "bie/quant/blocks.h"
 #include "bie/quant/traits.h"
@@ -221,7 +222,7 @@ void matvec_k(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_ro
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
 #pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) y[t * w.n_out + r + i] = simd::hsum(acc[i][t]);
+    for (int i = 0; i < R; ++i) y[t * w.n_out + r + i] = bie::simd::hsum(acc[i][t]);
   }
 }
 
@@ -256,6 +257,7 @@ struct MatvecKernels {
   MatvecFn main[kMaxT + 1];    // by token count: rows[T] rows per call
   MatvecFn single[kMaxT + 1];  // one row, for a range's tail
   int rows[kMaxT + 1];
+  int max_tokens = kMaxT;  // most tokens per call
 };
 
 template <typename KF, int... T>
@@ -271,9 +273,41 @@ constexpr MatvecKernels k_matvec() {
   return k_matvec<KF>(std::make_integer_sequence<int, kMaxT>{});
 }
 
+// The 32-value formats: matvec_b32_inl.h's template built for this ISA (vpdpbusd, masked
+// fifth bits), with the AVX2 kernels' rows, token groups and activation layout, so their bits.
+template <b32::B32Kind K>
+constexpr MatvecKernels b32_matvec() {
+  using b32::matvec_b32;
+  using b32::matvec_rows;
+  return {[](int64_t n_in) { return b32::act_b32_bytes<K>(n_in / quant::kQK32); },
+          b32::prepare_b32<K>,
+          {nullptr, matvec_b32<K, matvec_rows(1), 1>, matvec_b32<K, matvec_rows(2), 2>,
+           matvec_b32<K, matvec_rows(3), 3>, matvec_b32<K, matvec_rows(4), 4>},
+          {nullptr, matvec_b32<K, 1, 1>, matvec_b32<K, 1, 2>, matvec_b32<K, 1, 3>,
+           matvec_b32<K, 1, 4>},
+          {0, matvec_rows(1), matvec_rows(2), matvec_rows(3), matvec_rows(4)},
+          kMaxMatvecTokens};
+}
+
 const MatvecKernels* matvec_kernels(GgmlType type) {
-  static const MatvecKernels q4_k = k_matvec<KQ4>(), q6_k = k_matvec<KQ6>();
+  using b32::B32Kind;
+  static const MatvecKernels q4_k = k_matvec<KQ4>(), q6_k = k_matvec<KQ6>(),
+                             q4_0 = b32_matvec<B32Kind::kQ4_0>(),
+                             q4_1 = b32_matvec<B32Kind::kQ4_1>(),
+                             q5_0 = b32_matvec<B32Kind::kQ5_0>(),
+                             q5_1 = b32_matvec<B32Kind::kQ5_1>(),
+                             q8_0 = b32_matvec<B32Kind::kQ8_0>();
   switch (type) {
+    case GgmlType::Q4_0:
+      return &q4_0;
+    case GgmlType::Q4_1:
+      return &q4_1;
+    case GgmlType::Q5_0:
+      return &q5_0;
+    case GgmlType::Q5_1:
+      return &q5_1;
+    case GgmlType::Q8_0:
+      return &q8_0;
     case GgmlType::Q4_K:
       return &q4_k;
     case GgmlType::Q6_K:
@@ -290,7 +324,7 @@ MatvecPlan avx512_matvec_plan(GgmlType type, int64_t n_in) {
   if (const MatvecKernels* mk = matvec_kernels(type)) {
     plan.supported = true;
     plan.act_row_bytes = (mk->act_bytes(n_in) + 63) / 64 * 64;
-    plan.max_tokens = kMaxT;
+    plan.max_tokens = mk->max_tokens;
   }
   return plan;
 }
@@ -304,7 +338,7 @@ void avx512_matvec_prepare(GgmlType type, int64_t n_in, const float* x, uint8_t*
 void avx512_matvec_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
                         int64_t n_tokens, int64_t r0, int64_t r1, float* y) {
   const MatvecKernels* mk = matvec_kernels(w.type);
-  assert(mk != nullptr && n_tokens >= 1 && n_tokens <= kMaxT);
+  assert(mk != nullptr && n_tokens >= 1 && n_tokens <= mk->max_tokens);
   const auto* head = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r0) * w.row_bytes;
   const size_t head_bytes = std::min(kPrefetchBytes, static_cast<size_t>(r1 - r0) * w.row_bytes);
   for (size_t off = 0; off < head_bytes; off += 64) _mm_prefetch(head + off, _MM_HINT_T0);
