@@ -176,6 +176,21 @@ std::vector<std::string> grounded_prompts() {
   };
 }
 
+// The grounded prompts and one open-ended chat turn (draft-model tests).
+std::vector<std::string> draft_model_prompts() {
+  std::vector<std::string> prompts = grounded_prompts();
+  prompts.push_back(
+      "<|im_start|>user\nWrite a short poem about the sea.<|im_end|>\n"
+      "<|im_start|>assistant\n");
+  return prompts;
+}
+
+std::vector<int32_t> encode_special(Engine& eng, const std::string& text) {
+  tokenizer::EncodeOptions eo;
+  eo.parse_special = true;
+  return eng.tokenizer().encode(text, eo);
+}
+
 TEST(Speculative, GreedyOutputIdenticalWithAndWithoutNgramDrafts) {
   BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   for (const char* dtype : {"f16", "int8"}) {
@@ -229,14 +244,8 @@ TEST(Speculative, GreedyOutputIdenticalWithAndWithoutDraftModel) {
     ASSERT_TRUE(spec.ok()) << spec.error();
     EXPECT_GT((*spec)->kv_report().draft_bytes, (*plain)->kv_report().weights_bytes);
     EXPECT_NE(format_kv_report((*spec)->kv_report()).find("+ draft model"), std::string::npos);
-    std::vector<std::string> prompts = grounded_prompts();
-    prompts.push_back(
-        "<|im_start|>user\nWrite a short poem about the sea.<|im_end|>\n"
-        "<|im_start|>assistant\n");
-    for (const std::string& text : prompts) {
-      tokenizer::EncodeOptions eo;
-      eo.parse_special = true;
-      const auto prompt = (*plain)->tokenizer().encode(text, eo);
+    for (const std::string& text : draft_model_prompts()) {
+      const auto prompt = encode_special(**plain, text);
       FinishEvent fin;
       const auto want = generate_once(**plain, prompt, 40);
       const auto got = generate_once(**spec, prompt, 40, &fin);
@@ -267,14 +276,8 @@ TEST(Speculative, LookupBesideATrimmedDraftModelKeepsGreedyOutput) {
   auto spec = Engine::create(c);
   ASSERT_TRUE(plain.ok()) << plain.error();
   ASSERT_TRUE(spec.ok()) << spec.error();
-  std::vector<std::string> prompts = grounded_prompts();
-  prompts.push_back(
-      "<|im_start|>user\nWrite a short poem about the sea.<|im_end|>\n"
-      "<|im_start|>assistant\n");
-  for (const std::string& text : prompts) {
-    tokenizer::EncodeOptions eo;
-    eo.parse_special = true;
-    const auto prompt = (*plain)->tokenizer().encode(text, eo);
+  for (const std::string& text : draft_model_prompts()) {
+    const auto prompt = encode_special(**plain, text);
     EXPECT_EQ(generate_once(**spec, prompt, 40), generate_once(**plain, prompt, 40)) << text;
   }
   const EngineMetrics m = (*spec)->metrics();

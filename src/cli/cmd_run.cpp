@@ -43,6 +43,8 @@ struct RunArgs {
   SamplingParams sampling;
   int32_t spec_tokens = 0;  // speculative decoding: draft tokens per step (0: off)
   std::string spec_model;   // a draft model GGUF instead of the n-gram drafter
+  int32_t spec_vocab = 0;   // the draft model's logits: token ids [0, N) only (0: all)
+  bool spec_no_lookup = false;
 };
 
 // Ctrl-C: set by the SIGINT handler, read by the waiting main thread, which cancels the request
@@ -94,6 +96,8 @@ int run(const RunArgs& a) {
   ec.f16_kill_switch = false;
   ec.speculative_draft_tokens = a.spec_tokens;
   ec.speculative_model = a.spec_model;
+  ec.speculative_draft_vocab = a.spec_vocab;
+  ec.speculative_lookup = !a.spec_no_lookup;
   CreateError kind = CreateError::kInvalidConfig;
   auto engine = Engine::create(ec, &kind);
   if (!engine) {
@@ -236,6 +240,12 @@ void add_run_command(CLI::App& root, int* rc) {
       ->check(CLI::Range(0, 15));
   cmd->add_option("--speculative-model", args->spec_model,
                   "Draft model GGUF with the target's vocabulary (needs --speculative-draft-tokens)");
+  cmd->add_option("--speculative-draft-vocab", args->spec_vocab,
+                  "The draft model's logits cover token ids [0, N) only (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_flag("--speculative-no-lookup", args->spec_no_lookup,
+                "With --speculative-model: no prompt-lookup drafts beside the draft model's");
   cmd->callback([args, rc] {
     if (args->n_predict == 0) {
       std::fprintf(stderr, "bie run: -n must be at least 1, or -1 for no limit\n");

@@ -285,25 +285,14 @@ constexpr MatvecKernels k_matvec() {
 }
 
 const MatvecKernels* matvec_kernels(GgmlType type) {
-  static const MatvecKernels q4_0 = b32_matvec<B32Kind::kQ4_0>(),
-                             q4_1 = b32_matvec<B32Kind::kQ4_1>(),
-                             q5_0 = b32_matvec<B32Kind::kQ5_0>(),
-                             q5_1 = b32_matvec<B32Kind::kQ5_1>(),
-                             q8_0 = b32_matvec<B32Kind::kQ8_0>(),
-                             q2_k = k_matvec<KUnified<UnpackQ2K>>(),
+  static const MatvecKernels q2_k = k_matvec<KUnified<UnpackQ2K>>(),
                              q3_k = k_matvec<KUnified<UnpackQ3K>>(), q4_k = k_matvec<KQ4>(),
                              q5_k = k_matvec<KUnified<UnpackQ5K>>(), q6_k = k_matvec<KQ6>();
+  static const MatvecKernels b32s[] = {
+      b32_matvec<B32Kind::kQ4_0>(), b32_matvec<B32Kind::kQ4_1>(), b32_matvec<B32Kind::kQ5_0>(),
+      b32_matvec<B32Kind::kQ5_1>(), b32_matvec<B32Kind::kQ8_0>()};
+  if (const int i = b32_index(type); i >= 0) return &b32s[i];
   switch (type) {
-    case GgmlType::Q4_0:
-      return &q4_0;
-    case GgmlType::Q4_1:
-      return &q4_1;
-    case GgmlType::Q5_0:
-      return &q5_0;
-    case GgmlType::Q5_1:
-      return &q5_1;
-    case GgmlType::Q8_0:
-      return &q8_0;
     case GgmlType::Q2_K:
       return &q2_k;
     case GgmlType::Q3_K:

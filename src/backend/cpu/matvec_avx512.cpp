@@ -291,23 +291,12 @@ constexpr MatvecKernels b32_matvec() {
 
 const MatvecKernels* matvec_kernels(GgmlType type) {
   using b32::B32Kind;
-  static const MatvecKernels q4_k = k_matvec<KQ4>(), q6_k = k_matvec<KQ6>(),
-                             q4_0 = b32_matvec<B32Kind::kQ4_0>(),
-                             q4_1 = b32_matvec<B32Kind::kQ4_1>(),
-                             q5_0 = b32_matvec<B32Kind::kQ5_0>(),
-                             q5_1 = b32_matvec<B32Kind::kQ5_1>(),
-                             q8_0 = b32_matvec<B32Kind::kQ8_0>();
+  static const MatvecKernels q4_k = k_matvec<KQ4>(), q6_k = k_matvec<KQ6>();
+  static const MatvecKernels b32s[] = {
+      b32_matvec<B32Kind::kQ4_0>(), b32_matvec<B32Kind::kQ4_1>(), b32_matvec<B32Kind::kQ5_0>(),
+      b32_matvec<B32Kind::kQ5_1>(), b32_matvec<B32Kind::kQ8_0>()};
+  if (const int i = b32::b32_index(type); i >= 0) return &b32s[i];
   switch (type) {
-    case GgmlType::Q4_0:
-      return &q4_0;
-    case GgmlType::Q4_1:
-      return &q4_1;
-    case GgmlType::Q5_0:
-      return &q5_0;
-    case GgmlType::Q5_1:
-      return &q5_1;
-    case GgmlType::Q8_0:
-      return &q8_0;
     case GgmlType::Q4_K:
       return &q4_k;
     case GgmlType::Q6_K:

@@ -326,6 +326,24 @@ void matvec_b32(const WeightView& w, int64_t r, const uint8_t* acts, size_t act_
   }
 }
 
+// Index of a 32-value format in B32Kind order (a kernel table's row), or -1.
+inline int b32_index(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_0:
+      return static_cast<int>(B32Kind::kQ4_0);
+    case GgmlType::Q4_1:
+      return static_cast<int>(B32Kind::kQ4_1);
+    case GgmlType::Q5_0:
+      return static_cast<int>(B32Kind::kQ5_0);
+    case GgmlType::Q5_1:
+      return static_cast<int>(B32Kind::kQ5_1);
+    case GgmlType::Q8_0:
+      return static_cast<int>(B32Kind::kQ8_0);
+    default:
+      return -1;
+  }
+}
+
 // Rows per call: R * T accumulators and R * T min accumulators must fit the 16 registers.
 constexpr int matvec_rows(int64_t n_tokens) {
   return n_tokens <= 2 ? 4 : 2;
