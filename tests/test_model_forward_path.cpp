@@ -4,6 +4,7 @@
 // forward() that dropped the path made `bie run`'s short prompts differ from the engine's.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -110,6 +111,51 @@ TEST(ModelForward, TrimmedHeadGivesTheFullHeadsFirstLogits) {
     const std::vector<float> got(trim.begin() + static_cast<ptrdiff_t>(row * kTrim),
                                  trim.begin() + static_cast<ptrdiff_t>((row + 1) * kTrim));
     EXPECT_EQ(got, want) << "row " << row;
+  }
+}
+
+// Model::logits_of: the logits a trimmed head leaves out, for given ids, from dequantised output
+// rows: within the activation quantisation's error of the full head's (which quantises the
+// hidden state to 8 bits), far inside the spread of the logits themselves.
+TEST(ModelForward, LogitsOfGivesTheFullHeadsLogitsForAnyIds) {
+  BIE_REQUIRE_FILE(test::qwen05_path());
+  const std::vector<int32_t> ids = {0, 3999, 4000, 50000, 151000, 151935};
+  std::vector<float> full_last;
+  std::vector<float> got;
+  for (const int32_t logits_vocab : {0, 4000}) {
+    LoadOptions lo;
+    lo.max_batch_tokens = 64;
+    lo.logits_vocab = logits_vocab;
+    auto model = load_model(test::qwen05_path(), lo);
+    ASSERT_TRUE(model.ok()) << model.error();
+    Model& m = **model;
+    KvEngineOptions o;
+    o.kv.dtype = "f16";
+    o.max_model_len = 64;
+    auto kv = setup_kv_cache(m, o);
+    ASSERT_TRUE(kv.ok()) << kv.error();
+    auto tok = tokenizer::Tokenizer::from_gguf(m.file());
+    ASSERT_TRUE(tok.ok()) << tok.error();
+    CpuBackend be(2);
+    EXPECT_FALSE(m.logits_of(ids, be).ok());  // no pass yet
+    auto out = m.forward(tok->encode("def fibonacci(n):"), *kv->cache, be);
+    ASSERT_TRUE(out.ok()) << out.error();
+    if (logits_vocab == 0) {
+      full_last.assign(out->begin(), out->end());
+    } else {
+      auto extra = m.logits_of(ids, be);
+      ASSERT_TRUE(extra.ok()) << extra.error();
+      got.assign(extra->begin(), extra->end());
+      const std::vector<int32_t> bad = {151936};
+      EXPECT_FALSE(m.logits_of(bad, be).ok());
+    }
+  }
+  ASSERT_EQ(full_last.size(), 151936u);
+  ASSERT_EQ(got.size(), ids.size());
+  const auto [lo_it, hi_it] = std::minmax_element(full_last.begin(), full_last.end());
+  ASSERT_GT(*hi_it - *lo_it, 10.0f);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    EXPECT_NEAR(got[k], full_last[static_cast<size_t>(ids[k])], 0.05f) << "id " << ids[k];
   }
 }
 

@@ -291,29 +291,38 @@ TEST(Speculative, LookupBesideATrimmedDraftModelKeepsGreedyOutput) {
   EXPECT_NE(refused.error().find("--speculative-draft-vocab"), std::string::npos);
 }
 
-TEST(Speculative, TrimmedDraftHeadProposesOnlyIdsBelowTheTrim) {
+// A trimmed draft (a 300-token head on SmolLM2) proposes ids below the trim or ids of its
+// sequence's own text (Model::logits_of): a name copied from the prompt stays draftable. Here the
+// untrimmed draft's continuation is all prompt tokens, some above 300, and the trimmed one must
+// propose the same.
+TEST(Speculative, TrimmedDraftHeadProposesLowIdsAndTheTextsOwn) {
   BIE_REQUIRE_FILE(::bie::test::smollm2_path());
   auto file = gguf::GgufFile::open(test::smollm2_path());
   ASSERT_TRUE(file.ok()) << file.error();
   auto tok = tokenizer::Tokenizer::from_gguf(**file);
   ASSERT_TRUE(tok.ok()) << tok.error();
   test::ReferenceBackend be;
+  const std::vector<int32_t> prompt =
+      tok->encode("The capital of France is Paris. The capital of France is Paris. The capital");
+  std::vector<int32_t> untrimmed;
   for (const int32_t trim : {0, 300}) {
     auto d = DraftModelDrafter::create(test::smollm2_path(), tok->vocab(), 256, 64, be, trim);
     ASSERT_TRUE(d.ok()) << d.error();
     EXPECT_EQ((*d)->model().n_logits(), trim == 0 ? tok->vocab().n_tokens() : trim);
-    // Text the untrimmed draft continues with ids above 300 (checked below, so the check has
-    // power).
-    const std::vector<int32_t> prompt = tok->encode("The capital of France is Paris. The capital");
     std::vector<int32_t> out;
     (*d)->propose(1, prompt, 4, out);
-    ASSERT_FALSE(out.empty());
-    const bool all_low =
-        std::all_of(out.begin(), out.end(), [](int32_t id) { return id >= 0 && id < 300; });
+    ASSERT_EQ(out.size(), 4u);
+    for (const int32_t id : out) {
+      EXPECT_TRUE(trim == 0 || id < trim ||
+                  std::find(prompt.begin(), prompt.end(), id) != prompt.end())
+          << id;
+    }
     if (trim == 0) {
-      EXPECT_FALSE(all_low) << "the untrimmed draft should propose some id >= 300";
+      untrimmed = out;
+      ASSERT_TRUE(std::any_of(out.begin(), out.end(), [](int32_t id) { return id >= 300; }))
+          << "the check needs a continuation with ids >= 300";
     } else {
-      EXPECT_TRUE(all_low);
+      EXPECT_EQ(out, untrimmed);
     }
   }
 }

@@ -88,6 +88,7 @@ void DraftModelDrafter::touch(kv::SeqId seq) {
 
 void DraftModelDrafter::forget(kv::SeqId seq) {
   lru_.remove(seq);
+  context_ids_.erase(seq);
   (void)store_->coordinator().free(seq);
 }
 
@@ -125,7 +126,6 @@ bool DraftModelDrafter::read(kv::SeqId seq, std::span<const int32_t> tokens) {
     b.logits = BatchSequence::Logits::kLast;
     b.path = n > 4 ? MatmulPath::kPrefill : MatmulPath::kDecode;
     const BatchSequence batch[1] = {b};
-    const auto t0 = std::chrono::steady_clock::now();
     auto out = model_->forward_batch(batch, backend_);
     if (!out) {
       forget(seq);
@@ -133,16 +133,29 @@ bool DraftModelDrafter::read(kv::SeqId seq, std::span<const int32_t> tokens) {
     }
     view.finish_pass();
     logits_ = *out;
-    if (n == 1) {
-      const double sec =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      step_seconds_ = step_seconds_ > 0 ? 0.8 * step_seconds_ + 0.2 * sec : sec;
-    }
     ++passes_;
     tokens_read_ += n;
     written += n;
   }
   return true;
+}
+
+int32_t DraftModelDrafter::best_token(kv::SeqId seq) {
+  const auto n_logits = static_cast<size_t>(model_->n_logits());
+  const auto best = std::max_element(logits_.begin(), logits_.begin() + n_logits);
+  auto token = static_cast<int32_t>(best - logits_.begin());
+  const auto it = context_ids_.find(seq);
+  if (it == context_ids_.end() || it->second.empty()) return token;
+  auto extra = model_->logits_of(it->second, backend_);
+  if (!extra.ok()) return token;  // a draft only: the trimmed head's choice stands
+  float top = *best;
+  for (size_t k = 0; k < extra->size(); ++k) {
+    if ((*extra)[k] > top) {
+      top = (*extra)[k];
+      token = it->second[k];
+    }
+  }
+  return token;
 }
 
 void DraftModelDrafter::propose(kv::SeqId seq, std::span<const int32_t> tokens, int max_tokens,
@@ -167,13 +180,28 @@ void DraftModelDrafter::propose(kv::SeqId seq, std::span<const int32_t> tokens, 
     }
   }
   touch(seq);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int32_t trim = model_->n_logits();
+  if (trim < model_->geometry().n_vocab) {
+    std::vector<int32_t>& ctx = context_ids_[seq];
+    for (const int32_t id : tokens.subspan(static_cast<size_t>(keep))) {
+      if (id < trim) continue;
+      const auto at = std::lower_bound(ctx.begin(), ctx.end(), id);
+      if (at == ctx.end() || *at != id) ctx.insert(at, id);
+    }
+  }
   if (!read(seq, tokens.subspan(static_cast<size_t>(keep)))) return;
-  const auto n_logits = static_cast<size_t>(model_->n_logits());
   for (int i = 0; i < max_tokens; ++i) {
-    const auto best = std::max_element(logits_.begin(), logits_.begin() + n_logits);
-    out.push_back(static_cast<int32_t>(best - logits_.begin()));
+    out.push_back(best_token(seq));
     // The last draft's K/V is not needed now (the next call re-reads from where they differ).
     if (i + 1 == max_tokens || !read(seq, std::span<const int32_t>(&out.back(), 1))) break;
+  }
+  // The cost of a draft token: the whole call over its drafts, so that catching up on tokens
+  // another drafter proposed counts too. A first read of the sequence (its prompt) is left out.
+  if (keep > 0 && !out.empty()) {
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                       static_cast<double>(out.size());
+    step_seconds_ = step_seconds_ > 0 ? 0.8 * step_seconds_ + 0.2 * sec : sec;
   }
 }
 

@@ -50,6 +50,7 @@ class DecoderModel final : public Model {
   }
 
   Result<std::span<float>> forward_batch(std::span<const BatchSequence> seqs, Backend& be) override;
+  Result<std::span<const float>> logits_of(std::span<const int32_t> ids, Backend& be) override;
   Status bind(Backend& be) override;
   Status upload_weights(Backend& be);
 
@@ -97,6 +98,9 @@ class DecoderModel final : public Model {
     Tensor pos;   // I32 [max_batch, 1] positions
     std::unique_ptr<DeviceBuffer> logits_buf;
     Tensor logits;  // [logits rows, n_logits], grown to the most rows a pass needed
+    // logits_of: ids I32 [cap, 1], their output rows F32 [cap, n_embd], logits F32 [1, cap].
+    std::vector<std::unique_ptr<DeviceBuffer>> extra_bufs;
+    Tensor extra_ids, extra_rows, extra_logits;
   };
 
   void read_geometry(Binder& b);
@@ -126,6 +130,7 @@ class DecoderModel final : public Model {
   Workspace ws_;
   std::vector<int32_t> out_ids_;    // logits rows of the pass, as I32
   std::vector<float> host_logits_;  // logits of a backend whose memory is not host-visible
+  std::vector<float> host_extra_;   // logits_of's, same
   BatchPlan plan_;
   attention::AttentionRunner attn_runner_;  // one paged_attention call per layer and KV store
   std::vector<attention::AttnSequence> attn_seqs_;  // the pass's sequences: rows, positions
@@ -259,6 +264,62 @@ Status DecoderModel::upload_weights(Backend& be) {
     if (t->rows > 1 && t != &tok_embd_) be.prepare_weight(*t);
   }
   return {};
+}
+
+Result<std::span<const float>> DecoderModel::logits_of(std::span<const int32_t> ids, Backend& be) {
+  const planner::ModelGeometry& hp = geo_;
+  const auto n = static_cast<int64_t>(ids.size());
+  if (n == 0) return std::span<const float>();
+  if (bound_backend_ != be.id() || ws_.x.empty()) return Error{"logits_of before a pass"};
+  for (const int32_t id : ids) {
+    if (id < 0 || id >= hp.n_vocab) {
+      return Error{fmt::format("token id {} is outside the vocabulary [0, {})", id, hp.n_vocab)};
+    }
+  }
+  if (ws_.extra_ids.rows < n) {  // grow to a power of two
+    int64_t cap = 64;
+    while (cap < n) cap *= 2;
+    auto a = [&](quant::GgmlType type, int64_t rows, int64_t cols) -> Result<Tensor> {
+      auto buf = be.alloc(static_cast<size_t>(rows) * static_cast<size_t>(cols) * 4);
+      if (!buf.ok()) return Error{buf.error()};
+      Tensor t = tensor_of(**buf, type, rows, cols);
+      ws_.extra_bufs.push_back(std::move(buf).value());
+      return t;
+    };
+    ws_.extra_bufs.clear();
+    auto i = a(quant::GgmlType::I32, cap, 1);
+    auto r = a(quant::GgmlType::F32, cap, hp.n_embd);
+    auto l = a(quant::GgmlType::F32, 1, cap);
+    if (!i.ok() || !r.ok() || !l.ok()) {
+      ws_.extra_bufs.clear();
+      ws_.extra_ids = ws_.extra_rows = ws_.extra_logits = Tensor{};
+      return Error{!i.ok() ? i.error() : !r.ok() ? r.error() : l.error()};
+    }
+    ws_.extra_ids = *i;
+    ws_.extra_rows = *r;
+    ws_.extra_logits = *l;
+  }
+  Tensor full = output_;  // a trimmed head is a slice of the first rows: the whole layer
+  full.rows = hp.n_vocab;
+  const Tensor idt = ws_.extra_ids.slice_rows(0, n);
+  const Tensor rows = ws_.extra_rows.slice_rows(0, n);
+  Tensor out = ws_.extra_logits;
+  out.cols = n;
+  be.upload(idt, ids.data());
+  be.get_rows(full, idt, rows);
+  be.matmul(rows, ws_.xn.slice_rows(0, 1), out, MatmulPath::kDecode);
+  if (softcap_ > 0.0f) be.softcap(out, softcap_);
+  std::span<const float> result;
+  if (const auto* host = static_cast<const float*>(out.host()); host != nullptr) {
+    be.synchronize();
+    result = std::span<const float>(host, static_cast<size_t>(n));
+  } else {
+    host_extra_.resize(static_cast<size_t>(n));
+    be.download(out, host_extra_.data());
+    result = std::span<const float>(host_extra_.data(), static_cast<size_t>(n));
+  }
+  if (Status st = be.status(); !st) return Error{st.error()};
+  return result;
 }
 
 Status DecoderModel::bind(Backend& be) {

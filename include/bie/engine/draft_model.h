@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "bie/backend/backend.h"
@@ -49,7 +50,8 @@ class DraftModelDrafter final : public Drafter {
   void propose(kv::SeqId seq, std::span<const int32_t> tokens, int max_tokens,
                std::vector<int32_t>& out) override;
   void release(kv::SeqId seq) override;
-  // One-token forward pass of the draft model (running mean).
+  // Seconds per drafted token: a propose call's time (catch-up read included) over its drafts,
+  // running mean; 0 until a call that was not the sequence's first read.
   [[nodiscard]] double seconds_per_token() const override { return step_seconds_; }
 
   [[nodiscard]] const DraftModelBytes& bytes() const { return bytes_; }
@@ -75,10 +77,16 @@ class DraftModelDrafter final : public Drafter {
   [[nodiscard]] bool append(kv::SeqId seq, int64_t written, std::span<const int32_t> tokens);
   void touch(kv::SeqId seq);
   void forget(kv::SeqId seq);
+  // The draft after the last pass: the best trimmed-head logit, or a better one among the ids of
+  // seq's text that the trimmed head leaves out.
+  [[nodiscard]] int32_t best_token(kv::SeqId seq);
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<PagedKvStore> store_;
   DraftModelBytes bytes_;
+  // A trimmed head's complement per sequence: the ids >= its size that occur in the sequence's
+  // text (sorted), so that names and symbols copied from the prompt can still be drafted.
+  std::unordered_map<kv::SeqId, std::vector<int32_t>> context_ids_;
   int32_t chunk_;
   Backend& backend_;
   std::span<float> logits_;   // the last pass's (the model's memory)

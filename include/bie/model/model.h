@@ -83,6 +83,13 @@ class Model {
   // (KvCache::finish_pass) when it has decided what the pass's tokens are (draft tokens stay).
   [[nodiscard]] virtual Result<std::span<float>> forward_batch(std::span<const BatchSequence> seqs,
                                                                Backend& backend) = 0;
+  // Logits of the token ids `ids` for the first logits row of the last pass, from the whole
+  // output layer: what a trimmed head (LoadOptions::logits_vocab) leaves out, for a few ids.
+  // fp32 in host memory owned by the model, valid until its next pass or call. Computed from
+  // dequantised rows, not by the head's kernels: they may differ from an untrimmed head's logits
+  // in the last bits. Call after a pass that returned logits, on the same backend.
+  [[nodiscard]] virtual Result<std::span<const float>> logits_of(std::span<const int32_t> ids,
+                                                                 Backend& backend) = 0;
   // Uploads the weights to `backend` and allocates the activation workspace there: the GGUF data
   // section plus planner::device_workspace_bytes(max_batch_tokens, max_output_rows) (a first pass
   // on a backend does this itself; call it to hold the memory from start-up). A no-op when bound.
