@@ -16,23 +16,47 @@
 namespace bie {
 namespace {
 
+// Qwen2.5-Coder-0.5B with a 64-token f16 cache (trimmed head: LoadOptions::logits_vocab).
+struct Qwen05 {
+  std::unique_ptr<Model> model;
+  KvSetup kv;
+  std::vector<int32_t> prompt;  // "def fibonacci(n):", 4 tokens
+};
+
+Qwen05 load_qwen05(int32_t logits_vocab = 0) {
+  Qwen05 q;
+  LoadOptions lo;
+  lo.max_batch_tokens = 64;
+  lo.logits_vocab = logits_vocab;
+  auto model = load_model(test::qwen05_path(), lo);
+  EXPECT_TRUE(model.ok()) << model.error();
+  if (!model.ok()) return q;
+  q.model = std::move(model).value();
+  KvEngineOptions o;
+  o.kv.dtype = "f16";
+  o.max_model_len = 64;
+  auto kv = setup_kv_cache(*q.model, o);
+  EXPECT_TRUE(kv.ok()) << kv.error();
+  auto tok = tokenizer::Tokenizer::from_gguf(q.model->file());
+  EXPECT_TRUE(tok.ok()) << tok.error();
+  if (!kv.ok() || !tok.ok()) {
+    q.model.reset();
+    return q;
+  }
+  q.kv = std::move(kv).value();
+  q.prompt = tok->encode("def fibonacci(n):");
+  return q;
+}
+
 TEST(ModelForward, RunsThePathItIsGiven) {
   // Qwen2.5-Coder-0.5B: its Q5_0 projections round differently on the tile and matrix-vector
   // kernels, so a wrong path shows in the logits.
   BIE_REQUIRE_FILE(test::qwen05_path());
-  LoadOptions lo;
-  lo.max_batch_tokens = 64;
-  auto model = load_model(test::qwen05_path(), lo);
-  ASSERT_TRUE(model.ok()) << model.error();
-  Model& m = **model;
-  KvEngineOptions o;
-  o.kv.dtype = "f16";
-  o.max_model_len = 64;
-  auto kv = setup_kv_cache(m, o);
-  ASSERT_TRUE(kv.ok()) << kv.error();
-  auto tok = tokenizer::Tokenizer::from_gguf(m.file());
-  ASSERT_TRUE(tok.ok()) << tok.error();
-  const std::vector<int32_t> prompt = tok->encode("def fibonacci(n):");
+  Qwen05 q = load_qwen05();
+  ASSERT_TRUE(q.model != nullptr);
+  Model& m = *q.model;
+  auto* kv = &q.kv;
+  const std::vector<int32_t>& prompt = q.prompt;
   ASSERT_EQ(prompt.size(), 4u);
   CpuBackend be(2);
 
@@ -73,27 +97,14 @@ TEST(ModelForward, TrimmedHeadGivesTheFullHeadsFirstLogits) {
   BIE_REQUIRE_FILE(test::qwen05_path());
   constexpr int32_t kTrim = 4000;
   const auto logits_of = [](int32_t logits_vocab, int32_t* n_logits) {
-    LoadOptions lo;
-    lo.max_batch_tokens = 64;
-    lo.logits_vocab = logits_vocab;
-    auto model = load_model(test::qwen05_path(), lo);
-    EXPECT_TRUE(model.ok()) << model.error();
-    if (!model.ok()) return std::vector<float>{};
-    Model& m = **model;
-    *n_logits = m.n_logits();
-    KvEngineOptions o;
-    o.kv.dtype = "f16";
-    o.max_model_len = 64;
-    auto kv = setup_kv_cache(m, o);
-    EXPECT_TRUE(kv.ok()) << kv.error();
-    auto tok = tokenizer::Tokenizer::from_gguf(m.file());
-    EXPECT_TRUE(tok.ok()) << tok.error();
-    if (!kv.ok() || !tok.ok()) return std::vector<float>{};
+    Qwen05 q = load_qwen05(logits_vocab);
+    if (q.model == nullptr) return std::vector<float>{};
+    *n_logits = q.model->n_logits();
     CpuBackend be(2);
     ForwardOptions fo;
     fo.logits_all = true;
     fo.path = MatmulPath::kDecode;
-    auto out = m.forward(tok->encode("def fibonacci(n):"), *kv->cache, be, fo);
+    auto out = q.model->forward(q.prompt, *q.kv.cache, be, fo);
     EXPECT_TRUE(out.ok()) << out.error();
     return out.ok() ? std::vector<float>(out->begin(), out->end()) : std::vector<float>{};
   };
@@ -123,22 +134,12 @@ TEST(ModelForward, LogitsOfGivesTheFullHeadsLogitsForAnyIds) {
   std::vector<float> full_last;
   std::vector<float> got;
   for (const int32_t logits_vocab : {0, 4000}) {
-    LoadOptions lo;
-    lo.max_batch_tokens = 64;
-    lo.logits_vocab = logits_vocab;
-    auto model = load_model(test::qwen05_path(), lo);
-    ASSERT_TRUE(model.ok()) << model.error();
-    Model& m = **model;
-    KvEngineOptions o;
-    o.kv.dtype = "f16";
-    o.max_model_len = 64;
-    auto kv = setup_kv_cache(m, o);
-    ASSERT_TRUE(kv.ok()) << kv.error();
-    auto tok = tokenizer::Tokenizer::from_gguf(m.file());
-    ASSERT_TRUE(tok.ok()) << tok.error();
+    Qwen05 q = load_qwen05(logits_vocab);
+    ASSERT_TRUE(q.model != nullptr);
+    Model& m = *q.model;
     CpuBackend be(2);
     EXPECT_FALSE(m.logits_of(ids, be).ok());  // no pass yet
-    auto out = m.forward(tok->encode("def fibonacci(n):"), *kv->cache, be);
+    auto out = m.forward(q.prompt, *q.kv.cache, be);
     ASSERT_TRUE(out.ok()) << out.error();
     if (logits_vocab == 0) {
       full_last.assign(out->begin(), out->end());

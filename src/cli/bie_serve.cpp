@@ -130,8 +130,8 @@ int main(int argc, char** argv) {
                  "draft model GGUF with the target's vocabulary (instead of the n-gram drafter; "
                  "its weights and KV come out of the memory budget)");
   app.add_option("--speculative-draft-vocab", a.spec_vocab,
-                 "the draft model's logits cover token ids [0, N) only (0: all; its output layer "
-                 "reads N rows)")
+                 "the draft model's output layer reads its first N rows (0: all); ids of the "
+                 "request's text above N are scored apart")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--speculative-no-lookup", a.spec_no_lookup,

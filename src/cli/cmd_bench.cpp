@@ -438,7 +438,8 @@ void add_bench_command(CLI::App& root, int* rc) {
       ->check(CLI::Range(1, 15))
       ->capture_default_str();
   cmd->add_option("--speculative-draft-vocab", a->draft_vocab,
-                  "A draft model's logits cover token ids [0, N) only (0: all)")
+                  "A draft model's output layer reads its first N rows (0: all); ids of the text above N are "
+                  "scored apart")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_flag("--speculative-no-lookup", a->no_lookup,

@@ -43,7 +43,7 @@ struct RunArgs {
   SamplingParams sampling;
   int32_t spec_tokens = 0;  // speculative decoding: draft tokens per step (0: off)
   std::string spec_model;   // a draft model GGUF instead of the n-gram drafter
-  int32_t spec_vocab = 0;   // the draft model's logits: token ids [0, N) only (0: all)
+  int32_t spec_vocab = 0;   // the draft model reads its first N output rows (0: all)
   bool spec_no_lookup = false;
 };
 
@@ -241,7 +241,8 @@ void add_run_command(CLI::App& root, int* rc) {
   cmd->add_option("--speculative-model", args->spec_model,
                   "Draft model GGUF with the target's vocabulary (needs --speculative-draft-tokens)");
   cmd->add_option("--speculative-draft-vocab", args->spec_vocab,
-                  "The draft model's logits cover token ids [0, N) only (0: all)")
+                  "The draft model's output layer reads its first N rows (0: all); ids of the text above N "
+                  "are scored apart")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_flag("--speculative-no-lookup", args->spec_no_lookup,
