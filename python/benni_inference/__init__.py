@@ -121,6 +121,10 @@ class EngineConfig:
         speculative_adaptive: shrink the draft length after rejections, grow it after acceptances.
         speculative_model: a draft model GGUF with the target's vocabulary that drafts instead of
             the n-gram matcher (its weights and KV cache come out of the memory budget).
+        speculative_lookup: with speculative_model, prompt lookup (free) proposes first where the
+            cost model expects more from it than from the draft model (default True).
+        speculative_draft_vocab: the draft model's output layer reads its first N rows (0: all);
+            ids of the request's own text above N are scored apart.
         kv_regimes: further KV formats requests may ask for (``SamplingParams.kv_cache_dtype``);
             f16 is always one (the kill switch, :meth:`BieEngine.set_force_f16`).
         kv_policy: KV format by request length (prompt + max_tokens), e.g.
@@ -164,6 +168,8 @@ class EngineConfig:
     speculative_ngram_max: int = 3
     speculative_adaptive: bool = False
     speculative_model: Optional[str] = None
+    speculative_lookup: bool = True
+    speculative_draft_vocab: int = 0
     kv_regimes: Optional[List[str]] = None
     kv_policy: Optional[str] = None
     kv_fallback_entropy: float = 0.0
@@ -233,6 +239,11 @@ class EngineConfig:
             raise ValueError(
                 f"speculative_model must be a path or None, got {self.speculative_model!r}"
             )
+        if not isinstance(self.speculative_lookup, bool):
+            raise ValueError(f"speculative_lookup must be True or False, got {self.speculative_lookup!r}")
+        v = self.speculative_draft_vocab
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"speculative_draft_vocab must be an int >= 0 (0: all), got {v!r}")
         if self.kv_rotate is not None and not isinstance(self.kv_rotate, bool):
             raise ValueError(f"kv_rotate must be True, False or None, got {self.kv_rotate!r}")
         if isinstance(self.kv_layer_map, os.PathLike):

@@ -30,6 +30,8 @@ class EngineConfig:
     speculative_ngram_max: int = 3
     speculative_adaptive: bool = False
     speculative_model: Optional[str] = None
+    speculative_lookup: bool = True
+    speculative_draft_vocab: int = 0
     kv_regimes: Optional[List[str]] = None
     kv_policy: Optional[str] = None
     kv_fallback_entropy: float = 0.0
