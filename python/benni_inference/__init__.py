@@ -125,6 +125,7 @@ class EngineConfig:
             cost model expects more from it than from the draft model (default True).
         speculative_draft_vocab: the draft model's output layer reads its first N rows (0: all);
             ids of the request's own text above N are scored apart.
+        speculative_always: draft every step without asking the cost model (tests, measurements).
         kv_regimes: further KV formats requests may ask for (``SamplingParams.kv_cache_dtype``);
             f16 is always one (the kill switch, :meth:`BieEngine.set_force_f16`).
         kv_policy: KV format by request length (prompt + max_tokens), e.g.
@@ -170,6 +171,7 @@ class EngineConfig:
     speculative_model: Optional[str] = None
     speculative_lookup: bool = True
     speculative_draft_vocab: int = 0
+    speculative_always: bool = False
     kv_regimes: Optional[List[str]] = None
     kv_policy: Optional[str] = None
     kv_fallback_entropy: float = 0.0
@@ -239,8 +241,9 @@ class EngineConfig:
             raise ValueError(
                 f"speculative_model must be a path or None, got {self.speculative_model!r}"
             )
-        if not isinstance(self.speculative_lookup, bool):
-            raise ValueError(f"speculative_lookup must be True or False, got {self.speculative_lookup!r}")
+        for name in ("speculative_lookup", "speculative_always"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         v = self.speculative_draft_vocab
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"speculative_draft_vocab must be an int >= 0 (0: all), got {v!r}")

@@ -32,6 +32,7 @@ class EngineConfig:
     speculative_model: Optional[str] = None
     speculative_lookup: bool = True
     speculative_draft_vocab: int = 0
+    speculative_always: bool = False
     kv_regimes: Optional[List[str]] = None
     kv_policy: Optional[str] = None
     kv_fallback_entropy: float = 0.0

@@ -96,6 +96,7 @@ EngineConfig engine_config_from(const py::dict& d) {
   c.speculative_adaptive = get_or<bool>(d, "speculative_adaptive", false);
   c.speculative_model = get_or<std::string>(d, "speculative_model", "");
   c.speculative_lookup = get_or<bool>(d, "speculative_lookup", true);
+  c.speculative_always = get_or<bool>(d, "speculative_always", false);
   c.speculative_draft_vocab = get_or<int32_t>(d, "speculative_draft_vocab", 0);
   c.kv_regimes = get_or<std::vector<std::string>>(d, "kv_regimes", {});
   c.kv_policy = get_or<std::string>(d, "kv_policy", "");
