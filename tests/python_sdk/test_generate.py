@@ -263,9 +263,10 @@ def test_draft_model_keeps_greedy_output(engine):
     want = engine.generate(prompt, params)[0]
     # The default model drafts for itself, every step (a draft as slow as the target never pays:
     # the cost model would stop it), prompt lookup off: every draft is the model's. Drafting every
-    # step here gives 13 drafts over 16 tokens, 10 accepted (near-ties in this repetitive text);
-    # the old bar of 0.8 held over the first 4 steps' 12 drafts. The C++ twin holds 0.8 over six
-    # prompts of 40 tokens (Speculative.GreedyOutputIdenticalWithAndWithoutDraftModel).
+    # step here gives 13 drafts over 16 tokens, 10 accepted (why a model drafting for itself is
+    # rejected there is not established); the old bar of 0.8 held over the first 4 steps' 12
+    # drafts. The C++ twin holds 0.8 over six prompts of 40 tokens
+    # (Speculative.GreedyOutputIdenticalWithAndWithoutDraftModel).
     cfg = small_config(speculative_draft_tokens=3, speculative_model="default",
                        speculative_lookup=False, speculative_always=True)
     with bi.BieEngine(cfg) as e:
