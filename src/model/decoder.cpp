@@ -105,7 +105,10 @@ class DecoderModel final : public Model {
 
   void read_geometry(Binder& b);
   void bind_weights(Binder& b);
-  [[nodiscard]] Result<Tensor> alloc(Backend& be, quant::GgmlType type, int64_t rows, int64_t cols);
+  // An F32/I32 tensor in a new buffer of `be`, held by `owner`.
+  [[nodiscard]] static Result<Tensor> alloc(Backend& be, quant::GgmlType type, int64_t rows,
+                                            int64_t cols,
+                                            std::vector<std::unique_ptr<DeviceBuffer>>& owner);
 
   const ArchSpec& spec_;
   int32_t max_batch_ = 512;
@@ -210,13 +213,32 @@ void DecoderModel::bind_weights(Binder& b) {
   }
 }
 
-Result<Tensor> DecoderModel::alloc(Backend& be, quant::GgmlType type, int64_t rows, int64_t cols) {
+Result<Tensor> DecoderModel::alloc(Backend& be, quant::GgmlType type, int64_t rows, int64_t cols,
+                                   std::vector<std::unique_ptr<DeviceBuffer>>& owner) {
   const size_t row_bytes = static_cast<size_t>(cols) * 4;  // F32 and I32
   auto buf = be.alloc(static_cast<size_t>(rows) * row_bytes);
   if (!buf.ok()) return Error{buf.error()};
   Tensor t = tensor_of(**buf, type, rows, cols);
-  ws_.buffers.push_back(std::move(buf).value());
+  owner.push_back(std::move(buf).value());
   return t;
+}
+
+// The `count` floats of t as host memory: t's own where the backend's memory is host-visible
+// (after waiting for its operations), else a download into `staging`. Then the backend's status:
+// a device backend reports the first failed operation of the pass here.
+Result<std::span<float>> read_back(Backend& be, const Tensor& t, size_t count,
+                                   std::vector<float>& staging) {
+  std::span<float> out;
+  if (auto* host = static_cast<float*>(t.host()); host != nullptr) {
+    be.synchronize();
+    out = std::span<float>(host, count);
+  } else {
+    staging.resize(count);
+    be.download(t, staging.data());
+    out = std::span<float>(staging);
+  }
+  if (Status st = be.status(); !st) return Error{st.error()};
+  return out;
 }
 
 // The data section in one buffer, or cut at tensor starts into pieces of at most
@@ -279,17 +301,10 @@ Result<std::span<const float>> DecoderModel::logits_of(std::span<const int32_t> 
   if (ws_.extra_ids.rows < n) {  // grow to a power of two
     int64_t cap = 64;
     while (cap < n) cap *= 2;
-    auto a = [&](quant::GgmlType type, int64_t rows, int64_t cols) -> Result<Tensor> {
-      auto buf = be.alloc(static_cast<size_t>(rows) * static_cast<size_t>(cols) * 4);
-      if (!buf.ok()) return Error{buf.error()};
-      Tensor t = tensor_of(**buf, type, rows, cols);
-      ws_.extra_bufs.push_back(std::move(buf).value());
-      return t;
-    };
     ws_.extra_bufs.clear();
-    auto i = a(quant::GgmlType::I32, cap, 1);
-    auto r = a(quant::GgmlType::F32, cap, hp.n_embd);
-    auto l = a(quant::GgmlType::F32, 1, cap);
+    auto i = alloc(be, quant::GgmlType::I32, cap, 1, ws_.extra_bufs);
+    auto r = alloc(be, quant::GgmlType::F32, cap, hp.n_embd, ws_.extra_bufs);
+    auto l = alloc(be, quant::GgmlType::F32, 1, cap, ws_.extra_bufs);
     if (!i.ok() || !r.ok() || !l.ok()) {
       ws_.extra_bufs.clear();
       ws_.extra_ids = ws_.extra_rows = ws_.extra_logits = Tensor{};
@@ -309,17 +324,9 @@ Result<std::span<const float>> DecoderModel::logits_of(std::span<const int32_t> 
   be.get_rows(full, idt, rows);
   be.matmul(rows, ws_.xn.slice_rows(0, 1), out, MatmulPath::kDecode);
   if (softcap_ > 0.0f) be.softcap(out, softcap_);
-  std::span<const float> result;
-  if (const auto* host = static_cast<const float*>(out.host()); host != nullptr) {
-    be.synchronize();
-    result = std::span<const float>(host, static_cast<size_t>(n));
-  } else {
-    host_extra_.resize(static_cast<size_t>(n));
-    be.download(out, host_extra_.data());
-    result = std::span<const float>(host_extra_.data(), static_cast<size_t>(n));
-  }
-  if (Status st = be.status(); !st) return Error{st.error()};
-  return result;
+  auto result = read_back(be, out, static_cast<size_t>(n), host_extra_);
+  if (!result.ok()) return Error{result.error()};
+  return std::span<const float>(*result);
 }
 
 Status DecoderModel::bind(Backend& be) {
@@ -363,7 +370,7 @@ Status DecoderModel::bind(Backend& be) {
                              {&ws_.pos, quant::GgmlType::I32, 1}};
   if (spec_.sliding_window) slots.push_back({&ws_.cs_l, f32, hp.n_rot});
   for (const Slot& s : slots) {
-    auto t = alloc(be, s.type, n, s.cols);
+    auto t = alloc(be, s.type, n, s.cols, ws_.buffers);
     if (!t.ok()) {
       ws_ = Workspace{};
       return Error{t.error()};
@@ -520,18 +527,7 @@ Result<std::span<float>> DecoderModel::forward_batch(std::span<const BatchSequen
   plan_.mm_out(be, output_, xo, logits);
   if (softcap_ > 0.0f) be.softcap(logits, softcap_);
   const size_t count = static_cast<size_t>(n_out) * static_cast<size_t>(n_logits_);
-  std::span<float> out;
-  if (auto* host = static_cast<float*>(logits.host()); host != nullptr) {
-    be.synchronize();  // host-visible logits: wait for the last operations
-    out = std::span<float>(host, count);
-  } else {
-    host_logits_.resize(count);
-    be.download(logits, host_logits_.data());
-    out = std::span<float>(host_logits_);
-  }
-  // A device backend reports the first failed operation of the pass here.
-  if (Status st = be.status(); !st) return Error{st.error()};
-  return out;
+  return read_back(be, logits, count, host_logits_);
 }
 
 }  // namespace
