@@ -317,7 +317,7 @@ TEST(Matmul, Avx512PrefillGivesTheAvx2Bits) {
   }
 }
 
-// Weights repacked once (pack_weight: AVX-512, Q4_K and Q6_K) give every token the prefill
+// Weights repacked once (pack_weight: AVX-512, Q4_K, Q6_K and the 32-value formats) give every token the prefill
 // tiles' bits over the file's layout, on either named path and for any number of tokens: so a
 // decode token's bits do not depend on its batch, and the repacking changes no prompt token.
 // Shapes: 9 super-blocks (an odd count: Q6_K panels end in padding), 45 rows (a short last
@@ -329,7 +329,7 @@ TEST(Matmul, RepackedWeightsGiveThePrefillTilesBitsForAnyBatch) {
   ThreadPool pool(2);
   MatmulScratch scratch;
   IsaScope scope(Isa::kAvx512);
-  for (G type : {G::Q4_K, G::Q6_K}) {
+  for (G type : {G::Q4_K, G::Q6_K, G::Q4_0, G::Q4_1, G::Q5_0, G::Q5_1, G::Q8_0}) {
     for (const auto& [n_out, pad] : {std::pair<int64_t, size_t>{45, 0}, {32, 64}}) {
       const Matrix m = make_matrix(type, 2304, n_out, 15, pad);
       const size_t bytes = packed_weight_bytes(m.view());

@@ -30,12 +30,15 @@ constexpr double kTopLogitTol = 0.6;
 constexpr double kDecisiveMargin = 2 * kTopLogitTol;
 
 // Free-running greedy continuations: tokens identical to llama.cpp's before the first divergence,
-// per prompt, as measured on 2026-12-01 (SIZE_MAX: the whole continuation). A change that
-// shortens any of them fails; one that lengthens them should raise the number here.
+// per prompt, as measured on 2026-12-01 (SIZE_MAX: the whole continuation), and lowered on
+// 2026-12-07 to the shorter of the two kernel families' prefixes: the AVX2 kernels' and the
+// AVX-512 ones' (every matrix repacked, decode tokens taking the tiles' bits). chatml_explain:
+// 53 on AVX2, 43 on AVX-512, where llama.cpp's top-2 margin is 0.022. A change that shortens
+// any of them fails; one that lengthens them should raise the number here.
 // The teacher-forced check (test_model_teacher_forced.cpp) covers the steps after a divergence.
 const std::map<std::string, size_t> kIdenticalPrefix = {{"english_continuation", 2},
                                                         {"chatml_chat", SIZE_MAX},
-                                                        {"chatml_explain", 53},
+                                                        {"chatml_explain", 43},
                                                         {"code_python", 21},
                                                         {"code_cpp", 22},
                                                         {"list", SIZE_MAX},

@@ -61,7 +61,12 @@ constexpr Bars kSmolLM2{"smollm2", 1.10, 1.84, 0.67, 2048, 20, 6};
 constexpr Bars kGemma3{"gemma3", 2.03, 4.48, 1.14, 2048, 20, 6};
 //   Qwen2.5-Coder-0.5B centred 0.380 | 0.445, 0.378; raw 0.443 | 0.546, 0.437; margin moves 0.424.
 //   Qwen2.5-Coder-1.5B centred 0.422 | 0.457, 0.488; raw 0.468 | 0.479, 0.531; margin moves 0.459.
-constexpr Bars kQwen05{"qwen2.5-coder-0.5b", 0.54, 0.66, 0.43};
+// Measured 2026-12-07 on AVX-512 once its Q5_0/Q8_0 matrices are repacked too (decode tokens take
+// the tiles' bits), BIE decode path, batched path:
+//   Qwen2.5-Coder-0.5B centred 0.621, 0.375; raw 0.635, 0.446, the worst at step 63 (the last) of
+//   "code_python". The mean centred difference did not move (decode 0.1242 over 584 steps against
+//   0.1232 with the AVX2 kernels' bits, batched 0.1256 against 0.1293). The bars hold both ISAs'.
+constexpr Bars kQwen05{"qwen2.5-coder-0.5b", 0.75, 0.77, 0.43};
 constexpr Bars kQwen15{"qwen2.5-coder-1.5b", 0.59, 0.64, 0.46};
 
 struct PromptResult {
@@ -69,6 +74,8 @@ struct PromptResult {
   int worst_step = -1;      // where
   double worst_c = 0.0;     // largest centred top-10 |difference|
   int worst_c_step = -1;    // where
+  double sum_c = 0.0;       // centred top-10 |difference| summed over the steps (for the mean)
+  int steps = 0;            // steps checked
   int bad_logit_steps = 0;  // steps beyond a logit bar
   int argmax_checked = 0;   // steps whose margin exceeds the floor
   int argmax_wrong = 0;     // of which BIE picked another token
@@ -93,6 +100,8 @@ void check_step(const json& top, const float* logits, int32_t n_vocab, const Bar
       worst_c_at = i;
     }
   }
+  r.sum_c += worst_c;
+  ++r.steps;
   if (worst > r.worst) {
     r.worst = worst;
     r.worst_step = step;
@@ -222,19 +231,21 @@ class TeacherForced : public ::testing::TestWithParam<Bars> {
                    GetParam(), static_cast<int>(i), res[rows[r]]);
       }
     }
-    double worst = 0.0, worst_c = 0.0;
-    int checked = 0;
+    double worst = 0.0, worst_c = 0.0, sum_c = 0.0;
+    int checked = 0, steps = 0;
     for (size_t s = 0; s < n; ++s) {
       EXPECT_TRUE(kv[s]->check_integrity().ok()) << kv[s]->check_integrity().error();
       report(path, prompts[s], res[s]);
       worst = std::max(worst, res[s].worst);
       worst_c = std::max(worst_c, res[s].worst_c);
+      sum_c += res[s].sum_c;
+      steps += res[s].steps;
       checked += res[s].argmax_checked;
     }
     std::printf(
-        "%s paged path, teacher-forced: worst top-10 logit difference centred %.4f, "
-        "raw %.4f; argmax checked at %d steps\n",
-        path.c_str(), worst_c, worst, checked);
+        "%s paged path, teacher-forced: worst top-10 logit difference centred %.4f (mean over "
+        "%d steps %.4f), raw %.4f; argmax checked at %d steps\n",
+        path.c_str(), worst_c, steps, sum_c / std::max(steps, 1), worst, checked);
     EXPECT_GT(checked, 0);
   }
 
@@ -246,8 +257,8 @@ class TeacherForced : public ::testing::TestWithParam<Bars> {
 TEST_P(TeacherForced, DecodePathMatchesLlamaCppAtEveryStep) {
   CpuBackend pool(2);
   const int32_t n_vocab = model_->geometry().n_vocab;
-  double worst = 0.0, worst_c = 0.0;
-  int checked = 0;
+  double worst = 0.0, worst_c = 0.0, sum_c = 0.0;
+  int checked = 0, steps = 0;
   for (const auto& p : golden_["prompts"]) {
     const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
     const auto gen = p["gen_ids"].get<std::vector<int32_t>>();
@@ -269,12 +280,14 @@ TEST_P(TeacherForced, DecodePathMatchesLlamaCppAtEveryStep) {
     report("decode", p, r);
     worst = std::max(worst, r.worst);
     worst_c = std::max(worst_c, r.worst_c);
+    sum_c += r.sum_c;
+    steps += r.steps;
     checked += r.argmax_checked;
   }
   std::printf(
-      "decode path, teacher-forced: worst top-10 logit difference centred %.4f, raw %.4f; "
-      "argmax checked at %d steps\n",
-      worst_c, worst, checked);
+      "decode path, teacher-forced: worst top-10 logit difference centred %.4f (mean over %d "
+      "steps %.4f), raw %.4f; argmax checked at %d steps\n",
+      worst_c, steps, sum_c / std::max(steps, 1), worst, checked);
   EXPECT_GT(checked, 0);
 }
 

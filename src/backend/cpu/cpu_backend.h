@@ -1,10 +1,10 @@
 // CpuBackend: the Backend on this machine's cores. Owns the compute ThreadPool and the matmul
 // scratch; buffers are 64-byte aligned host memory, weights are views of the mmapped file. Where
-// the active ISA has kernels for a repacked layout (AVX-512: Q4_K and Q6_K), a weight matrix is
-// repacked (pack_weight, the file's size) when the model offers it (prepare_weight, at bind) or
-// at its first matmul, and the view releases the matrix's pages of the file: the weights stay
-// held once, and every later matmul reads the copy. Every
-// operation runs to completion before it returns (synchronize() is a no-op).
+// the active ISA has kernels for a repacked layout (AVX-512: Q4_K, Q6_K and the 32-value
+// formats), a weight matrix is repacked (pack_weight, the file's size) when the model offers it
+// (prepare_weight, at bind) or at its first matmul, and the view releases the matrix's pages of
+// the file: the weights stay held once, and every later matmul reads the copy. Every operation
+// runs to completion before it returns (synchronize() is a no-op).
 // Row-wise operations fan out over the pool when they have enough rows, the others run inline.
 // KV pools are reserved address space (reserve: PROT_NONE, MAP_NORESERVE) committed block by
 // block as the pools fill; the KV data path (cpu_kv.cpp) runs the KV format codecs

@@ -175,7 +175,8 @@ void kernel(const uint8_t* panel, int64_t nb, const uint8_t* acts, size_t act_ro
 // ---- 32-value block formats -------------------------------------------------------------------
 //
 // Panel per block: 8 chunks x 16 rows x 4 bytes of unsigned values, then d[16], m[16] (fp32).
-constexpr size_t kB32DOff = 8 * 64, kB32MOff = kB32DOff + 64, kB32PanelBytes = kB32MOff + 64;
+constexpr size_t kB32DOff = Avx512B32Panel::kDOff, kB32MOff = Avx512B32Panel::kMOff,
+                 kB32PanelBytes = Avx512B32Panel::kBytes;
 
 enum class B32Kind { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0 };
 
@@ -389,7 +390,7 @@ void avx512_tile_panel(GgmlType type, const uint8_t* panel, int64_t nb, const ui
                        size_t act_row_bytes, int64_t n_tokens, float* y, int64_t n_out,
                        int n_valid) {
   const Kernels* ks = kernels(type);
-  assert(ks != nullptr && ks->values_per_block == kQKK);
+  assert(ks != nullptr);
   for (int64_t t = 0; t < n_tokens; t += kTokens) {
     const int nt = static_cast<int>(std::min<int64_t>(kTokens, n_tokens - t));
     ks->k[nt](panel, nb, acts + static_cast<size_t>(t) * act_row_bytes, act_row_bytes,

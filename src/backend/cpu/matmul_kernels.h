@@ -73,19 +73,27 @@ struct Avx512KPanel {
   static constexpr size_t kScOff = 64 * 64, kMOff = kScOff + 16 * 64, kDOff = kMOff + 8 * 64,
                           kDminOff = kDOff + 64, kBytes = kDminOff + 64;
 };
-// The tile kernels on a K-quant panel of nb super-blocks made elsewhere (16 rows, n_valid of them
-// stored): y[t * n_out + i] for i < n_valid and every token.
+// The AVX-512 tiles' panel of a 32-value block format, per block of 16 rows: 8 chunks x 16 rows x
+// 4 bytes of the unsigned values (chunk c: values 4c..4c+3; Q4_0/Q5_0 without their offset, Q8_0
+// plus 128), then d[16] and m[16] as fp32 (m zero where the format has none).
+struct Avx512B32Panel {
+  static constexpr size_t kDOff = 8 * 64, kMOff = kDOff + 64, kBytes = kMOff + 64;
+};
+// The tile kernels on a K-quant or 32-value panel of nb (super-)blocks made elsewhere (16 rows,
+// n_valid of them stored): y[t * n_out + i] for i < n_valid and every token.
 void avx512_tile_panel(quant::GgmlType type, const uint8_t* panel, int64_t nb, const uint8_t* acts,
                        size_t act_row_bytes, int64_t n_tokens, float* y, int64_t n_out,
                        int n_valid);
 
-// ---- AVX-512 kernels over Q4_K / Q6_K weights repacked once (matmul_packed_avx512.cpp) ----
+// ---- AVX-512 kernels over weights repacked once (matmul_packed_avx512.cpp) -------------------
+// Q4_K, Q6_K and the 32-value formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
 // The matrix in 16-row panels of its own bits (the file's size, plus at most 63 bytes a panel),
 // read in place by the tile kernels for any number of tokens: the tiles' bits, so a decode
 // token's bits do not depend on its batch, and prompt tokens get the tiles' bits. Activations:
 // avx512_prepare_acts (plan: avx512_tile_plan). note: call these only if has_avx512().
 
-// Bytes of the repacked matrix; 0 if the type has no packed layout (all but Q4_K and Q6_K).
+// Bytes of the repacked matrix; 0 if the type has no packed layout (all but Q4_K, Q6_K and the
+// 32-value formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
 [[nodiscard]] size_t avx512_packed_bytes(quant::GgmlType type, int64_t n_in, int64_t n_out);
 // Repacks panels [p0, p1) (rows [16 p0, 16 p1)) of w into dst (avx512_packed_bytes long).
 void avx512_pack_panels(const WeightView& w, int64_t p0, int64_t p1, uint8_t* dst);

@@ -1,7 +1,8 @@
-// AVX-512 (F/BW/VL/VNNI) kernels over Q4_K and Q6_K weights repacked once, when a CPU backend
-// first multiplies by them, into 16-row panels that keep the file's bits per value (4 + 2 for
-// Q6_K) and its scale bytes: the repacked matrix is the original's size (plus at most 63 bytes of
-// padding per panel), so decode stays bandwidth-bound on it.
+// AVX-512 (F/BW/VL/VNNI) kernels over Q4_K, Q6_K and 32-value block (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0)
+// weights repacked once, when a CPU backend first multiplies by them, into 16-row panels that
+// keep the file's bits per value (4 + 2 for Q6_K, 4 + 1 for Q5_x) and its scale bytes: the
+// repacked matrix is the original's size (plus at most 63 bytes of padding per panel), so decode
+// stays bandwidth-bound on it. (The 32-value formats' section is further down.)
 //
 // The kernels are matmul_avx512.cpp's tiles with the panel read in place instead of repacked per
 // call: one 64-byte register holds a 4-value chunk of 16 rows (one per int32 lane), so one
@@ -337,36 +338,318 @@ constexpr KernelFn kKernels[kTokens + 1] = {nullptr,          kernel<Q6, 1>, ker
                                             kernel<Q6, 3>,    kernel<Q6, 4>, kernel<Q6, 5>,
                                             kernel<Q6, 6>,    kernel<Q6, 7>, kernel<Q6, 8>};
 
-bool packable(GgmlType type) {
-  return type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+bool packable_k(GgmlType type) { return type == GgmlType::Q4_K || type == GgmlType::Q6_K; }
+
+// ---- 32-value block formats (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0) ---------------------------------------
+//
+// A panel holds 16 rows over all nb blocks of 32 values, one region after the other:
+//   N  nb x 4 vectors (4- and 5-bit formats): byte b of lane r of vector k is qs[4k + b] of row
+//      r's block as the file stores it (value 4k + b's low 4 bits in its low nibble, value
+//      16 + 4k + b's in its high nibble); Q8_0: nb x 8 vectors, byte b of lane r of vector k is
+//      value 4k + b + 128 as an unsigned byte.
+//   H  (Q5_0/Q5_1) nb x 1 vector: bit c of byte b of lane r is the fifth bit of value 4c + b.
+//   D  fp16 per row: d[16], then (Q4_1/Q5_1) m[16].
+// So the panel is the rows' file bytes (plus padding to 64 bytes), and chunk c (values
+// 4c..4c+3 of 16 rows) comes out as the unsigned values the b32 tiles hold (Q4_0/Q5_0 without
+// their offset, Q8_0 plus 128) with at most four bit operations. The kernels below are the tiles'
+// kernel_b32 with the chunks read from here: the same integer sums and the same two fmadds per
+// block, so a (row, token) result is the tiles' bits whatever the token count.
+struct B32Spec {
+  int n_vectors = 0;  // N vectors per block (4, or 8 for Q8_0)
+  bool high = false;  // an H vector per block (Q5_0, Q5_1)
+  bool min = false;   // an m per row (Q4_1, Q5_1)
+  int offset = 0;     // subtracted from the stored values (Q4_0: 8, Q5_0: 16, Q8_0: 128)
+};
+
+constexpr B32Spec b32_spec(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_0:
+      return {4, false, false, 8};
+    case GgmlType::Q4_1:
+      return {4, false, true, 0};
+    case GgmlType::Q5_0:
+      return {4, true, false, 16};
+    case GgmlType::Q5_1:
+      return {4, true, true, 0};
+    case GgmlType::Q8_0:
+      return {8, false, false, 128};
+    default:
+      return {};
+  }
 }
 
-}  // namespace
+struct B32Layout {
+  size_t h = 0, d = 0;          // region offsets (N starts the panel)
+  size_t n_block = 0, d_block = 0;
+  size_t panel = 0;             // bytes per panel, a multiple of 64
+};
 
-size_t avx512_packed_bytes(GgmlType type, int64_t n_in, int64_t n_out) {
-  if (!packable(type) || n_in % kQKK != 0) return 0;
-  const int64_t panels = (n_out + kRows - 1) / kRows;
-  return static_cast<size_t>(panels) * layout(type, n_in / kQKK).panel;
+B32Layout b32_layout(const B32Spec& s, int64_t nb) {
+  B32Layout l;
+  const auto n = static_cast<size_t>(nb);
+  l.n_block = static_cast<size_t>(s.n_vectors) * 64;
+  l.d_block = s.min ? 64 : 32;
+  l.h = n * l.n_block;
+  l.d = l.h + (s.high ? n * 64 : 0);
+  l.panel = (l.d + n * l.d_block + 63) / 64 * 64;
+  return l;
 }
 
-void avx512_pack_panels(const WeightView& w, int64_t p0, int64_t p1, uint8_t* dst) {
-  assert(packable(w.type));
-  const Layout l = layout(w.type, w.n_in / kQKK);
-  for (int64_t p = p0; p < p1; ++p) {
-    const int64_t r0 = p * kRows;
-    const int n_valid = static_cast<int>(std::min<int64_t>(kRows, w.n_out - r0));
-    uint8_t* panel = dst + static_cast<size_t>(p) * l.panel;
-    if (w.type == GgmlType::Q6_K) {
-      pack_panel<BlockQ6_K>(w, r0, n_valid, l, panel);
-    } else {
-      pack_panel<BlockQ4_K>(w, r0, n_valid, l, panel);
+// The H word of one row's block: bit c of byte b is bit 4c + b of the file's qh.
+uint32_t high_word(const uint8_t* qh) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+  uint32_t out = 0;
+  for (int c = 0; c < 8; ++c)
+    for (int b = 0; b < 4; ++b) out |= ((bits >> (4 * c + b)) & 1u) << (8 * b + c);
+  return out;
+}
+
+template <typename Block>
+void pack_b32_panel(const WeightView& w, int64_t r0, int n_valid, const B32Spec& s,
+                    const B32Layout& l, uint8_t* panel) {
+  const int64_t nb = w.n_in / kQK32;
+  std::memset(panel, 0, l.panel);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  for (int r = 0; r < n_valid; ++r) {
+    const auto* row = reinterpret_cast<const Block*>(base + static_cast<size_t>(r0 + r) * w.row_bytes);
+    for (int64_t b = 0; b < nb; ++b) {
+      const Block& blk = row[b];
+      uint8_t* nv = panel + static_cast<size_t>(b) * l.n_block + 4 * r;
+      if constexpr (std::is_same_v<Block, BlockQ8_0>) {
+        for (int k = 0; k < 8; ++k) {
+          for (int i = 0; i < 4; ++i)
+            nv[64 * k + i] = static_cast<uint8_t>(static_cast<uint8_t>(blk.qs[4 * k + i]) ^ 0x80u);
+        }
+      } else {
+        for (int k = 0; k < 4; ++k) std::memcpy(nv + 64 * k, blk.qs + 4 * k, 4);
+      }
+      if constexpr (requires { blk.qh; }) {
+        const uint32_t hw = high_word(blk.qh);
+        std::memcpy(panel + l.h + static_cast<size_t>(b) * 64 + 4 * r, &hw, 4);
+      }
+      uint8_t* dv = panel + l.d + static_cast<size_t>(b) * l.d_block + 2 * r;
+      std::memcpy(dv, &blk.d, 2);
+      if constexpr (requires { blk.m; }) std::memcpy(dv + 32, &blk.m, 2);
     }
   }
 }
 
+// Chunk c (values 4c..4c+3) of a block's 16 rows as the tiles' unsigned bytes.
+template <int NV, bool High>
+[[gnu::always_inline]] inline __m512i b32_chunk(const uint8_t* nv, __m512i h, int c) {
+  if constexpr (NV == 8) {
+    return _mm512_load_si512(nv + 64 * c);
+  } else {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i v = _mm512_load_si512(nv + 64 * (c & 3));
+    const __m512i low = c < 4 ? v : _mm512_srli_epi16(v, 4);
+    if constexpr (!High) {
+      return _mm512_and_si512(low, m4);
+    } else {
+      // Bit c of each H byte to bit 4 (16-bit shifts: no bit crosses into bit 4 of the other
+      // byte), then (low & 0x0F) | top in one ternary-logic operation.
+      const __m512i hs = c <= 4 ? _mm512_slli_epi16(h, 4 - c) : _mm512_srli_epi16(h, c - 4);
+      const __m512i top = _mm512_and_si512(hs, _mm512_set1_epi8(0x10));
+      return _mm512_ternarylogic_epi32(low, top, m4, 0xEC);  // (A & C) | B
+    }
+  }
+}
+
+template <int NV, bool High, bool Min, int Offset, int T>
+void kernel_b32(const uint8_t* panel, const B32Layout& l, int64_t nb, const uint8_t* acts,
+                size_t act_row_bytes, float* y, int64_t n_out, int n_valid) {
+  const ActB32* a[T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t)
+    a[t] = reinterpret_cast<const ActB32*>(acts + static_cast<size_t>(t) * act_row_bytes);
+  __m512 acc[T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* nv = panel + static_cast<size_t>(b) * l.n_block;
+    const uint8_t* dp = panel + l.d + static_cast<size_t>(b) * l.d_block;
+    _mm_prefetch(reinterpret_cast<const char*>(nv + 2048), _MM_HINT_T0);
+    if constexpr (NV == 8) _mm_prefetch(reinterpret_cast<const char*>(nv + 2048 + 256), _MM_HINT_T0);
+    __m512i h = _mm512_setzero_si512();
+    if constexpr (High) h = _mm512_load_si512(panel + l.h + static_cast<size_t>(b) * 64);
+    __m512i isum[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const __m512i wv = b32_chunk<NV, High>(nv, h, c);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t)
+        isum[t] = _mm512_dpbusd_epi32(isum[t], wv, bcast32(a[t][b].qs + 4 * c));
+    }
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp)));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      __m512i iv = isum[t];
+      if constexpr (Offset != 0)
+        iv = _mm512_sub_epi32(iv, _mm512_set1_epi32(Offset * a[t][b].isum));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), _mm512_mul_ps(dv, _mm512_set1_ps(a[t][b].d)),
+                               acc[t]);
+      if constexpr (Min) {
+        const __m512 mv =
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp + 32)));
+        acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a[t][b].s), acc[t]);
+      }
+    }
+  }
+  const auto mask = static_cast<__mmask16>((1u << n_valid) - 1u);
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * n_out, mask, acc[t]);
+}
+
+// Panel `panel` in the b32 tiles' layout (Avx512B32Panel), block by block: the 8 chunks' values,
+// then d and m as fp32 (zero where the format has no m).
+template <int NV, bool High, bool Min>
+void expand_b32(const uint8_t* panel, const B32Layout& l, int64_t nb, uint8_t* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* nv = panel + static_cast<size_t>(b) * l.n_block;
+    const uint8_t* dp = panel + l.d + static_cast<size_t>(b) * l.d_block;
+    __m512i h = _mm512_setzero_si512();
+    if constexpr (High) h = _mm512_load_si512(panel + l.h + static_cast<size_t>(b) * 64);
+    uint8_t* o = out + static_cast<size_t>(b) * Avx512B32Panel::kBytes;
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) _mm512_store_si512(o + 64 * c, b32_chunk<NV, High>(nv, h, c));
+    _mm512_store_ps(o + Avx512B32Panel::kDOff,
+                    _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp))));
+    _mm512_store_ps(o + Avx512B32Panel::kMOff,
+                    Min ? _mm512_cvtph_ps(
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp + 32)))
+                        : _mm512_setzero_ps());
+  }
+}
+
+using B32KernelFn = void (*)(const uint8_t*, const B32Layout&, int64_t, const uint8_t*, size_t,
+                             float*, int64_t, int);
+using B32ExpandFn = void (*)(const uint8_t*, const B32Layout&, int64_t, uint8_t*);
+
+struct B32Kernels {
+  B32KernelFn k[kTokens + 1];
+  B32ExpandFn expand;
+};
+
+template <int NV, bool High, bool Min, int Offset>
+constexpr B32Kernels b32_kernels() {
+  return {{nullptr, kernel_b32<NV, High, Min, Offset, 1>, kernel_b32<NV, High, Min, Offset, 2>,
+           kernel_b32<NV, High, Min, Offset, 3>, kernel_b32<NV, High, Min, Offset, 4>,
+           kernel_b32<NV, High, Min, Offset, 5>, kernel_b32<NV, High, Min, Offset, 6>,
+           kernel_b32<NV, High, Min, Offset, 7>, kernel_b32<NV, High, Min, Offset, 8>},
+          expand_b32<NV, High, Min>};
+}
+
+const B32Kernels* b32_kernels_of(GgmlType type) {
+  static constexpr B32Kernels q4_0 = b32_kernels<4, false, false, 8>(),
+                              q4_1 = b32_kernels<4, false, true, 0>(),
+                              q5_0 = b32_kernels<4, true, false, 16>(),
+                              q5_1 = b32_kernels<4, true, true, 0>(),
+                              q8_0 = b32_kernels<8, false, false, 128>();
+  switch (type) {
+    case GgmlType::Q4_0:
+      return &q4_0;
+    case GgmlType::Q4_1:
+      return &q4_1;
+    case GgmlType::Q5_0:
+      return &q5_0;
+    case GgmlType::Q5_1:
+      return &q5_1;
+    case GgmlType::Q8_0:
+      return &q8_0;
+    default:
+      return nullptr;
+  }
+}
+
+bool packable_b32(GgmlType type) { return b32_kernels_of(type) != nullptr; }
+
+}  // namespace
+
+size_t avx512_packed_bytes(GgmlType type, int64_t n_in, int64_t n_out) {
+  const int64_t panels = (n_out + kRows - 1) / kRows;
+  if (packable_k(type) && n_in % kQKK == 0)
+    return static_cast<size_t>(panels) * layout(type, n_in / kQKK).panel;
+  if (packable_b32(type) && n_in % kQK32 == 0)
+    return static_cast<size_t>(panels) * b32_layout(b32_spec(type), n_in / kQK32).panel;
+  return 0;
+}
+
+void avx512_pack_panels(const WeightView& w, int64_t p0, int64_t p1, uint8_t* dst) {
+  assert(avx512_packed_bytes(w.type, w.n_in, w.n_out) > 0);
+  const bool k = packable_k(w.type);
+  const Layout l = k ? layout(w.type, w.n_in / kQKK) : Layout{};
+  const B32Spec s = b32_spec(w.type);
+  const B32Layout bl = k ? B32Layout{} : b32_layout(s, w.n_in / kQK32);
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t r0 = p * kRows;
+    const int n_valid = static_cast<int>(std::min<int64_t>(kRows, w.n_out - r0));
+    uint8_t* panel = dst + static_cast<size_t>(p) * (k ? l.panel : bl.panel);
+    switch (w.type) {
+      case GgmlType::Q6_K:
+        pack_panel<BlockQ6_K>(w, r0, n_valid, l, panel);
+        break;
+      case GgmlType::Q4_K:
+        pack_panel<BlockQ4_K>(w, r0, n_valid, l, panel);
+        break;
+      case GgmlType::Q4_0:
+        pack_b32_panel<BlockQ4_0>(w, r0, n_valid, s, bl, panel);
+        break;
+      case GgmlType::Q4_1:
+        pack_b32_panel<BlockQ4_1>(w, r0, n_valid, s, bl, panel);
+        break;
+      case GgmlType::Q5_0:
+        pack_b32_panel<BlockQ5_0>(w, r0, n_valid, s, bl, panel);
+        break;
+      case GgmlType::Q5_1:
+        pack_b32_panel<BlockQ5_1>(w, r0, n_valid, s, bl, panel);
+        break;
+      case GgmlType::Q8_0:
+        pack_b32_panel<BlockQ8_0>(w, r0, n_valid, s, bl, panel);
+        break;
+      default:
+        assert(false);
+    }
+  }
+}
+
+namespace {
+
+void packed_rows_b32(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
+                     int64_t n_tokens, int64_t r0, int64_t r1, float* y, uint8_t* scratch) {
+  const B32Kernels* ks = b32_kernels_of(w.type);
+  const int64_t nb = w.n_in / kQK32;
+  const B32Layout l = b32_layout(b32_spec(w.type), nb);
+  const auto* packed = static_cast<const uint8_t*>(w.packed);
+  for (int64_t r = r0; r < r1; r += kRows) {
+    const uint8_t* panel = packed + static_cast<size_t>(r / kRows) * l.panel;
+    const int n_valid = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
+    if (n_tokens > kPackedInPlaceTokens) {
+      ks->expand(panel, l, nb, scratch);
+      avx512_tile_panel(w.type, scratch, nb, acts, act_row_bytes, n_tokens, y + r, w.n_out,
+                        n_valid);
+      continue;
+    }
+    for (int64_t t = 0; t < n_tokens; t += kTokens) {
+      const int nt = static_cast<int>(std::min<int64_t>(kTokens, n_tokens - t));
+      ks->k[nt](panel, l, nb, acts + static_cast<size_t>(t) * act_row_bytes, act_row_bytes,
+                y + t * w.n_out + r, w.n_out, n_valid);
+    }
+  }
+}
+
+}  // namespace
+
 void avx512_packed_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
                         int64_t n_tokens, int64_t r0, int64_t r1, float* y, uint8_t* scratch) {
-  assert(packable(w.type) && w.packed != nullptr && r0 % kRows == 0);
+  assert(w.packed != nullptr && r0 % kRows == 0);
+  if (packable_b32(w.type)) {
+    packed_rows_b32(w, acts, act_row_bytes, n_tokens, r0, r1, y, scratch);
+    return;
+  }
+  assert(packable_k(w.type));
   const int64_t nb = w.n_in / kQKK;
   const Layout l = layout(w.type, nb);
   const bool q6 = w.type == GgmlType::Q6_K;
