@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -42,10 +43,12 @@ namespace {
 using namespace quant;  // NOLINT
 
 // Same prefetch policy as the AVX2 kernels (see matvec_avx2.cpp).
-constexpr size_t kPrefetchBytes = 4096;
+const size_t kPrefetchBytes = std::getenv("BIE_MPF") ? std::strtoul(std::getenv("BIE_MPF"), nullptr, 10) : 4096;
+const int kPrefetchHint = std::getenv("BIE_MPM") ? std::atoi(std::getenv("BIE_MPM")) : 0;
 
 inline void prefetch_ahead(const void* p, size_t n) {
   const char* c = static_cast<const char*>(p) + kPrefetchBytes;
+  if (kPrefetchHint == 1) { for (size_t off = 0; off < n; off += 64) _mm_prefetch(c + off, _MM_HINT_T1); return; }
   for (size_t off = 0; off < n; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
 }
 
@@ -241,12 +244,12 @@ size_t act_k_bytes(int64_t n_in) {
 
 using MatvecFn = void (*)(const WeightView&, int64_t, const uint8_t*, size_t, float*);
 
-// Rows per call: R x T accumulators (256-bit) plus T integer sums (512-bit) and the unpacked
-// weights stay within the 32 vector registers (Q6_K's unpacking holds more of them).
+// Rows per call: one, as for the AVX2 kernels (matvec_b32_inl.h: one sequential stream per
+// thread; cold 2-thread Q4_K 1536x8960 decode went from 11 to 27 GiB/s, Q6_K 8960x1536 from 22
+// to 37 on an AMD EPYC (Zen 4) VM, BM_MatmulIsa).
 template <typename KF>
-constexpr int matvec_rows(int n_tokens) {
-  if constexpr (std::is_same_v<KF, KQ6>) return n_tokens == 1 ? 4 : 1;
-  return n_tokens <= 2 ? 4 : n_tokens <= 4 ? 2 : 1;
+constexpr int matvec_rows(int) {
+  return 1;
 }
 
 constexpr int kMaxT = kMaxMatvecTokensAvx512;
