@@ -13,6 +13,7 @@
 #include <map>
 #include <new>
 #include <tuple>
+#include <vector>
 
 #include "bie/backend/ops.h"
 #include "bie/quant/traits.h"
@@ -39,10 +40,9 @@ class CpuBuffer final : public DeviceBuffer {
     if (owned_) return nullptr;
     const Key key{offset, w.n_out, w.n_in, w.type};
     auto it = packed_.find(key);
-    if (it != packed_.end()) return it->second.get();
+    if (it != packed_.end()) return it->second;
     const size_t bytes = packed_weight_bytes(w);
-    std::unique_ptr<void, Free> copy;
-    if (bytes > 0) copy.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    uint8_t* copy = bytes > 0 ? alloc_copy(bytes) : nullptr;
     if (copy != nullptr) {
       // Slices of about kPackSliceBytes, each released once packed: the weights are held twice
       // only a slice at a time (the output matrix alone is ~190 MB on a 1.5B model).
@@ -53,12 +53,12 @@ class CpuBuffer final : public DeviceBuffer {
         const int64_t n = std::min(per_slice, w.n_out - r0);
         const auto* src = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r0) * w.row_bytes;
         pack_weight({w.type, w.n_in, n, src, w.row_bytes},
-                    static_cast<uint8_t*>(copy.get()) + static_cast<size_t>(r0 / 16) * panel_bytes,
+                    copy + static_cast<size_t>(r0 / 16) * panel_bytes,
                     pool);
         release_pages(src, static_cast<size_t>(n) * w.row_bytes);
       }
     }
-    return packed_.emplace(key, std::move(copy)).first->second.get();
+    return packed_.emplace(key, copy).first->second;
   }
 
  private:
@@ -67,6 +67,42 @@ class CpuBuffer final : public DeviceBuffer {
   };
   using Key = std::tuple<size_t, int64_t, int64_t, quant::GgmlType>;
   static constexpr size_t kPackSliceBytes = size_t{8} << 20;
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  static constexpr size_t kArenaBytes = size_t{64} << 20;
+
+  // Memory for a repacked copy (64-byte aligned; nullptr if out of memory). Decode streams the
+  // copies whole every token, so they are cut one after the other from arenas of 2 MiB-aligned
+  // memory that ask for transparent huge pages (MADV_HUGEPAGE; honoured where THP is "madvise"
+  // or "always"): the stream takes a TLB miss per 2 MiB instead of per 4 KiB, the small matrices
+  // and the copies' tails included. Qwen2.5-Coder-1.5B decode on an AMD EPYC (Zen 4) VM: ~+10 %.
+  // Memory is committed as the copies are written; an arena left for a new one gives back its
+  // unused end (the part of the huge page its last copy ends in), so only the newest arena's
+  // last huge page can hold memory no copy uses.
+  uint8_t* alloc_copy(size_t bytes) {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    if (rounded > arena_left_) {
+      release_tail();
+      const size_t size = std::max(kArenaBytes, (rounded + kHugePage - 1) / kHugePage * kHugePage);
+      void* p = std::aligned_alloc(kHugePage, size);
+      if (p == nullptr) return nullptr;
+      (void)::madvise(p, size, MADV_HUGEPAGE);
+      arenas_.emplace_back(p);
+      arena_next_ = static_cast<uint8_t*>(p);
+      arena_left_ = size;
+    }
+    uint8_t* out = arena_next_;
+    arena_next_ += rounded;
+    arena_left_ -= rounded;
+    return out;
+  }
+
+  void release_tail() {
+    if (arena_left_ == 0) return;
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto b = (reinterpret_cast<uintptr_t>(arena_next_) + page - 1) / page * page;
+    const auto e = reinterpret_cast<uintptr_t>(arena_next_) + arena_left_;
+    if (e > b) (void)::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+  }
 
   // The matrix is read from its copy from now on: its pages of the (mmapped) file leave the
   // process's resident set, so the weights are not held twice. MADV_PAGEOUT only reclaims (it
@@ -79,7 +115,10 @@ class CpuBuffer final : public DeviceBuffer {
   }
 
   bool owned_;
-  std::map<Key, std::unique_ptr<void, Free>> packed_;
+  std::map<Key, const void*> packed_;            // into arenas_
+  std::vector<std::unique_ptr<void, Free>> arenas_;
+  uint8_t* arena_next_ = nullptr;
+  size_t arena_left_ = 0;
 };
 
 float* f32(const Tensor& t) {
