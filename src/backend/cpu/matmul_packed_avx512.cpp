@@ -650,29 +650,33 @@ void avx512_pack_panels(const WeightView& w, int64_t p0, int64_t p1, uint8_t* ds
 
 namespace {
 
-void packed_rows_b32(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
-                     int64_t n_tokens, int64_t r0, int64_t r1, float* y, uint8_t* scratch) {
-  const B32Kernels* ks = b32_kernels_of(w.type);
-  const int64_t nb = w.n_in / kQK32;
-  const B32Layout l = b32_layout(b32_spec(w.type), nb);
+// y rows [r0, r1) from the packed panels (panel_bytes each, nb blocks): up to
+// kPackedInPlaceTokens tokens read each panel in place, kernel(panel, token, count, y) per group
+// of up to kTokens tokens; more tokens have each panel expanded (expand(panel, out)) into
+// `scratch` for the tile kernels.
+template <class Expand, class Kernel>
+void packed_panels(const WeightView& w, size_t panel_bytes, int64_t nb, const uint8_t* acts,
+                   size_t act_row_bytes, int64_t n_tokens, int64_t r0, int64_t r1, float* y,
+                   uint8_t* scratch, const Expand& expand, const Kernel& kernel) {
   const auto* packed = static_cast<const uint8_t*>(w.packed);
-  if (n_tokens <= kPackedInPlaceTokens) {
-    prefetch_head(packed + static_cast<size_t>(r0 / kRows) * l.panel,
-                  static_cast<size_t>((r1 - r0 + kRows - 1) / kRows) * l.panel);
+  const bool in_place = n_tokens <= kPackedInPlaceTokens;
+  if (in_place) {
+    prefetch_head(packed + static_cast<size_t>(r0 / kRows) * panel_bytes,
+                  static_cast<size_t>((r1 - r0 + kRows - 1) / kRows) * panel_bytes);
   }
   for (int64_t r = r0; r < r1; r += kRows) {
-    const uint8_t* panel = packed + static_cast<size_t>(r / kRows) * l.panel;
+    const uint8_t* panel = packed + static_cast<size_t>(r / kRows) * panel_bytes;
     const int n_valid = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
-    if (n_tokens > kPackedInPlaceTokens) {
-      ks->expand(panel, l, nb, scratch);
+    if (!in_place) {
+      expand(panel, scratch);
       avx512_tile_panel(w.type, scratch, nb, acts, act_row_bytes, n_tokens, y + r, w.n_out,
                         n_valid);
       continue;
     }
     for (int64_t t = 0; t < n_tokens; t += kTokens) {
       const int nt = static_cast<int>(std::min<int64_t>(kTokens, n_tokens - t));
-      ks->k[nt](panel, l, nb, acts + static_cast<size_t>(t) * act_row_bytes, act_row_bytes,
-                y + t * w.n_out + r, w.n_out, n_valid);
+      kernel(panel, acts + static_cast<size_t>(t) * act_row_bytes, nt, y + t * w.n_out + r,
+             n_valid);
     }
   }
 }
@@ -682,8 +686,15 @@ void packed_rows_b32(const WeightView& w, const uint8_t* acts, size_t act_row_by
 void avx512_packed_rows(const WeightView& w, const uint8_t* acts, size_t act_row_bytes,
                         int64_t n_tokens, int64_t r0, int64_t r1, float* y, uint8_t* scratch) {
   assert(w.packed != nullptr && r0 % kRows == 0);
-  if (packable_b32(w.type)) {
-    packed_rows_b32(w, acts, act_row_bytes, n_tokens, r0, r1, y, scratch);
+  if (const B32Kernels* ks = b32_kernels_of(w.type)) {
+    const int64_t nb = w.n_in / kQK32;
+    const B32Layout l = b32_layout(b32_spec(w.type), nb);
+    packed_panels(
+        w, l.panel, nb, acts, act_row_bytes, n_tokens, r0, r1, y, scratch,
+        [&](const uint8_t* panel, uint8_t* out) { ks->expand(panel, l, nb, out); },
+        [&](const uint8_t* panel, const uint8_t* a, int nt, float* yt, int n_valid) {
+          ks->k[nt](panel, l, nb, a, act_row_bytes, yt, w.n_out, n_valid);
+        });
     return;
   }
   assert(packable_k(w.type));
@@ -691,30 +702,18 @@ void avx512_packed_rows(const WeightView& w, const uint8_t* acts, size_t act_row
   const Layout l = layout(w.type, nb);
   const bool q6 = w.type == GgmlType::Q6_K;
   const KernelFn* ks = q6 ? kKernels<true> : kKernels<false>;
-  const auto* packed = static_cast<const uint8_t*>(w.packed);
-  if (n_tokens <= kPackedInPlaceTokens) {
-    prefetch_head(packed + static_cast<size_t>(r0 / kRows) * l.panel,
-                  static_cast<size_t>((r1 - r0 + kRows - 1) / kRows) * l.panel);
-  }
-  for (int64_t r = r0; r < r1; r += kRows) {
-    const uint8_t* panel = packed + static_cast<size_t>(r / kRows) * l.panel;
-    const int n_valid = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
-    if (n_tokens > kPackedInPlaceTokens) {
-      if (q6) {
-        expand<true>(panel, l, nb, scratch);
-      } else {
-        expand<false>(panel, l, nb, scratch);
-      }
-      avx512_tile_panel(w.type, scratch, nb, acts, act_row_bytes, n_tokens, y + r, w.n_out,
-                        n_valid);
-      continue;
-    }
-    for (int64_t t = 0; t < n_tokens; t += kTokens) {
-      const int nt = static_cast<int>(std::min<int64_t>(kTokens, n_tokens - t));
-      ks[nt](panel, l, nb, acts + static_cast<size_t>(t) * act_row_bytes, act_row_bytes,
-             y + t * w.n_out + r, w.n_out, n_valid);
-    }
-  }
+  packed_panels(
+      w, l.panel, nb, acts, act_row_bytes, n_tokens, r0, r1, y, scratch,
+      [&](const uint8_t* panel, uint8_t* out) {
+        if (q6) {
+          expand<true>(panel, l, nb, out);
+        } else {
+          expand<false>(panel, l, nb, out);
+        }
+      },
+      [&](const uint8_t* panel, const uint8_t* a, int nt, float* yt, int n_valid) {
+        ks[nt](panel, l, nb, a, act_row_bytes, yt, w.n_out, n_valid);
+      });
 }
 
 }  // namespace bie::cpu
