@@ -253,16 +253,13 @@ using MatvecFn = void (*)(const WeightView&, int64_t, const uint8_t*, size_t, fl
 struct MatvecKernels {
   size_t (*act_bytes)(int64_t n_in);
   void (*prepare)(int64_t n_in, const float* x, uint8_t* acts);
-  MatvecFn main[kMaxMatvecTokens + 1];    // by token count: matvec_rows(T) rows per call
-  MatvecFn single[kMaxMatvecTokens + 1];  // one row, for a range's tail
+  MatvecFn row[kMaxMatvecTokens + 1];  // by token count: one row per call (matvec_b32_inl.h)
 };
 
 template <B32Kind K>
 constexpr MatvecKernels b32_matvec() {
   return {[](int64_t n_in) { return act_b32_bytes<K>(n_in / kQK32); },
           prepare_b32<K>,
-          {nullptr, matvec_b32<K, matvec_rows(1), 1>, matvec_b32<K, matvec_rows(2), 2>,
-           matvec_b32<K, matvec_rows(3), 3>, matvec_b32<K, matvec_rows(4), 4>},
           {nullptr, matvec_b32<K, 1, 1>, matvec_b32<K, 1, 2>, matvec_b32<K, 1, 3>,
            matvec_b32<K, 1, 4>}};
 }
@@ -279,8 +276,6 @@ constexpr MatvecKernels k_matvec() {
   return {
       act_k_bytes,
       prepare,
-      {nullptr, matvec_k<KF, matvec_rows(1), 1>, matvec_k<KF, matvec_rows(2), 2>,
-       matvec_k<KF, matvec_rows(3), 3>, matvec_k<KF, matvec_rows(4), 4>},
       {nullptr, matvec_k<KF, 1, 1>, matvec_k<KF, 1, 2>, matvec_k<KF, 1, 3>, matvec_k<KF, 1, 4>}};
 }
 
@@ -333,10 +328,7 @@ void avx2_matvec_rows(const WeightView& w, const uint8_t* acts, size_t act_row_b
   const auto* head = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r0) * w.row_bytes;
   const size_t head_bytes = std::min(kPrefetchBytes, static_cast<size_t>(r1 - r0) * w.row_bytes);
   for (size_t off = 0; off < head_bytes; off += 64) _mm_prefetch(head + off, _MM_HINT_T0);
-  const int rows = matvec_rows(n_tokens);
-  int64_t r = r0;
-  for (; r + rows <= r1; r += rows) mk->main[n_tokens](w, r, acts, act_row_bytes, y);
-  for (; r < r1; ++r) mk->single[n_tokens](w, r, acts, act_row_bytes, y);
+  for (int64_t r = r0; r < r1; ++r) mk->row[n_tokens](w, r, acts, act_row_bytes, y);
 }
 
 }  // namespace bie::cpu

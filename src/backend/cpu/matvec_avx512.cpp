@@ -26,7 +26,6 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
-#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -43,12 +42,10 @@ namespace {
 using namespace quant;  // NOLINT
 
 // Same prefetch policy as the AVX2 kernels (see matvec_avx2.cpp).
-const size_t kPrefetchBytes = std::getenv("BIE_MPF") ? std::strtoul(std::getenv("BIE_MPF"), nullptr, 10) : 4096;
-const int kPrefetchHint = std::getenv("BIE_MPM") ? std::atoi(std::getenv("BIE_MPM")) : 0;
+constexpr size_t kPrefetchBytes = 4096;
 
 inline void prefetch_ahead(const void* p, size_t n) {
   const char* c = static_cast<const char*>(p) + kPrefetchBytes;
-  if (kPrefetchHint == 1) { for (size_t off = 0; off < n; off += 64) _mm_prefetch(c + off, _MM_HINT_T1); return; }
   for (size_t off = 0; off < n; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
 }
 
@@ -244,22 +241,15 @@ size_t act_k_bytes(int64_t n_in) {
 
 using MatvecFn = void (*)(const WeightView&, int64_t, const uint8_t*, size_t, float*);
 
-// Rows per call: one, as for the AVX2 kernels (matvec_b32_inl.h: one sequential stream per
-// thread; cold 2-thread Q4_K 1536x8960 decode went from 11 to 27 GiB/s, Q6_K 8960x1536 from 22
-// to 37 on an AMD EPYC (Zen 4) VM, BM_MatmulIsa).
-template <typename KF>
-constexpr int matvec_rows(int) {
-  return 1;
-}
-
 constexpr int kMaxT = kMaxMatvecTokensAvx512;
 
 struct MatvecKernels {
   size_t (*act_bytes)(int64_t n_in);
   void (*prepare)(int64_t n_in, const float* x, uint8_t* acts);
-  MatvecFn main[kMaxT + 1];    // by token count: rows[T] rows per call
-  MatvecFn single[kMaxT + 1];  // one row, for a range's tail
-  int rows[kMaxT + 1];
+  // By token count: one row per call, as for the AVX2 kernels (matvec_b32_inl.h; here cold
+  // 2-thread Q4_K 1536x8960 decode went from 11 to 27 GiB/s and Q6_K 8960x1536 from 22 to 37 on
+  // an AMD EPYC (Zen 4) VM against 4 rows per call, BM_MatmulIsa).
+  MatvecFn row[kMaxT + 1];
   int max_tokens = kMaxT;  // most tokens per call
 };
 
@@ -267,9 +257,7 @@ template <typename KF, int... T>
 constexpr MatvecKernels k_matvec(std::integer_sequence<int, T...>) {
   return {act_k_bytes,
           prepare_k<KF>,
-          {nullptr, matvec_k<KF, matvec_rows<KF>(T + 1), T + 1>...},
-          {nullptr, matvec_k<KF, 1, T + 1>...},
-          {0, matvec_rows<KF>(T + 1)...}};
+          {nullptr, matvec_k<KF, 1, T + 1>...}};
 }
 template <typename KF>
 constexpr MatvecKernels k_matvec() {
@@ -281,14 +269,10 @@ constexpr MatvecKernels k_matvec() {
 template <b32::B32Kind K>
 constexpr MatvecKernels b32_matvec() {
   using b32::matvec_b32;
-  using b32::matvec_rows;
   return {[](int64_t n_in) { return b32::act_b32_bytes<K>(n_in / quant::kQK32); },
           b32::prepare_b32<K>,
-          {nullptr, matvec_b32<K, matvec_rows(1), 1>, matvec_b32<K, matvec_rows(2), 2>,
-           matvec_b32<K, matvec_rows(3), 3>, matvec_b32<K, matvec_rows(4), 4>},
           {nullptr, matvec_b32<K, 1, 1>, matvec_b32<K, 1, 2>, matvec_b32<K, 1, 3>,
            matvec_b32<K, 1, 4>},
-          {0, matvec_rows(1), matvec_rows(2), matvec_rows(3), matvec_rows(4)},
           kMaxMatvecTokens};
 }
 
@@ -334,10 +318,7 @@ void avx512_matvec_rows(const WeightView& w, const uint8_t* acts, size_t act_row
   const auto* head = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r0) * w.row_bytes;
   const size_t head_bytes = std::min(kPrefetchBytes, static_cast<size_t>(r1 - r0) * w.row_bytes);
   for (size_t off = 0; off < head_bytes; off += 64) _mm_prefetch(head + off, _MM_HINT_T0);
-  int64_t r = r0;
-  const int rows = mk->rows[n_tokens];
-  for (; r + rows <= r1; r += rows) mk->main[n_tokens](w, r, acts, act_row_bytes, y);
-  for (; r < r1; ++r) mk->single[n_tokens](w, r, acts, act_row_bytes, y);
+  for (int64_t r = r0; r < r1; ++r) mk->row[n_tokens](w, r, acts, act_row_bytes, y);
 }
 
 }  // namespace bie::cpu

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <cstdlib>
 
 #include "backend/cpu/matmul_kernels.h"
 #include "bie/quant/blocks.h"
@@ -46,13 +45,11 @@ constexpr int kChunk = 64;  // blocks per scale pre-pass (bounds the stack buffe
 // leaves too few misses in flight (a cold Q4_1 576x1536 matvec ran at 60% of its L2-resident
 // speed). Each row prefetches the bytes this far ahead of its read position, which covers the
 // next rows of the thread's range (rows are contiguous). 2-8 KiB measured alike; 4 KiB chosen.
-const size_t kPrefetchBytes = std::getenv("BIE_MPF") ? std::strtoul(std::getenv("BIE_MPF"), nullptr, 10) : 4096;
-const int kPrefetchHint = std::getenv("BIE_MPM") ? std::atoi(std::getenv("BIE_MPM")) : 0;
+constexpr size_t kPrefetchBytes = 4096;
 
 // Prefetches [p + kPrefetchBytes, + n), one request per cache line.
 inline void prefetch_ahead(const void* p, size_t n) {
   const char* c = static_cast<const char*>(p) + kPrefetchBytes;
-  if (kPrefetchHint == 1) { for (size_t off = 0; off < n; off += 64) _mm_prefetch(c + off, _MM_HINT_T1); return; }
   for (size_t off = 0; off < n; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
 }
 
@@ -347,13 +344,13 @@ inline int b32_index(GgmlType type) {
   }
 }
 
-// Rows per call: one, whatever the token count. A row at a time reads the weights as one
-// sequential stream per thread; interleaving rows (R rows a block at a time, as these kernels
-// did with R = 4 for 1-2 tokens and 2 above) splits it into R streams a row apart, which left
-// the memory system idle on an AMD EPYC (Zen 4) VM: cold 2-thread decode of Q4_K 1536x8960 went
-// from 9.5 to 22 GiB/s and of Q8_0 576x49152 from 12 to 30 GiB/s with one row per call
-// (bie_kernel_bench BM_MatmulIsa, BM_MatmulDecode). The bits do not depend on it.
-constexpr int matvec_rows(int64_t) { return 1; }
+// Rows per call: the dispatch (both ISAs, K-quants too) builds every matrix-vector kernel with
+// R = 1. A row at a time reads the weights as one sequential stream per thread; interleaving
+// rows (R rows a block at a time, as the dispatch did with R = 4 for 1-2 tokens and 2 above)
+// splits it into R streams a row apart, which left the memory system idle on an AMD EPYC (Zen 4)
+// VM: cold 2-thread decode of Q4_K 1536x8960 went from 9.5 to 22 GiB/s and of Q8_0 576x49152
+// from 12 to 30 GiB/s with one row per call (bie_kernel_bench BM_MatmulIsa, BM_MatmulDecode).
+// The bits do not depend on R.
 
 }  // namespace b32
 }  // namespace
