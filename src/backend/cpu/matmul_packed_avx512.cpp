@@ -437,8 +437,8 @@ uint32_t high_word(const uint8_t* qh) {
 }
 
 template <typename Block>
-void pack_b32_panel(const WeightView& w, int64_t r0, int n_valid, const B32Spec& s,
-                    const B32Layout& l, uint8_t* panel) {
+void pack_b32_panel(const WeightView& w, int64_t r0, int n_valid, const B32Layout& l,
+                    uint8_t* panel) {
   const int64_t nb = w.n_in / kQK32;
   std::memset(panel, 0, l.panel);
   const auto* base = static_cast<const uint8_t*>(w.data);
@@ -566,21 +566,24 @@ struct B32Kernels {
   B32ExpandFn expand;
 };
 
-template <int NV, bool High, bool Min, int Offset>
+// The kernels of one format, built from its b32_spec.
+template <GgmlType Type, B32Spec S = b32_spec(Type)>
 constexpr B32Kernels b32_kernels() {
-  return {{nullptr, kernel_b32<NV, High, Min, Offset, 1>, kernel_b32<NV, High, Min, Offset, 2>,
-           kernel_b32<NV, High, Min, Offset, 3>, kernel_b32<NV, High, Min, Offset, 4>,
-           kernel_b32<NV, High, Min, Offset, 5>, kernel_b32<NV, High, Min, Offset, 6>,
-           kernel_b32<NV, High, Min, Offset, 7>, kernel_b32<NV, High, Min, Offset, 8>},
-          expand_b32<NV, High, Min>};
+  constexpr int NV = S.n_vectors, Off = S.offset;
+  constexpr bool Hi = S.high, Mn = S.min;
+  return {{nullptr, kernel_b32<NV, Hi, Mn, Off, 1>, kernel_b32<NV, Hi, Mn, Off, 2>,
+           kernel_b32<NV, Hi, Mn, Off, 3>, kernel_b32<NV, Hi, Mn, Off, 4>,
+           kernel_b32<NV, Hi, Mn, Off, 5>, kernel_b32<NV, Hi, Mn, Off, 6>,
+           kernel_b32<NV, Hi, Mn, Off, 7>, kernel_b32<NV, Hi, Mn, Off, 8>},
+          expand_b32<NV, Hi, Mn>};
 }
 
 const B32Kernels* b32_kernels_of(GgmlType type) {
-  static constexpr B32Kernels q4_0 = b32_kernels<4, false, false, 8>(),
-                              q4_1 = b32_kernels<4, false, true, 0>(),
-                              q5_0 = b32_kernels<4, true, false, 16>(),
-                              q5_1 = b32_kernels<4, true, true, 0>(),
-                              q8_0 = b32_kernels<8, false, false, 128>();
+  static constexpr B32Kernels q4_0 = b32_kernels<GgmlType::Q4_0>(),
+                              q4_1 = b32_kernels<GgmlType::Q4_1>(),
+                              q5_0 = b32_kernels<GgmlType::Q5_0>(),
+                              q5_1 = b32_kernels<GgmlType::Q5_1>(),
+                              q8_0 = b32_kernels<GgmlType::Q8_0>();
   switch (type) {
     case GgmlType::Q4_0:
       return &q4_0;
@@ -614,8 +617,7 @@ void avx512_pack_panels(const WeightView& w, int64_t p0, int64_t p1, uint8_t* ds
   assert(avx512_packed_bytes(w.type, w.n_in, w.n_out) > 0);
   const bool k = packable_k(w.type);
   const Layout l = k ? layout(w.type, w.n_in / kQKK) : Layout{};
-  const B32Spec s = b32_spec(w.type);
-  const B32Layout bl = k ? B32Layout{} : b32_layout(s, w.n_in / kQK32);
+  const B32Layout bl = k ? B32Layout{} : b32_layout(b32_spec(w.type), w.n_in / kQK32);
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t r0 = p * kRows;
     const int n_valid = static_cast<int>(std::min<int64_t>(kRows, w.n_out - r0));
@@ -628,19 +630,19 @@ void avx512_pack_panels(const WeightView& w, int64_t p0, int64_t p1, uint8_t* ds
         pack_panel<BlockQ4_K>(w, r0, n_valid, l, panel);
         break;
       case GgmlType::Q4_0:
-        pack_b32_panel<BlockQ4_0>(w, r0, n_valid, s, bl, panel);
+        pack_b32_panel<BlockQ4_0>(w, r0, n_valid, bl, panel);
         break;
       case GgmlType::Q4_1:
-        pack_b32_panel<BlockQ4_1>(w, r0, n_valid, s, bl, panel);
+        pack_b32_panel<BlockQ4_1>(w, r0, n_valid, bl, panel);
         break;
       case GgmlType::Q5_0:
-        pack_b32_panel<BlockQ5_0>(w, r0, n_valid, s, bl, panel);
+        pack_b32_panel<BlockQ5_0>(w, r0, n_valid, bl, panel);
         break;
       case GgmlType::Q5_1:
-        pack_b32_panel<BlockQ5_1>(w, r0, n_valid, s, bl, panel);
+        pack_b32_panel<BlockQ5_1>(w, r0, n_valid, bl, panel);
         break;
       case GgmlType::Q8_0:
-        pack_b32_panel<BlockQ8_0>(w, r0, n_valid, s, bl, panel);
+        pack_b32_panel<BlockQ8_0>(w, r0, n_valid, bl, panel);
         break;
       default:
         assert(false);
