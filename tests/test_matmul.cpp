@@ -317,9 +317,10 @@ TEST(Matmul, Avx512PrefillGivesTheAvx2Bits) {
   }
 }
 
-// Weights repacked once (pack_weight: AVX-512, Q4_K, Q6_K and the 32-value formats) give every token the prefill
-// tiles' bits over the file's layout, on either named path and for any number of tokens: so a
-// decode token's bits do not depend on its batch, and the repacking changes no prompt token.
+// Weights repacked once (pack_weight: AVX-512, Q4_K, Q6_K and the 32-value formats) give every
+// token the prefill tiles' bits over the file's layout, on either named path and for any number
+// of tokens: so a decode token's bits do not depend on its batch, and the repacking changes no
+// prompt token.
 // Shapes: 9 super-blocks (an odd count: Q6_K panels end in padding), 45 rows (a short last
 // panel) and 32 padded rows; token counts around the kernels' groups of 8, and 40 (above
 // kPackedInPlaceTokens: each panel expanded into the tiles' layout). Lowering the ISA ignores the

@@ -74,7 +74,7 @@ struct PromptResult {
   int worst_step = -1;      // where
   double worst_c = 0.0;     // largest centred top-10 |difference|
   int worst_c_step = -1;    // where
-  double sum_c = 0.0;       // centred top-10 |difference| summed over the steps (for the mean)
+  double sum_c = 0.0;       // each step's largest centred |difference|, summed (for the mean)
   int steps = 0;            // steps checked
   int bad_logit_steps = 0;  // steps beyond a logit bar
   int argmax_checked = 0;   // steps whose margin exceeds the floor
